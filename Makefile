@@ -1,0 +1,56 @@
+# The project's entry points. `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CACHE_DIR ?= $(HOME)/.cache/appwrapper-dispatcher
+export APPWRAPPER_CACHE_DIR := $(CACHE_DIR)
+
+.PHONY: all venv testenv lint typecheck unit test demo demo-multi bench clean
+
+all: test
+
+# Python environment: rebuilt when setup.cfg changes.
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Local control plane (etcd, kube-apiserver, controller-manager, scheduler, kubectl,
+# KWOK, KubeRay), built from Go modules into $(CACHE_DIR); only what is missing.
+testenv:
+	bash testenv/build.sh
+
+lint: venv
+	$(VENV)/bin/ruff check dispatcher tests benchmarks
+	$(VENV)/bin/ruff format --check dispatcher tests benchmarks
+	$(VENV)/bin/lint-imports
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+unit: venv
+	$(VENV)/bin/pytest tests/unit -q
+
+# Everything: static checks, the control plane, then the whole suite against it.
+# pytest exit 5 (no tests collected) is a failure, not a pass.
+test: lint typecheck testenv
+	$(VENV)/bin/pytest -q -p no:cacheprovider; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi; exit $$rc
+
+# The main job: a local control plane with fake GPU nodes and KubeRay, the dispatcher
+# running on it, the samples applied, their conditions shown.
+demo: venv testenv
+	$(PY) -m dispatcher.demo
+
+demo-multi: venv testenv
+	$(PY) -m dispatcher.demo --members 2
+
+bench: venv testenv
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,345 @@
+"""Pydantic models of the AppWrapper custom resource (workload.codeflare.dev/v1beta1). Pure, no I/O.
+
+Python attribute names are the wire names (`schedulingSpec`, `minAvailable`, `requeueCount`,
+`generictemplate`, ...) so that code reads like the YAML it handles. The two capitalised MCAD
+names are the exception: `resources.GenericItems` is `generic_items` and the legacy
+`resources.Items` is `legacy_items`; both names are accepted on input and the wire names are
+written on output (`by_alias=True`).
+
+The models accept every object the CRD (crds/appwrapper.yaml) admits, so `AppWrapper.from_kube`
+only fails on objects that did not come through the API server. Quantities in
+`custompodresources` are kept as written; `CustomPodResource.effective_requests()` parses them
+and raises `QuantityError` naming the resource and value.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from dispatcher.api.resources import Resources
+
+GROUP: Final = "workload.codeflare.dev"
+VERSION: Final = "v1beta1"
+API_VERSION: Final = "workload.codeflare.dev/v1beta1"
+KIND: Final = "AppWrapper"
+PLURAL: Final = "appwrappers"
+SHORT_NAME: Final = "aw"
+
+Int = Annotated[int, Field(strict=True)]
+"""An integer; booleans, floats and numeric strings are rejected as the CRD rejects them."""
+NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
+Quantity = str | int | float
+"""A Kubernetes quantity as written ("500m", "16Gi", 2); parsed by dispatcher.api.quantity."""
+GrowthType = Literal["exponential", "linear", "none"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class AppWrapperState(StrEnum):
+    """MCAD's summary state, `status.state`."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    DELETED = "Deleted"
+
+
+class ConditionType(StrEnum):
+    """`status.conditions[].type`. Milestones run Init -> Queueing -> HeadOfLine -> Dispatched
+    -> Running -> Completed; Backoff, Failed, Preempted and Requeued say what went wrong."""
+
+    INIT = "Init"
+    QUEUEING = "Queueing"
+    HEAD_OF_LINE = "HeadOfLine"
+    BACKOFF = "Backoff"
+    DISPATCHED = "Dispatched"
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    PREEMPTED = "Preempted"
+    REQUEUED = "Requeued"
+
+
+class Reason(StrEnum):
+    """`status.conditions[].reason` values the dispatcher sets (docs/api.md says which goes
+    with which condition type)."""
+
+    CREATED = "Created"
+    QUEUED = "Queued"
+    REQUEUED = "Requeued"
+    FRONT_OF_QUEUE = "FrontOfQueue"
+    REQUEUE_BACKOFF = "RequeueBackoff"
+    DISPATCHED = "Dispatched"
+    INSUFFICIENT_RESOURCES = "InsufficientResources"
+    DISPATCH_FAILED = "DispatchFailed"
+    PODS_RUNNING = "PodsRunning"
+    PODS_NOT_READY = "PodsNotReady"
+    MIN_AVAILABLE_NOT_REACHED = "MinAvailableNotReached"
+    WORKLOAD_COMPLETED = "WorkloadCompleted"
+    INVALID_SPEC = "InvalidSpec"
+    REQUEUE_LIMIT_REACHED = "RequeueLimitReached"
+    DISPATCH_DURATION_EXCEEDED = "DispatchDurationExceeded"
+    PODS_FAILED = "PodsFailed"
+    PREEMPTED_BY_HIGHER_PRIORITY = "PreemptedByHigherPriority"
+    PODS_NOT_RUNNING_IN_TIME = "PodsNotRunningInTime"
+    PREEMPTED = "Preempted"
+    CLUSTER_UNREACHABLE = "ClusterUnreachable"
+
+
+class _Model(BaseModel):
+    """Base: unknown fields are dropped (the CRD prunes them anyway); names or aliases accepted."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+# ---------------------------------------------------------------------------------------------
+# spec
+
+
+class CustomPodResource(_Model):
+    """`replicas` pods, each asking for `requests` (and capped by `limits`)."""
+
+    replicas: NonNegativeInt
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] | None = None
+
+    def effective_requests(self) -> Resources:
+        """Per-pod requests as Kubernetes sees them: a resource with only a limit requests
+        the limit. Raises QuantityError naming the resource and the value."""
+        return Resources.parse({**(self.limits or {}), **self.requests})
+
+
+class GenericItem(_Model):
+    """One wrapped Kubernetes object and what its pods will ask for.
+
+    `replicas`, `minavailable`, `allocated`, `priority`, `priorityslope` and `metadata` are
+    MCAD fields that were never used; they are accepted and ignored. Unknown fields are kept
+    (`model_extra`), as MCAD YAML in the wild carries odd ones.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    generictemplate: dict[str, Any]
+    custompodresources: list[CustomPodResource] | None = None
+    completionstatus: str | None = None
+    # legacy, ignored
+    replicas: Int | None = None
+    minavailable: Int | None = None
+    allocated: Int | None = None
+    priority: Int | None = None
+    priorityslope: float | None = None
+    metadata: dict[str, Any] | None = None
+
+    def completion_conditions(self) -> tuple[str, ...]:
+        """The condition types of the wrapped object that mean "done", e.g. ("Complete",)."""
+        if not self.completionstatus:
+            return ()
+        return tuple(part.strip() for part in self.completionstatus.split(",") if part.strip())
+
+
+class AppWrapperResources(_Model):
+    generic_items: list[GenericItem] = Field(default_factory=list, alias="GenericItems")
+    legacy_items: list[dict[str, Any]] = Field(default_factory=list, alias="Items")
+    """MCAD's pre-generic item list; accepted and ignored."""
+
+
+class Requeuing(_Model):
+    """If fewer than minAvailable pods run within the window after dispatch, requeue."""
+
+    timeInSeconds: NonNegativeInt = 300
+    maxTimeInSeconds: NonNegativeInt = 0
+    """Cap on the grown window; 0 means no cap."""
+    growthType: GrowthType = "exponential"
+    maxNumRequeuings: NonNegativeInt = 0
+    """Requeues allowed before the AppWrapper is Failed; 0 means unlimited."""
+    # MCAD kept its bookkeeping in the spec; accepted, not used (status.requeueCount counts).
+    initialTimeInSeconds: NonNegativeInt | None = None
+    pauseTimeInSeconds: NonNegativeInt | None = None
+    numRequeuings: NonNegativeInt | None = None
+
+
+class DispatchDuration(_Model):
+    limit: NonNegativeInt | None = None
+    """Seconds a dispatched AppWrapper may run before it is stopped and Failed."""
+    # MCAD legacy, ignored
+    expected: Int | None = None
+    overrun: bool | None = None
+
+
+class ClusterReference(_Model):
+    name: str
+
+
+class LabelSelectorRequirement(_Model):
+    key: str
+    operator: str
+    values: list[str] = Field(default_factory=list)
+
+
+class ClusterSelector(_Model):
+    matchLabels: dict[str, str] = Field(default_factory=dict)
+    matchExpressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+
+
+class ClusterScheduling(_Model):
+    clusters: list[ClusterReference] = Field(default_factory=list)
+    """Member clusters the AppWrapper may go to; empty means any."""
+    clusterSelector: ClusterSelector | None = None
+    """A label selector over the member clusters' configured labels."""
+
+
+class SchedulingSpec(_Model):
+    minAvailable: NonNegativeInt | None = None
+    """Pods that must run for the AppWrapper to count as Running; None means all it declared."""
+    requeuing: Requeuing = Field(default_factory=Requeuing)
+    dispatchDuration: DispatchDuration = Field(default_factory=DispatchDuration)
+    clusterScheduling: ClusterScheduling | None = None
+    # MCAD legacy, ignored
+    nodeSelector: dict[str, str] | None = None
+    dispatchingWindow: dict[str, Any] | None = None
+
+
+class AppWrapperSpec(_Model):
+    priority: Int = 0
+    priorityClassName: str | None = None
+    """A scheduling.k8s.io/v1 PriorityClass whose value replaces `priority`."""
+    preemptible: bool = Field(default=True, strict=True)
+    """False: never evicted to make room for a higher-priority AppWrapper."""
+    resources: AppWrapperResources = Field(default_factory=AppWrapperResources)
+    schedulingSpec: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    # MCAD legacy, ignored
+    priorityslope: float | None = None
+    service: dict[str, Any] | None = None
+    selector: dict[str, Any] | None = None
+
+    @property
+    def items(self) -> list[GenericItem]:
+        """The wrapped objects (`resources.GenericItems`)."""
+        return self.resources.generic_items
+
+
+# ---------------------------------------------------------------------------------------------
+# status
+
+
+class Condition(_Model):
+    """One entry per type. `type` is a str so that conditions other controllers wrote (MCAD's
+    PreemptCandidate, ...) still parse; compare it with `ConditionType` members."""
+
+    type: str
+    status: ConditionStatus
+    reason: str = ""
+    message: str = ""
+    lastTransitionMicroTime: str | None = None
+    """RFC 3339 with microseconds, e.g. 2024-05-01T12:00:00.000000Z (see format_micro_time)."""
+    lastUpdateMicroTime: str | None = None
+
+
+class AppWrapperStatus(_Model):
+    state: AppWrapperState | None = None
+    stage: str | None = None
+    """The latest milestone reached in the current attempt (a ConditionType value), e.g.
+    Queueing, Dispatched, Running; shown by `kubectl get`."""
+    conditions: list[Condition] = Field(default_factory=list)
+    clusterName: str | None = None
+    """The member cluster the AppWrapper is dispatched to."""
+    pending: NonNegativeInt = 0
+    running: NonNegativeInt = 0
+    succeeded: NonNegativeInt = 0
+    failed: NonNegativeInt = 0
+    requeueCount: NonNegativeInt = 0
+    """Times the AppWrapper was requeued after dispatch (MCAD's numberOfRequeueings)."""
+    queuedAt: str | None = None
+    """When the dispatcher first saw the AppWrapper (RFC 3339)."""
+    dispatchedAt: str | None = None
+    """First dispatch (RFC 3339); kept across requeues."""
+    lastDispatchedAt: str | None = None
+    message: str | None = None
+    priority: Int | None = None
+    """Effective priority (from priorityClassName when set)."""
+    observedGeneration: Int | None = None
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _known_state(cls, value: object) -> object:
+        # Status written by MCAD may hold "" or RunningHoldCompletion; the dispatcher re-derives
+        # the state, so an unknown one reads as "not set" rather than making the object unreadable.
+        if value == "RunningHoldCompletion":
+            return AppWrapperState.RUNNING
+        if isinstance(value, str) and value not in set(AppWrapperState):
+            return None
+        return value
+
+    def condition(self, type_: ConditionType | str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    def is_true(self, type_: ConditionType | str) -> bool:
+        found = self.condition(type_)
+        return found is not None and found.status == "True"
+
+
+# ---------------------------------------------------------------------------------------------
+# the object
+
+
+class ObjectMeta(_Model):
+    """The parts of metadata the dispatcher reads; everything else is kept (`model_extra`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = ""
+    namespace: str = ""
+    uid: str | None = None
+    resourceVersion: str | None = None
+    generation: Int | None = None
+    creationTimestamp: str | None = None
+    deletionTimestamp: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    finalizers: list[str] = Field(default_factory=list)
+
+
+class AppWrapper(_Model):
+    apiVersion: Literal["workload.codeflare.dev/v1beta1"] = API_VERSION
+    kind: Literal["AppWrapper"] = KIND
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: AppWrapperSpec = Field(default_factory=AppWrapperSpec)
+    status: AppWrapperStatus | None = None
+
+    @classmethod
+    def from_kube(cls, obj: dict[str, Any]) -> AppWrapper:
+        """Build from a Kubernetes object (a dict as the API server returns it).
+        Raises pydantic.ValidationError with the path of each bad field."""
+        return cls.model_validate(obj)
+
+    def to_kube(self) -> dict[str, Any]:
+        """The object as Kubernetes expects it (wire names, unset fields left out)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    @property
+    def key(self) -> str:
+        """The work-queue key, "namespace/name"."""
+        return f"{self.metadata.namespace}/{self.metadata.name}"
+
+
+def status_to_kube(status: AppWrapperStatus) -> dict[str, Any]:
+    """The status as a JSON-ready dict for a status write (wire names, None left out)."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def format_micro_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with microseconds, as Kubernetes writes MicroTime.
+    A naive datetime is taken to be UTC."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str) -> datetime:
+    """Parse an RFC 3339 timestamp (with or without fractional seconds) to an aware datetime."""
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

@@ -1,0 +1,270 @@
+"""Per-cluster capacity accounting, fed incrementally by node and pod watch events.
+
+No I/O of its own: informer handlers call `on_node` / `on_pod`; the controller reads
+`snapshot()`. Each pod event adjusts one node's sum in O(resources), so a decision never
+lists pods. Pods of AppWrappers are also indexed by AppWrapper for pod counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE
+from dispatcher.api.quantity import QuantityError
+from dispatcher.api.resources import EMPTY, Resources
+from dispatcher.core.model import ClusterSnapshot, NodeState, Reservation, Taint
+from dispatcher.core.podsets import pod_requests
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """What the dispatcher keeps of a pod."""
+
+    key: str
+    node: str
+    phase: str
+    requests: Resources
+    owner: str | None  # "namespace/name" of the AppWrapper on the hub, if any
+    ready: bool
+
+    @property
+    def holds_capacity(self) -> bool:
+        return bool(self.node) and self.phase not in TERMINAL_PHASES
+
+
+@dataclass
+class PodCounts:
+    pending: int = 0
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.pending + self.running + self.succeeded + self.failed
+
+
+def slim_pod(pod: Obj) -> Obj:
+    """Keep only what accounting needs (bounds memory with many pods)."""
+    meta = pod.get("metadata", {})
+    spec = pod.get("spec", {})
+    status = pod.get("status", {})
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+            "labels": {
+                k: v
+                for k, v in (meta.get("labels") or {}).items()
+                if k in (LABEL_NAME, LABEL_NAMESPACE)
+            },
+            "deletionTimestamp": meta.get("deletionTimestamp"),
+        },
+        "spec": {
+            "nodeName": spec.get("nodeName", ""),
+            "containers": [
+                {"resources": c.get("resources", {})} for c in spec.get("containers", [])
+            ],
+            "initContainers": [
+                {"resources": c.get("resources", {}), "restartPolicy": c.get("restartPolicy")}
+                for c in spec.get("initContainers", []) or []
+            ],
+            "overhead": spec.get("overhead"),
+        },
+        "status": {
+            "phase": status.get("phase", "Pending"),
+            "ready": any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions", []) or []
+            ),
+        },
+    }
+
+
+def _pod_record(pod: Obj) -> PodRecord:
+    meta = pod["metadata"]
+    labels = meta.get("labels") or {}
+    owner = None
+    if LABEL_NAME in labels:
+        owner = f"{labels.get(LABEL_NAMESPACE) or meta.get('namespace')}/{labels[LABEL_NAME]}"
+    try:
+        requests = pod_requests(pod.get("spec", {}), where=f"pod {meta.get('name')}")
+    except QuantityError:
+        requests = EMPTY  # the API server validated it; unreachable in practice
+    return PodRecord(
+        key=f"{meta.get('namespace')}/{meta.get('name')}",
+        node=pod.get("spec", {}).get("nodeName") or "",
+        phase=pod.get("status", {}).get("phase") or "Pending",
+        requests=requests,
+        owner=owner,
+        ready=bool(pod.get("status", {}).get("ready")),
+    )
+
+
+def _node_state(node: Obj) -> NodeState:
+    meta = node.get("metadata", {})
+    spec = node.get("spec", {})
+    status = node.get("status", {})
+    try:
+        allocatable = Resources.parse(status.get("allocatable") or status.get("capacity") or {})
+    except QuantityError:
+        allocatable = EMPTY
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions", []) or []
+    )
+    taints = tuple(
+        Taint(key=t.get("key", ""), value=t.get("value", "") or "", effect=t.get("effect", ""))
+        for t in spec.get("taints", []) or []
+    )
+    return NodeState(
+        name=meta["name"],
+        allocatable=allocatable,
+        labels=dict(meta.get("labels") or {}),
+        taints=taints,
+        ready=ready,
+        unschedulable=bool(spec.get("unschedulable")),
+    )
+
+
+@dataclass
+class CapacityCache:
+    """Nodes and pods of one cluster, with per-node sums of requests held by live pods."""
+
+    cluster: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    on_change: Callable[[str], None] | None = None  # called with a reason, e.g. "pod-freed"
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    requested: dict[str, Resources] = field(default_factory=dict)
+    pods: dict[str, PodRecord] = field(default_factory=dict)
+    pods_by_owner: dict[str, dict[str, PodRecord]] = field(default_factory=dict)
+    generation: int = 0  # bumps on every change that can alter a fit
+
+    def _changed(self, reason: str) -> None:
+        self.generation += 1
+        if self.on_change is not None:
+            self.on_change(reason)
+
+    def _selected(self, node: NodeState) -> bool:
+        return all(node.labels.get(k) == v for k, v in self.node_selector.items())
+
+    # -- event handlers (informer callbacks) ---------------------------------------------
+
+    def on_node(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        if new is None:
+            name = (old or {}).get("metadata", {}).get("name")
+            if name and self.nodes.pop(name, None) is not None:
+                self._changed("node-removed")
+            return
+        state = _node_state(new)
+        if not self._selected(state):
+            if self.nodes.pop(state.name, None) is not None:
+                self._changed("node-deselected")
+            return
+        previous = self.nodes.get(state.name)
+        self.nodes[state.name] = state
+        if previous is None or (
+            previous.allocatable != state.allocatable
+            or previous.schedulable != state.schedulable
+            or previous.taints != state.taints
+            or previous.labels != state.labels
+        ):
+            self._changed("node-changed")
+
+    def on_pod(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        if new is None:
+            key = _key(old)
+            record = self.pods.pop(key, None) if key else None
+            if record is not None:
+                self._unaccount(record)
+                self._unindex(record)
+                self._changed("pod-deleted")
+            return
+        record = _pod_record(new)
+        previous = self.pods.get(record.key)
+        if previous == record:
+            return
+        if previous is not None:
+            self._unaccount(previous)
+            self._unindex(previous)
+        self.pods[record.key] = record
+        self._account(record)
+        self._index(record)
+        freed = previous is not None and previous.holds_capacity and not record.holds_capacity
+        self._changed("pod-freed" if freed else "pod-changed")
+
+    def _account(self, record: PodRecord) -> None:
+        if record.holds_capacity:
+            self.requested[record.node] = self.requested.get(record.node, EMPTY) + record.requests
+
+    def _unaccount(self, record: PodRecord) -> None:
+        if record.holds_capacity:
+            self.requested[record.node] = self.requested.get(record.node, EMPTY) - record.requests
+
+    def _index(self, record: PodRecord) -> None:
+        if record.owner:
+            self.pods_by_owner.setdefault(record.owner, {})[record.key] = record
+
+    def _unindex(self, record: PodRecord) -> None:
+        if record.owner:
+            owned = self.pods_by_owner.get(record.owner)
+            if owned is not None:
+                owned.pop(record.key, None)
+                if not owned:
+                    del self.pods_by_owner[record.owner]
+
+    # -- reads ------------------------------------------------------------------------
+
+    def pod_counts(self, owner: str) -> PodCounts:
+        counts = PodCounts()
+        for record in self.pods_by_owner.get(owner, {}).values():
+            if record.phase == "Running":
+                counts.running += 1
+            elif record.phase == "Succeeded":
+                counts.succeeded += 1
+            elif record.phase == "Failed":
+                counts.failed += 1
+            else:
+                counts.pending += 1
+        return counts
+
+    def owned_pods(self, owner: str) -> list[PodRecord]:
+        return list(self.pods_by_owner.get(owner, {}).values())
+
+    def snapshot(
+        self, reservations: tuple[Reservation, ...] = (), *, reachable: bool = True
+    ) -> ClusterSnapshot:
+        nodes = tuple(
+            NodeState(
+                name=n.name,
+                allocatable=n.allocatable,
+                requested=self.requested.get(n.name, EMPTY),
+                labels=n.labels,
+                taints=n.taints,
+                ready=n.ready,
+                unschedulable=n.unschedulable,
+            )
+            for n in self.nodes.values()
+        )
+        return ClusterSnapshot(
+            name=self.cluster,
+            nodes=nodes,
+            reservations=reservations,
+            labels=dict(self.labels),
+            reachable=reachable,
+        )
+
+
+def _key(obj: Obj | None) -> str:
+    if not obj:
+        return ""
+    meta = obj.get("metadata", {})
+    return f"{meta.get('namespace')}/{meta.get('name')}"

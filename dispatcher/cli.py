@@ -1,0 +1,63 @@
+"""Command line: `appwrapper-dispatcher run [--config FILE] [flags]`. Side effects: runs the
+dispatcher until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from dispatcher import __version__
+from dispatcher.config import load_config
+from dispatcher.logs import configure_logging
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(
+        prog="appwrapper-dispatcher",
+        description="Gang dispatch of AppWrappers onto Kubernetes clusters.",
+    )
+    root.add_argument("--version", action="version", version=__version__)
+    commands = root.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the dispatcher until SIGTERM")
+    run.add_argument("--config", type=Path, help="YAML settings file (see docs/operations.md)")
+    run.add_argument("--kubeconfig", help="hub kubeconfig (default: $KUBECONFIG or in-cluster)")
+    run.add_argument("--context", help="kubeconfig context of the hub")
+    run.add_argument("--queue-mode", dest="queue_mode", choices=["StrictFIFO", "BestEffortFIFO"])
+    run.add_argument("--starvation-after", dest="starvation_after_seconds", type=float)
+    run.add_argument("--no-preemption", dest="preemption", action="store_const", const=False)
+    run.add_argument("--health-port", dest="health_port", type=int)
+    run.add_argument("--qps", type=float)
+    run.add_argument("--burst", type=int)
+    run.add_argument("--workers", type=int)
+    run.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
+    run.add_argument("--log-format", dest="log_format", choices=["console", "json"])
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    overrides: dict[str, Any] = {
+        k: v for k, v in vars(args).items() if k not in ("command", "config")
+    }
+    try:
+        config = load_config(args.config, overrides)
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"appwrapper-dispatcher: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(level=config.log_level, fmt=config.log_format)
+    from dispatcher.app import serve_forever
+
+    try:
+        asyncio.run(serve_forever(config))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

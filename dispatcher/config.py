@@ -1,0 +1,75 @@
+"""Dispatcher settings: a YAML file and/or command-line flags. Pure values, no I/O but
+`load_config`, which reads the file it is given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from dispatcher.core.model import QueueMode
+from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
+
+
+class MemberConfig(BaseModel):
+    """A member cluster that AppWrappers may be dispatched to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    kubeconfig: str | None = None
+    """Path of its kubeconfig; None means the hub's own connection (the hub is a member)."""
+    context: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Matched by an AppWrapper's schedulingSpec.clusterScheduling.clusterSelector."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Count only nodes with these labels (a node pool reserved for dispatched work)."""
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kubeconfig: str | None = None
+    """The hub (where AppWrappers live). None: $KUBECONFIG, else the pod's service account."""
+    context: str | None = None
+    members: list[MemberConfig] = Field(default_factory=list)
+    """Empty: single-cluster mode, the hub is the only member (named `local`)."""
+    queue_mode: QueueMode = QueueMode.BEST_EFFORT_FIFO
+    starvation_after_seconds: float = Field(default=300.0, ge=0)
+    """BestEffortFIFO: a head waiting this long keeps others from taking what it needs."""
+    preemption: bool = True
+    requeue_pause_seconds: float = Field(default=5.0, ge=0)
+    """Backoff after a requeue when the AppWrapper sets no requeuing.pauseTimeInSeconds."""
+    allowed_kinds: list[str] = Field(default_factory=lambda: sorted(DEFAULT_ALLOWED_KINDS))
+    create_namespaces: bool = True
+    """Create the AppWrapper's namespace in a member cluster when it is missing there."""
+    member_timeout_seconds: float = Field(default=60.0, gt=0)
+    """A member silent this long has its AppWrappers requeued elsewhere."""
+    qps: float = Field(default=200.0, ge=0)
+    burst: int = Field(default=400, ge=0)
+    workers: int = Field(default=16, ge=1, le=256)
+    """Concurrent reconciles (each key is handled by one worker at a time)."""
+    dispatch_concurrency: int = Field(default=32, ge=1, le=1024)
+    """Dispatches (status write + object creates) in flight at once."""
+    health_port: int = Field(default=8081, ge=0, le=65535)
+    metrics_port: int = Field(default=8080, ge=0, le=65535)
+    leader_election: bool = False
+    lease_namespace: str = "default"
+    lease_name: str = "appwrapper-dispatcher"
+    log_format: Literal["console", "json"] = "console"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def load_config(path: Path | None, overrides: dict[str, Any]) -> Config:
+    """Settings from `path` (YAML), then `overrides` (flags) on top; errors name the field."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: expected a mapping of settings, got {type(loaded).__name__}")
+        data.update(loaded)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return Config.model_validate(data)

@@ -1,0 +1,821 @@
+"""The controller: watches AppWrappers on the hub, runs scheduling cycles over member
+capacity, and carries out the decisions.
+
+Side effects: all of them — API reads and writes on the hub and members, Events, timers.
+
+Two loops share one `ControllerState`:
+- reconcile workers take AppWrapper keys from a work queue and move each AppWrapper along
+  its lifecycle (init, watch the dispatched ones, requeue, finish, delete);
+- the scheduler runs a cycle whenever something that can change a decision happens
+  (an AppWrapper queued, capacity freed), assumes each admission at once, and writes
+  status and creates objects in background tasks without blocking the next cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from dispatcher.api.constants import (
+    API_VERSION,
+    FINALIZER,
+    KIND,
+    LABEL_NAME,
+    LABEL_NAMESPACE,
+    PLURAL,
+)
+from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, parse_time, status_to_kube
+from dispatcher.config import Config
+from dispatcher.controller.members import Member
+from dispatcher.controller.objects import (
+    DispatchError,
+    completion,
+    create_all,
+    delete_all,
+    ensure_namespace,
+    wrapped_objects,
+)
+from dispatcher.controller.state import Assumed, ControllerState, Obj
+from dispatcher.controller.workqueue import WorkQueue
+from dispatcher.core import conditions as cond
+from dispatcher.core.conditions import Transition
+from dispatcher.core.cycle import CycleResult, schedule
+from dispatcher.core.lifecycle import Progress, Verdict, assess
+from dispatcher.core.model import (
+    AdmittedWorkload,
+    ClusterSnapshot,
+    PodSet,
+    Reservation,
+    Workload,
+    pod_count,
+)
+from dispatcher.core.preemption import LowestPriorityFirst
+from dispatcher.core.workloads import InvalidSpec
+from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.errors import Conflict, KubeError, NotFound
+from dispatcher.kube.events import EventRecorder
+from dispatcher.kube.informer import Informer
+
+APPWRAPPERS = ResourceInfo(API_VERSION, KIND, PLURAL, namespaced=True)
+PRIORITY_CLASSES = ResourceInfo(
+    "scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False
+)
+C = cond.C
+
+
+def _utc(now: float) -> datetime:
+    return datetime.fromtimestamp(now, UTC)
+
+
+def _seconds_since(stamp: str | None, now: float) -> float:
+    if not stamp:
+        return 0.0
+    try:
+        return now - parse_time(stamp).timestamp()
+    except ValueError:
+        return 0.0
+
+
+class Dispatcher:
+    """Create with the hub client and members; `run()` until cancelled."""
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        hub: KubeClient,
+        members: list[Member],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.hub = hub
+        self.members = {m.name: m for m in members}
+        self.clock = clock
+        self.state = ControllerState()
+        self.queue = WorkQueue()
+        self.events = EventRecorder(hub)
+        self.appwrappers = Informer(hub, APPWRAPPERS)
+        self.priority_classes = Informer(hub, PRIORITY_CLASSES)
+        self.allowed_kinds = frozenset(config.allowed_kinds)
+        self.preemption = LowestPriorityFirst() if config.preemption else None
+        self._kick = asyncio.Event()
+        self._dispatch_slots = asyncio.Semaphore(config.dispatch_concurrency)
+        self._background: set[asyncio.Task[None]] = set()
+        self.cycles = 0
+        self.ready = asyncio.Event()
+        self.log = structlog.get_logger("dispatcher")
+        self.appwrappers.add_handler(self._on_appwrapper)
+        for member in members:
+            member.capacity.on_change = self._on_capacity
+            member.pods.add_handler(self._on_pod)
+
+    # -- wiring ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.appwrappers.run(), name="appwrappers")
+            group.create_task(self.priority_classes.run(), name="priorityclasses")
+            group.create_task(self.events.run(), name="events")
+            for member in self.members.values():
+                group.create_task(member.run(), name=f"member-{member.name}")
+            # Workers start only once every cache has synced: decisions on a partial view
+            # could overcommit (pods not yet seen) or double-create (dispatches not yet seen).
+            await self.appwrappers.synced.wait()
+            await self.priority_classes.synced.wait()
+            for member in self.members.values():
+                await member.wait_synced()
+            self.log.info(
+                "caches_synced", appwrappers=len(self.appwrappers.store), members=list(self.members)
+            )
+            for key in list(self.appwrappers.store):
+                self.queue.add(key)
+            for index in range(self.config.workers):
+                group.create_task(self._worker(), name=f"worker-{index}")
+            group.create_task(self._scheduler(), name="scheduler")
+            self.ready.set()
+            self._kick.set()
+
+    def _on_appwrapper(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        obj = new or old
+        if obj is None:
+            return
+        meta = obj["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        if new is None:
+            self.state.forget(key)
+            self._kick.set()
+            return
+        self.queue.add(key)
+        self._kick.set()
+
+    def _on_capacity(self, reason: str) -> None:
+        if reason != "pod-changed":
+            self._kick.set()
+
+    def _on_pod(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        labels = (new or old or {}).get("metadata", {}).get("labels") or {}
+        name = labels.get(LABEL_NAME)
+        if name:
+            self.queue.add(f"{labels.get(LABEL_NAMESPACE)}/{name}")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def _current(self, key: str) -> Obj | None:
+        return self.state.latest(key, self.appwrappers.store.get(key))
+
+    def _priority(self, aw: AppWrapper) -> tuple[int, str]:
+        """Effective priority and, if the class is unknown, the error."""
+        name = aw.spec.priorityClassName
+        if not name:
+            return aw.spec.priority, ""
+        found = self.priority_classes.store.get(name)
+        if found is None:
+            return aw.spec.priority, f"PriorityClass {name!r} not found"
+        return int(found.get("value", 0)), ""
+
+    def _member_of(self, status: AppWrapperStatus) -> Member | None:
+        return self.members.get(status.clusterName or "")
+
+    async def _write_status(
+        self, obj: Obj, status: AppWrapperStatus, transitions: list[Transition | None]
+    ) -> Obj:
+        """One status write with optimistic concurrency; Events for what changed."""
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "name": obj["metadata"]["name"],
+                "namespace": obj["metadata"]["namespace"],
+                "resourceVersion": obj["metadata"]["resourceVersion"],
+            },
+            "status": status_to_kube(status),
+        }
+        written = await self.hub.replace(
+            APPWRAPPERS, obj["metadata"]["namespace"], obj["metadata"]["name"], body, sub="status"
+        )
+        key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        self.state.written[key] = written
+        for transition in transitions:
+            if transition is not None:
+                self.events.record(
+                    written,
+                    reason=transition.reason,
+                    message=transition.message,
+                    warning=transition.warning,
+                )
+        return written
+
+    # -- reconcile -------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            log = self.log.bind(appwrapper=key.split("/", 1)[1], namespace=key.split("/", 1)[0])
+            try:
+                await self._reconcile(key)
+                self.queue.forget(key)
+            except Conflict:
+                # Someone (often our own earlier write) changed it: re-read and go again.
+                self.queue.add(key)
+            except KubeError as exc:
+                delay = self.queue.retry(key)
+                log.warning("reconcile_failed", error=str(exc)[:300], retry_in=round(delay, 2))
+            except Exception:
+                delay = self.queue.retry(key)
+                log.exception("reconcile_crashed", retry_in=round(delay, 2))
+            finally:
+                self.queue.done(key)
+
+    async def _reconcile(self, key: str) -> None:
+        obj = self._current(key)
+        if obj is None:
+            return
+        now = self.clock()
+        try:
+            aw = AppWrapper.from_kube(obj)
+        except ValidationError as exc:
+            await self._fail_unreadable(obj, exc, now)
+            return
+        if aw.metadata.deletionTimestamp:
+            await self._finalize(aw, obj)
+            return
+        status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
+        if cond.is_terminal(status):
+            await self._after_terminal(aw, status)
+            return
+        if FINALIZER not in aw.metadata.finalizers:
+            obj = await self._add_finalizer(obj)
+        priority, priority_error = self._priority(aw)
+        if status.condition(C.INIT) is None or status.condition(C.QUEUEING) is None:
+            await self._initialize(aw, obj, status, priority, priority_error, now)
+            return
+        if status.is_true(C.BACKOFF):
+            await self._backoff(aw, obj, status, now)
+            return
+        if cond.is_dispatched(status):
+            await self._watch_dispatched(aw, obj, status, now)
+            return
+        if cond.set_priority(status, priority):
+            await self._write_status(obj, status, [])
+        self._kick.set()
+
+    async def _fail_unreadable(self, obj: Obj, exc: ValidationError, now: float) -> None:
+        status = AppWrapperStatus()
+        message = "spec does not match the AppWrapper API: " + "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        if (obj.get("status") or {}).get("message") == message:
+            return
+        transition = cond.mark_failed(status, Reason.INVALID_SPEC, message, now=_utc(now))
+        await self._write_status(obj, status, [transition])
+
+    async def _add_finalizer(self, obj: Obj) -> Obj:
+        meta = obj["metadata"]
+        patch = {
+            "metadata": {
+                "finalizers": [*(meta.get("finalizers") or []), FINALIZER],
+                "resourceVersion": meta["resourceVersion"],
+            }
+        }
+        written = await self.hub.merge_patch(APPWRAPPERS, meta["namespace"], meta["name"], patch)
+        self.state.written[f"{meta['namespace']}/{meta['name']}"] = written
+        return written
+
+    async def _initialize(
+        self,
+        aw: AppWrapper,
+        obj: Obj,
+        status: AppWrapperStatus,
+        priority: int,
+        priority_error: str,
+        now: float,
+    ) -> None:
+        moment = _utc(now)
+        transitions: list[Transition | None] = [
+            cond.initialize(status, priority=priority, now=moment)
+        ]
+        problem = priority_error
+        if not problem:
+            workload = self.state.workload(
+                aw, priority=priority, allowed_kinds=self.allowed_kinds, now=moment
+            )
+            if isinstance(workload, InvalidSpec):
+                problem = workload.message
+        if problem:
+            transitions.append(cond.mark_failed(status, Reason.INVALID_SPEC, problem, now=moment))
+            self.log.info(
+                "appwrapper_invalid",
+                appwrapper=aw.metadata.name,
+                namespace=aw.metadata.namespace,
+                reason=problem[:300],
+            )
+        await self._write_status(obj, status, transitions)
+        self._kick.set()
+
+    async def _backoff(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, now: float
+    ) -> None:
+        backoff = status.condition(C.BACKOFF)
+        pause = aw.spec.schedulingSpec.requeuing.pauseTimeInSeconds
+        seconds = self.config.requeue_pause_seconds if pause is None else float(pause)
+        waited = _seconds_since(backoff.lastTransitionMicroTime if backoff else None, now)
+        if waited < seconds:
+            self.queue.add_after(aw.key, seconds - waited)
+            return
+        transition = cond.end_backoff(status, now=_utc(now))
+        await self._write_status(obj, status, [transition])
+        self._kick.set()
+
+    async def _watch_dispatched(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, now: float
+    ) -> None:
+        key = aw.key
+        if key in self.state.dispatching:
+            return  # the dispatch task finishes first; it re-queues the key
+        member = self._member_of(status)
+        moment = _utc(now)
+        if member is None:
+            message = f"dispatched to cluster {status.clusterName!r}, which is not configured"
+            transition = cond.mark_requeued(
+                status, Reason.CLUSTER_UNREACHABLE, message, now=moment, backoff=False
+            )
+            await self._write_status(obj, status, [transition])
+            return
+        objects = wrapped_objects(aw, owner_reference=member.is_hub)
+        attempt = (key, status.lastDispatchedAt or "")
+        if attempt not in self.state.ensured:
+            # After a restart (or a crash between the status write and the creates), make
+            # sure the objects exist; existing ones carrying our uid are adopted.
+            try:
+                await create_all(
+                    member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
+                )
+                self.state.ensured.add(attempt)
+            except DispatchError as exc:
+                await self._dispatch_failed(aw, obj, status, exc, now)
+                return
+        counts = member.capacity.pod_counts(key)
+        transitions: list[Transition | None] = []
+        changed = cond.set_pod_counts(
+            status,
+            pending=counts.pending,
+            running=counts.running,
+            succeeded=counts.succeeded,
+            failed=counts.failed,
+        )
+        workload = self.state.workload(
+            aw, priority=status.priority or 0, allowed_kinds=self.allowed_kinds, now=moment
+        )
+        expected = pod_count(workload.pod_sets) if isinstance(workload, Workload) else 0
+        min_available = aw.spec.schedulingSpec.minAvailable
+        if min_available is None:
+            min_available = expected
+        completion_items = sum(1 for o in objects if o.completion)
+        done_items, failed_object = 0, ""
+        if completion_items:
+            completion_items, done_items, failed_object = await completion(
+                member.client, aw.metadata.namespace, objects
+            )
+        progress = Progress(
+            expected_pods=expected,
+            min_available=min_available,
+            pending=counts.pending,
+            running=counts.running,
+            succeeded=counts.succeeded,
+            failed=counts.failed,
+            seconds_since_dispatch=_seconds_since(status.lastDispatchedAt, now),
+            requeue_count=status.requeueCount,
+            reached_running=status.is_true(C.RUNNING),
+            completion_items=completion_items,
+            completed_items=done_items,
+            failed_object=failed_object,
+        )
+        verdict = assess(
+            progress,
+            requeuing=aw.spec.schedulingSpec.requeuing,
+            duration_limit=aw.spec.schedulingSpec.dispatchDuration.limit,
+        )
+        message = verdict.message
+        if verdict.verdict is Verdict.RUNNING:
+            transitions.append(cond.mark_running(status, message, now=moment))
+        elif verdict.verdict is Verdict.COMPLETED:
+            transitions.append(cond.mark_completed(status, message, now=moment))
+        elif verdict.verdict is Verdict.FAILED:
+            assert verdict.reason is not None
+            transitions.append(cond.mark_failed(status, verdict.reason, message, now=moment))
+        elif verdict.verdict is Verdict.REQUEUE:
+            assert verdict.reason is not None
+            await delete_all(member.client, aw.metadata.namespace, objects)
+            transitions.append(
+                cond.mark_requeued(status, verdict.reason, message, now=moment, backoff=True)
+            )
+        if completion_items and verdict.verdict in (Verdict.RUNNING, Verdict.WAIT):
+            # Wrapped objects report completion through their own status, which we do not
+            # watch; look again shortly.
+            self.queue.add_after(key, 2.0)
+        if verdict.recheck_after is not None:
+            self.queue.add_after(key, max(verdict.recheck_after, 0.05))
+        if changed or any(t is not None for t in transitions):
+            await self._write_status(obj, status, transitions)
+        if verdict.verdict is Verdict.FAILED:
+            await delete_all(member.client, aw.metadata.namespace, objects)
+
+    async def _dispatch_failed(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: DispatchError, now: float
+    ) -> None:
+        moment = _utc(now)
+        message = f"creating the wrapped objects failed: {exc}"
+        if exc.permanent:
+            transition = cond.mark_failed(status, Reason.DISPATCH_FAILED, message, now=moment)
+        else:
+            transition = cond.mark_requeued(
+                status, Reason.DISPATCH_FAILED, message, now=moment, backoff=True
+            )
+        self.log.warning(
+            "dispatch_failed",
+            appwrapper=aw.metadata.name,
+            namespace=aw.metadata.namespace,
+            cluster=status.clusterName,
+            reason=str(exc)[:300],
+            permanent=exc.permanent,
+        )
+        await self._write_status(obj, status, [transition])
+
+    async def _after_terminal(self, aw: AppWrapper, status: AppWrapperStatus) -> None:
+        """Failed AppWrappers give their capacity back: their objects are removed once."""
+        if not status.is_true(C.FAILED):
+            return
+        member = self._member_of(status)
+        attempt = (aw.metadata.uid or "", status.lastDispatchedAt or "")
+        if member is None or attempt in self.state.cleaned:
+            return
+        objects = wrapped_objects(aw, owner_reference=member.is_hub)
+        remaining = await delete_all(member.client, aw.metadata.namespace, objects)
+        if remaining:
+            self.queue.add_after(aw.key, 1.0)
+        else:
+            self.state.cleaned.add(attempt)
+
+    async def _finalize(self, aw: AppWrapper, obj: Obj) -> None:
+        """Deletion: remove the wrapped objects wherever they may be, then our finalizer."""
+        if FINALIZER not in aw.metadata.finalizers:
+            return
+        status = aw.status or AppWrapperStatus()
+        member = self._member_of(status)
+        targets = [member] if member is not None else list(self.members.values())
+        remaining: list[str] = []
+        for target in targets:
+            objects = wrapped_objects(aw, owner_reference=target.is_hub)
+            try:
+                remaining += await delete_all(target.client, aw.metadata.namespace, objects)
+            except KubeError as exc:
+                remaining.append(f"{target.name}: {exc}")
+        if remaining:
+            self.queue.add_after(aw.key, 0.5)
+            return
+        meta = obj["metadata"]
+        patch = {
+            "metadata": {
+                "finalizers": [f for f in meta.get("finalizers") or [] if f != FINALIZER],
+                "resourceVersion": meta["resourceVersion"],
+            }
+        }
+        with contextlib.suppress(NotFound):
+            await self.hub.merge_patch(APPWRAPPERS, meta["namespace"], meta["name"], patch)
+        self.state.forget(aw.key)
+        self._kick.set()
+
+    # -- scheduling -------------------------------------------------------------------
+
+    async def _scheduler(self) -> None:
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            started = time.perf_counter()
+            pending, snapshots = self._snapshot()
+            if not pending:
+                continue
+            result = schedule(
+                pending,
+                snapshots,
+                mode=self.config.queue_mode,
+                now=self.clock(),
+                starvation_after=self.config.starvation_after_seconds,
+                preemption=self.preemption,
+            )
+            self.cycles += 1
+            self._apply(result)
+            self.log.debug(
+                "cycle",
+                cycle=self.cycles,
+                pending=len(pending),
+                admitted=len(result.admits),
+                seconds=round(time.perf_counter() - started, 4),
+            )
+            # Let the writes this cycle started make progress before the next cycle.
+            await asyncio.sleep(0)
+
+    def _snapshot(self) -> tuple[list[Workload], list[ClusterSnapshot]]:
+        """Phase 1: queued workloads and, per member, capacity minus what dispatched ones hold."""
+        now = _utc(self.clock())
+        pending: list[Workload] = []
+        held: dict[str, list[tuple[Workload, AppWrapperStatus | None, float]]] = {
+            name: [] for name in self.members
+        }
+        for key, watched in self.appwrappers.store.items():
+            obj = self.state.latest(key, watched)
+            if obj is None or obj["metadata"].get("deletionTimestamp"):
+                continue
+            assumed = self.state.assumed.get(key)
+            if assumed is not None:
+                if assumed.cluster in held:
+                    held[assumed.cluster].append((assumed.workload, None, assumed.at))
+                continue
+            raw_status = obj.get("status")
+            if not raw_status:
+                continue  # not initialised yet
+            try:
+                aw = AppWrapper.from_kube(obj)
+            except ValidationError:
+                continue
+            status = aw.status
+            if cond.is_dispatched(status):
+                assert status is not None
+                workload = self.state.workload(
+                    aw, priority=status.priority or 0, allowed_kinds=self.allowed_kinds, now=now
+                )
+                if isinstance(workload, Workload) and status.clusterName in held:
+                    dispatched = now.timestamp() - _seconds_since(
+                        status.lastDispatchedAt, now.timestamp()
+                    )
+                    held[status.clusterName].append((workload, status, dispatched))
+            elif cond.is_queued(status) and key not in self.state.dispatching:
+                priority, error = self._priority(aw)
+                if error:
+                    continue
+                workload = self.state.workload(
+                    aw, priority=priority, allowed_kinds=self.allowed_kinds, now=now
+                )
+                if isinstance(workload, Workload):
+                    pending.append(workload)
+        snapshots = []
+        for name, member in self.members.items():
+            reservations, admitted = self._holdings(member, held[name])
+            snapshot = member.capacity.snapshot(
+                tuple(reservations),
+                reachable=member.reachable(timeout=self.config.member_timeout_seconds),
+            )
+            snapshots.append(
+                ClusterSnapshot(
+                    name=snapshot.name,
+                    nodes=snapshot.nodes,
+                    reservations=snapshot.reservations,
+                    labels=snapshot.labels,
+                    reachable=snapshot.reachable,
+                    admitted=tuple(admitted),
+                )
+            )
+        return pending, snapshots
+
+    def _holdings(
+        self, member: Member, held: list[tuple[Workload, AppWrapperStatus | None, float]]
+    ) -> tuple[list[Reservation], list[AdmittedWorkload]]:
+        """Reservations for dispatched pods not yet on a node, and what each one uses."""
+        reservations: list[Reservation] = []
+        admitted: list[AdmittedWorkload] = []
+        for workload, _status, dispatched_at in held:
+            pods = member.capacity.owned_pods(workload.key)
+            remaining = _unplaced(workload.pod_sets, [p.requests for p in pods if p.node])
+            if remaining:
+                reservations.append(
+                    Reservation(
+                        key=workload.key,
+                        pod_sets=remaining,
+                        priority=workload.priority,
+                        dispatched_at=dispatched_at,
+                        preemptible=workload.preemptible,
+                    )
+                )
+            usage: dict[str, Any] = {}
+            for pod in pods:
+                if pod.holds_capacity:
+                    usage[pod.node] = (
+                        usage[pod.node] + pod.requests if pod.node in usage else pod.requests
+                    )
+            admitted.append(
+                AdmittedWorkload(
+                    key=workload.key,
+                    priority=workload.priority,
+                    dispatched_at=dispatched_at,
+                    preemptible=workload.preemptible,
+                    usage=tuple(sorted(usage.items())),
+                )
+            )
+        return reservations, admitted
+
+    def _apply(self, result: CycleResult) -> None:
+        """Phase 2: assume each admission now; write and create in the background."""
+        now = self.clock()
+        pending_by_key: dict[str, Workload] = {}
+        for admit in result.admits:
+            entry = self.state.workloads.get(admit.key)
+            if entry is None or not isinstance(entry[1], Workload):
+                continue
+            workload = entry[1]
+            pending_by_key[admit.key] = workload
+            self.state.assumed[admit.key] = Assumed(
+                workload=workload, cluster=admit.cluster, at=now
+            )
+            self.state.dispatching.add(admit.key)
+            self._spawn(self._dispatch(admit.key, admit.cluster), name=f"dispatch-{admit.key}")
+        for wait in result.waits:
+            self._note_waiting(wait.key, wait.message, head=wait.key == result.head_key, now=now)
+        for preempt in result.preemptions:
+            for victim in preempt.victims:
+                if victim not in self.state.dispatching:
+                    self.state.dispatching.add(victim)
+                    self._spawn(self._evict(victim, preempt.key), name=f"evict-{victim}")
+
+    def _note_waiting(self, key: str, message: str, *, head: bool, now: float) -> None:
+        """Say why it waits, without rewriting status on every cycle of a long queue."""
+        last = self.state.waiting_written.get(key)
+        if last is not None and last[0] == message:
+            return
+        if last is not None and not head and now - last[1] < 10.0:
+            return
+        self.state.waiting_written[key] = (message, now)
+        self._spawn(self._write_waiting(key, message, head), name=f"waiting-{key}")
+
+    async def _write_waiting(self, key: str, message: str, head: bool) -> None:
+        obj = self._current(key)
+        if obj is None:
+            return
+        try:
+            aw = AppWrapper.from_kube(obj)
+        except ValidationError:
+            return
+        status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
+        if not cond.is_queued(status):
+            return
+        moment = _utc(self.clock())
+        transitions = [cond.mark_waiting(status, message, now=moment)]
+        if head:
+            transitions.append(cond.mark_head_of_line(status, now=moment))
+        if all(t is None for t in transitions):
+            return
+        try:
+            await self._write_status(obj, status, transitions)
+        except Conflict:
+            self.state.waiting_written.pop(key, None)
+            self._kick.set()
+        except KubeError as exc:
+            self.state.waiting_written.pop(key, None)
+            self.log.debug("waiting_status_not_written", appwrapper=key, error=str(exc)[:200])
+
+    async def _dispatch(self, key: str, cluster: str) -> None:
+        """Phase 3 for one admission: status first (it is the claim), then the objects."""
+        log = self.log.bind(
+            appwrapper=key.split("/", 1)[1], namespace=key.split("/", 1)[0], cluster=cluster
+        )
+        try:
+            async with self._dispatch_slots:
+                obj = self._current(key)
+                if obj is None:
+                    return
+                aw = AppWrapper.from_kube(obj)
+                status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
+                if not cond.is_queued(status) or aw.metadata.deletionTimestamp:
+                    return
+                now = self.clock()
+                transition = cond.mark_dispatched(status, cluster=cluster, now=_utc(now))
+                try:
+                    written = await self._write_status(obj, status, [transition])
+                except Conflict:
+                    log.debug("dispatch_conflict")
+                    return
+                except KubeError as exc:
+                    log.warning("dispatch_status_failed", error=str(exc)[:300])
+                    return
+                self.state.waiting_written.pop(key, None)
+                log.info("dispatched", priority=status.priority)
+                member = self.members[cluster]
+                aw = AppWrapper.from_kube(written)
+                try:
+                    if self.config.create_namespaces and not member.is_hub:
+                        await ensure_namespace(member.client, aw.metadata.namespace)
+                    await create_all(
+                        member.client,
+                        aw.metadata.namespace,
+                        wrapped_objects(aw, owner_reference=member.is_hub),
+                        uid=aw.metadata.uid or "",
+                    )
+                    self.state.ensured.add((key, status.lastDispatchedAt or ""))
+                except (DispatchError, KubeError) as exc:
+                    error = (
+                        exc
+                        if isinstance(exc, DispatchError)
+                        else DispatchError(str(exc), permanent=False)
+                    )
+                    fresh = self._current(key) or written
+                    fresh_status = (AppWrapper.from_kube(fresh).status or status).model_copy(
+                        deep=True
+                    )
+                    with contextlib.suppress(KubeError):
+                        await self._dispatch_failed(aw, fresh, fresh_status, error, self.clock())
+        finally:
+            # After a successful status write our own copy (state.written) shows the dispatch
+            # and holds the capacity; after a failed one nothing should.
+            self.state.assumed.pop(key, None)
+            self.state.dispatching.discard(key)
+            self.queue.add(key)
+            self._kick.set()
+
+    async def _evict(self, key: str, preemptor: str) -> None:
+        """Delete a victim's objects and requeue it, saying who took its place."""
+        try:
+            obj = self._current(key)
+            if obj is None:
+                return
+            aw = AppWrapper.from_kube(obj)
+            status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
+            member = self._member_of(status)
+            if member is None or not cond.is_dispatched(status):
+                return
+            by = self._current(preemptor)
+            by_priority = ((by or {}).get("status") or {}).get("priority")
+            message = f"preempted by {preemptor}, priority {by_priority}"
+            await delete_all(
+                member.client,
+                aw.metadata.namespace,
+                wrapped_objects(aw, owner_reference=member.is_hub),
+            )
+            transition = cond.mark_requeued(
+                status,
+                Reason.PREEMPTED,
+                message,
+                now=_utc(self.clock()),
+                backoff=True,
+                preempted_by=preemptor,
+            )
+            await self._write_status(obj, status, [transition])
+            self.log.info(
+                "preempted",
+                appwrapper=aw.metadata.name,
+                namespace=aw.metadata.namespace,
+                cluster=member.name,
+                reason=message,
+            )
+        except KubeError as exc:
+            self.log.warning("preemption_failed", appwrapper=key, error=str(exc)[:300])
+        finally:
+            self.state.dispatching.discard(key)
+            self.queue.add(key)
+            self._kick.set()
+
+    async def drain(self, timeout: float = 10) -> None:
+        """Let in-flight dispatches finish (bounded) before shutdown."""
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=timeout)
+        await self.events.flush(timeout=timeout)
+
+
+def _unplaced(pod_sets: tuple[PodSet, ...], placed: list[Any]) -> tuple[PodSet, ...]:
+    """Pod sets minus the pods already bound to nodes (their requests are counted there).
+
+    A bound pod is matched to a pod set with the same requests, else to the smallest one,
+    so a mismatch between declared and actual requests errs towards reserving more.
+    """
+    counts = [p.count for p in pod_sets]
+    for requests in placed:
+        index = next(
+            (i for i, p in enumerate(pod_sets) if counts[i] and p.requests == requests), None
+        )
+        if index is None:
+            candidates = [i for i in range(len(pod_sets)) if counts[i]]
+            if not candidates:
+                break
+            index = min(candidates, key=lambda i: sum(pod_sets[i].requests.values()))
+        counts[index] -= 1
+    return tuple(
+        PodSet(
+            count=c,
+            requests=p.requests,
+            node_selector=p.node_selector,
+            tolerations=p.tolerations,
+            name=p.name,
+        )
+        for p, c in zip(pod_sets, counts, strict=True)
+        if c > 0
+    )

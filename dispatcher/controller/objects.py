@@ -1,0 +1,208 @@
+"""The wrapped objects of an AppWrapper in a member cluster: create all or nothing, delete,
+and read their completion.
+
+Side effects: API requests to the member cluster holding the objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from dispatcher.api.constants import API_VERSION, KIND, LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
+from dispatcher.api.models import AppWrapper
+from dispatcher.core.podsets import inject_labels
+from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.errors import (
+    AlreadyExists,
+    BadRequest,
+    Forbidden,
+    Invalid,
+    KubeError,
+    NotFound,
+    UnknownKind,
+)
+
+NAMESPACES = ResourceInfo("v1", "Namespace", "namespaces", namespaced=False)
+
+
+class DispatchError(Exception):
+    """Creating the wrapped objects failed; everything created was removed again.
+
+    `permanent` errors (invalid object, unknown kind, forbidden, taken name) end in Failed;
+    others (server unreachable, overloaded) send the AppWrapper back to the queue.
+    """
+
+    def __init__(self, message: str, *, permanent: bool) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+@dataclass(frozen=True, slots=True)
+class Wrapped:
+    index: int
+    api_version: str
+    kind: str
+    name: str
+    body: dict[str, Any]
+    completion: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+def wrapped_objects(aw: AppWrapper, *, owner_reference: bool) -> list[Wrapped]:
+    """The objects to create, labelled with the AppWrapper (and owned by it on the hub)."""
+    labels = {
+        LABEL_NAME: aw.metadata.name,
+        LABEL_NAMESPACE: aw.metadata.namespace,
+        LABEL_UID: aw.metadata.uid or "",
+    }
+    result = []
+    for index, item in enumerate(aw.spec.items):
+        body = inject_labels(item.generictemplate, labels)
+        metadata = body.setdefault("metadata", {})
+        metadata["namespace"] = aw.metadata.namespace
+        for field in ("resourceVersion", "uid", "creationTimestamp", "generation"):
+            metadata.pop(field, None)
+        body.pop("status", None)
+        if owner_reference and aw.metadata.uid:
+            # On the hub itself, the garbage collector then removes the objects even if the
+            # dispatcher is not running when the AppWrapper goes.
+            metadata["ownerReferences"] = [
+                *metadata.get("ownerReferences", []),
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": KIND,
+                    "name": aw.metadata.name,
+                    "uid": aw.metadata.uid,
+                    "controller": True,
+                },
+            ]
+        result.append(
+            Wrapped(
+                index=index,
+                api_version=str(body.get("apiVersion", "")),
+                kind=str(body.get("kind", "")),
+                name=str(metadata.get("name", "")),
+                body=body,
+                completion=item.completion_conditions(),
+            )
+        )
+    return result
+
+
+def _permanent(exc: KubeError) -> bool:
+    return isinstance(exc, BadRequest | Forbidden | Invalid | UnknownKind)
+
+
+async def ensure_namespace(client: KubeClient, namespace: str) -> None:
+    try:
+        await client.create(
+            NAMESPACES,
+            None,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        )
+    except AlreadyExists:
+        return
+
+
+async def create_all(
+    client: KubeClient, namespace: str, objects: list[Wrapped], *, uid: str
+) -> int:
+    """Create every object; adopt ones that already carry this AppWrapper's uid.
+
+    Returns how many were created anew. On any failure, removes what this call created and
+    raises DispatchError naming the object and the server's reason.
+    """
+    created: list[tuple[ResourceInfo, Wrapped]] = []
+
+    async def one(obj: Wrapped) -> None:
+        try:
+            info = await client.resource_info(obj.api_version, obj.kind)
+        except UnknownKind as exc:
+            raise DispatchError(f"{obj.label}: {exc}", permanent=True) from exc
+        if not info.namespaced:
+            raise DispatchError(f"{obj.label}: kind {obj.kind} is cluster-scoped", permanent=True)
+        try:
+            await client.create(info, namespace, obj.body)
+            created.append((info, obj))
+        except AlreadyExists as exc:
+            existing = await client.get(info, namespace, obj.name)
+            owner = existing.get("metadata", {}).get("labels", {}).get(LABEL_UID)
+            if owner != uid:
+                raise DispatchError(
+                    f"{obj.label} already exists in namespace {namespace} and does not belong "
+                    "to this AppWrapper",
+                    permanent=True,
+                ) from exc
+        except KubeError as exc:
+            raise DispatchError(f"{obj.label}: {exc}", permanent=_permanent(exc)) from exc
+
+    results = await asyncio.gather(*(one(o) for o in objects), return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        for info, obj in created:
+            # If this fails too, the next deletion attempt or the collector removes it.
+            with contextlib.suppress(KubeError):
+                await client.delete(info, namespace, obj.name, propagation="Background")
+        first = failures[0]
+        if isinstance(first, DispatchError):
+            raise first
+        if isinstance(first, KubeError):
+            raise DispatchError(str(first), permanent=_permanent(first)) from first
+        raise first
+    return len(created)
+
+
+async def delete_all(client: KubeClient, namespace: str, objects: list[Wrapped]) -> list[str]:
+    """Ask for every object to go; returns the labels of those that still exist."""
+
+    async def one(obj: Wrapped) -> str | None:
+        try:
+            info = await client.resource_info(obj.api_version, obj.kind)
+        except UnknownKind:
+            return None  # its CRD is gone, so is the object
+        try:
+            existing = await client.get(info, namespace, obj.name)
+        except NotFound:
+            return None
+        if existing.get("metadata", {}).get("deletionTimestamp") is None:
+            await client.delete(info, namespace, obj.name, propagation="Background")
+        return obj.label
+
+    results = await asyncio.gather(*(one(o) for o in objects))
+    return [r for r in results if r is not None]
+
+
+async def completion(
+    client: KubeClient, namespace: str, objects: list[Wrapped]
+) -> tuple[int, int, str]:
+    """(items with a completionstatus, how many show it, "Kind/name: why" if one failed)."""
+    watched = [o for o in objects if o.completion]
+    done = 0
+    failed = ""
+    for obj in watched:
+        try:
+            info = await client.resource_info(obj.api_version, obj.kind)
+            current = await client.get(info, namespace, obj.name)
+        except (NotFound, UnknownKind):
+            continue
+        conditions = current.get("status", {}).get("conditions") or []
+        true_types = {c.get("type") for c in conditions if c.get("status") == "True"}
+        if true_types & set(obj.completion):
+            done += 1
+        elif "Failed" in true_types:
+            why = next(
+                (
+                    c.get("reason") or c.get("message", "")
+                    for c in conditions
+                    if c.get("type") == "Failed"
+                ),
+                "",
+            )
+            failed = f"{obj.label} failed: {why}"
+    return len(watched), done, failed

@@ -1,0 +1,93 @@
+"""What the controller remembers between reconciles, all of it re-derivable from the API
+server (rule 5): a restart loses only speed, never correctness.
+
+No I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from dispatcher.api.models import AppWrapper
+from dispatcher.core.model import Workload
+from dispatcher.core.workloads import InvalidSpec, workload_of
+
+Obj = dict[str, Any]
+
+
+def resource_version(obj: Obj | None) -> int:
+    """etcd revisions are numbers; an unreadable one sorts first (treated as oldest)."""
+    try:
+        return int((obj or {}).get("metadata", {}).get("resourceVersion", "0"))
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class Assumed:
+    """A dispatch decided by the scheduler whose status write the watch has not shown yet.
+
+    Its capacity counts from the moment of the decision, so the next cycle cannot give the
+    same room to someone else (Kueue's "assume, then write").
+    """
+
+    workload: Workload
+    cluster: str
+    at: float
+
+
+@dataclass
+class ControllerState:
+    """Shared by the reconciler and the scheduler; only touched on the event loop."""
+
+    written: dict[str, Obj] = field(default_factory=dict)
+    """AppWrappers as our own last writes returned them, newer than the watch may show."""
+    assumed: dict[str, Assumed] = field(default_factory=dict)
+    dispatching: set[str] = field(default_factory=set)
+    """Keys whose dispatch task (status write + creates) is running."""
+    ensured: set[tuple[str, str]] = field(default_factory=set)
+    """(key, lastDispatchedAt) whose objects are known to exist; rebuilt after restart."""
+    cleaned: set[tuple[str, str]] = field(default_factory=set)
+    """(uid, attempt) whose objects were removed after Failed or requeue."""
+    workloads: dict[str, tuple[tuple[str, int, int, int], Workload | InvalidSpec]] = field(
+        default_factory=dict
+    )
+    waiting_written: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """key -> (message, when) of the last "waiting because" status write."""
+
+    def latest(self, key: str, watched: Obj | None) -> Obj | None:
+        mine = self.written.get(key)
+        if watched is None:
+            self.written.pop(key, None)
+            return None
+        if mine is not None and resource_version(mine) > resource_version(watched):
+            return mine
+        self.written.pop(key, None)
+        return watched
+
+    def workload(
+        self,
+        aw: AppWrapper,
+        *,
+        priority: int,
+        allowed_kinds: frozenset[str] | None,
+        now: datetime,
+    ) -> Workload | InvalidSpec:
+        """Parse once per (uid, generation, priority): a cycle over 10k AppWrappers must not
+        re-infer pod sets from templates every time."""
+        requeues = aw.status.requeueCount if aw.status is not None else 0
+        stamp = (aw.metadata.uid or "", aw.metadata.generation or 0, priority, requeues)
+        cached = self.workloads.get(aw.key)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        result = workload_of(aw, priority=priority, allowed_kinds=allowed_kinds, now=now)
+        self.workloads[aw.key] = (stamp, result)
+        return result
+
+    def forget(self, key: str) -> None:
+        self.written.pop(key, None)
+        self.assumed.pop(key, None)
+        self.workloads.pop(key, None)
+        self.waiting_written.pop(key, None)

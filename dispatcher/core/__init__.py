@@ -1,0 +1,1 @@
+"""The scheduling core. PURE: no I/O, no asyncio, no clock reads (time comes in as a value)."""

@@ -1,0 +1,314 @@
+"""Status transitions of an AppWrapper: conditions, state and stage. Pure, no I/O.
+
+Each function edits a working copy of `AppWrapperStatus` (the shell makes the copy and
+writes it once per reconcile) and returns whether anything changed, so the shell skips
+writes that would change nothing. Conditions hold one entry per type; a milestone is True
+once reached in the current attempt, and a requeue turns the later milestones False with
+the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from dispatcher.api.models import (
+    AppWrapperState,
+    AppWrapperStatus,
+    Condition,
+    ConditionType,
+    Reason,
+    format_micro_time,
+)
+
+C = ConditionType
+MILESTONES = (C.INIT, C.QUEUEING, C.HEAD_OF_LINE, C.DISPATCHED, C.RUNNING)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """What changed, for the Event the shell records (None when nothing did)."""
+
+    reason: str
+    message: str
+    warning: bool = False
+
+
+def set_condition(
+    status: AppWrapperStatus,
+    type_: ConditionType,
+    *,
+    true: bool,
+    reason: str,
+    message: str = "",
+    now: datetime,
+) -> bool:
+    """Set one condition; the transition time moves only when the status flips."""
+    stamp = format_micro_time(now)
+    value: Literal["True", "False"] = "True" if true else "False"
+    existing = status.condition(type_)
+    if existing is None:
+        status.conditions.append(
+            Condition(
+                type=type_.value,
+                status=value,
+                reason=reason,
+                message=message,
+                lastTransitionMicroTime=stamp,
+                lastUpdateMicroTime=stamp,
+            )
+        )
+        return True
+    if existing.status == value and existing.reason == reason and existing.message == message:
+        return False
+    if existing.status != value:
+        existing.lastTransitionMicroTime = stamp
+    existing.status = value
+    existing.reason = reason
+    existing.message = message
+    existing.lastUpdateMicroTime = stamp
+    return True
+
+
+def stage_of(status: AppWrapperStatus) -> str:
+    """The furthest point of the current attempt, shown as STAGE by `kubectl get aw`."""
+    for terminal in (C.FAILED, C.COMPLETED):
+        if status.is_true(terminal):
+            return terminal.value
+    if status.is_true(C.BACKOFF):
+        return C.BACKOFF.value
+    reached = [m for m in MILESTONES if status.is_true(m)]
+    return reached[-1].value if reached else ""
+
+
+def _settle(status: AppWrapperStatus, state: AppWrapperState, message: str) -> bool:
+    changed = False
+    stage = stage_of(status)
+    if status.stage != stage:
+        status.stage = stage
+        changed = True
+    if status.state != state:
+        status.state = state
+        changed = True
+    if status.message != message:
+        status.message = message
+        changed = True
+    return changed
+
+
+def is_terminal(status: AppWrapperStatus | None) -> bool:
+    return status is not None and (status.is_true(C.COMPLETED) or status.is_true(C.FAILED))
+
+
+def is_dispatched(status: AppWrapperStatus | None) -> bool:
+    """Dispatched in the current attempt and not finished: its objects exist or are being made."""
+    return status is not None and status.is_true(C.DISPATCHED) and not is_terminal(status)
+
+
+def is_queued(status: AppWrapperStatus | None) -> bool:
+    """Waiting for the scheduler: initialised, not dispatched, not backing off, not finished."""
+    return (
+        status is not None
+        and status.is_true(C.QUEUEING)
+        and not status.is_true(C.DISPATCHED)
+        and not status.is_true(C.BACKOFF)
+        and not is_terminal(status)
+    )
+
+
+# -- transitions ---------------------------------------------------------------------------
+
+
+def initialize(status: AppWrapperStatus, *, priority: int, now: datetime) -> Transition | None:
+    """A new AppWrapper: Init and Queueing True, state Pending."""
+    changed = set_condition(
+        status, C.INIT, true=True, reason=Reason.CREATED, message="AppWrapper accepted", now=now
+    )
+    changed |= set_condition(
+        status, C.QUEUEING, true=True, reason=Reason.QUEUED, message="waiting in the queue", now=now
+    )
+    if status.queuedAt is None:
+        status.queuedAt = format_micro_time(now)
+        changed = True
+    if status.priority != priority:
+        status.priority = priority
+        changed = True
+    changed |= _settle(status, AppWrapperState.PENDING, "waiting in the queue")
+    return Transition(Reason.QUEUED, f"queued with priority {priority}") if changed else None
+
+
+def set_priority(status: AppWrapperStatus, priority: int) -> bool:
+    if status.priority == priority:
+        return False
+    status.priority = priority
+    return True
+
+
+def mark_head_of_line(status: AppWrapperStatus, *, now: datetime) -> Transition | None:
+    if not set_condition(
+        status,
+        C.HEAD_OF_LINE,
+        true=True,
+        reason=Reason.FRONT_OF_QUEUE,
+        message="first in line for the next free capacity",
+        now=now,
+    ):
+        return None
+    _settle(status, AppWrapperState.PENDING, status.message or "")
+    return Transition(Reason.FRONT_OF_QUEUE, "at the head of the queue")
+
+
+def mark_waiting(status: AppWrapperStatus, message: str, *, now: datetime) -> Transition | None:
+    """Not dispatched this cycle; `message` says what it waits for, with numbers."""
+    changed = set_condition(
+        status,
+        C.DISPATCHED,
+        true=False,
+        reason=Reason.INSUFFICIENT_RESOURCES,
+        message=message,
+        now=now,
+    )
+    changed |= _settle(status, AppWrapperState.PENDING, message)
+    return Transition(Reason.INSUFFICIENT_RESOURCES, message) if changed else None
+
+
+def mark_dispatched(status: AppWrapperStatus, *, cluster: str, now: datetime) -> Transition:
+    """All milestones up to Dispatched True; Running not yet."""
+    stamp = format_micro_time(now)
+    message = f"dispatched to cluster {cluster}"
+    set_condition(
+        status, C.INIT, true=True, reason=Reason.CREATED, message="AppWrapper accepted", now=now
+    )
+    set_condition(
+        status, C.QUEUEING, true=True, reason=Reason.QUEUED, message="waited in the queue", now=now
+    )
+    set_condition(
+        status,
+        C.HEAD_OF_LINE,
+        true=True,
+        reason=Reason.FRONT_OF_QUEUE,
+        message="reached the head of the queue",
+        now=now,
+    )
+    set_condition(
+        status, C.DISPATCHED, true=True, reason=Reason.DISPATCHED, message=message, now=now
+    )
+    set_condition(
+        status,
+        C.RUNNING,
+        true=False,
+        reason=Reason.PODS_NOT_READY,
+        message="waiting for pods to run",
+        now=now,
+    )
+    if status.queuedAt is None:
+        status.queuedAt = stamp
+    status.clusterName = cluster
+    status.dispatchedAt = status.dispatchedAt or stamp
+    status.lastDispatchedAt = stamp
+    _settle(status, AppWrapperState.RUNNING, message)
+    return Transition(Reason.DISPATCHED, message)
+
+
+def mark_running(status: AppWrapperStatus, message: str, *, now: datetime) -> Transition | None:
+    if not set_condition(
+        status, C.RUNNING, true=True, reason=Reason.PODS_RUNNING, message=message, now=now
+    ):
+        return None
+    _settle(status, AppWrapperState.RUNNING, message)
+    return Transition(Reason.PODS_RUNNING, message)
+
+
+def mark_completed(status: AppWrapperStatus, message: str, *, now: datetime) -> Transition | None:
+    if not set_condition(
+        status, C.COMPLETED, true=True, reason=Reason.WORKLOAD_COMPLETED, message=message, now=now
+    ):
+        return None
+    _settle(status, AppWrapperState.COMPLETED, message)
+    return Transition(Reason.WORKLOAD_COMPLETED, message)
+
+
+def mark_failed(
+    status: AppWrapperStatus, reason: Reason, message: str, *, now: datetime
+) -> Transition | None:
+    if not set_condition(status, C.FAILED, true=True, reason=reason, message=message, now=now):
+        return None
+    _settle(status, AppWrapperState.FAILED, message)
+    return Transition(reason, message, warning=True)
+
+
+def mark_requeued(
+    status: AppWrapperStatus,
+    reason: Reason,
+    message: str,
+    *,
+    now: datetime,
+    backoff: bool,
+    preempted_by: str = "",
+) -> Transition:
+    """The wrapped objects were (or are being) removed; back to the queue, maybe after a pause."""
+    status.requeueCount += 1
+    if preempted_by:
+        set_condition(
+            status,
+            C.PREEMPTED,
+            true=True,
+            reason=Reason.PREEMPTED_BY_HIGHER_PRIORITY,
+            message=message,
+            now=now,
+        )
+    set_condition(status, C.REQUEUED, true=True, reason=reason, message=message, now=now)
+    for later in (C.HEAD_OF_LINE, C.DISPATCHED, C.RUNNING):
+        if status.condition(later) is not None:
+            set_condition(status, later, true=False, reason=reason, message=message, now=now)
+    if backoff:
+        set_condition(
+            status,
+            C.BACKOFF,
+            true=True,
+            reason=Reason.REQUEUE_BACKOFF,
+            message=f"requeued ({message}); waiting before queueing again",
+            now=now,
+        )
+    else:
+        set_condition(
+            status, C.QUEUEING, true=True, reason=Reason.REQUEUED, message=message, now=now
+        )
+    status.clusterName = None
+    status.pending = status.running = status.succeeded = status.failed = 0
+    _settle(status, AppWrapperState.PENDING, message)
+    return Transition(reason, message, warning=True)
+
+
+def end_backoff(status: AppWrapperStatus, *, now: datetime) -> Transition | None:
+    if not status.is_true(C.BACKOFF):
+        return None
+    set_condition(
+        status,
+        C.BACKOFF,
+        true=False,
+        reason=Reason.REQUEUE_BACKOFF,
+        message="backoff over",
+        now=now,
+    )
+    set_condition(
+        status,
+        C.QUEUEING,
+        true=True,
+        reason=Reason.REQUEUED,
+        message="queued again after requeue",
+        now=now,
+    )
+    _settle(status, AppWrapperState.PENDING, "queued again after requeue")
+    return Transition(Reason.REQUEUED, "queued again after backoff")
+
+
+def set_pod_counts(
+    status: AppWrapperStatus, *, pending: int, running: int, succeeded: int, failed: int
+) -> bool:
+    counts = (pending, running, succeeded, failed)
+    if (status.pending, status.running, status.succeeded, status.failed) == counts:
+        return False
+    status.pending, status.running, status.succeeded, status.failed = counts
+    return True

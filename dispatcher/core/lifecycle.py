@@ -1,0 +1,137 @@
+"""What a dispatched AppWrapper's progress means: keep waiting, Running, Completed, Failed or
+requeue. Pure, no I/O: the shell gathers pod counts and wrapped-object conditions, the
+functions here decide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from dispatcher.api.models import Reason, Requeuing
+
+
+class Verdict(Enum):
+    WAIT = "wait"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    REQUEUE = "requeue"
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A dispatched AppWrapper at one instant."""
+
+    expected_pods: int  # pods its items declare (inferred or custompodresources)
+    min_available: int  # pods that must run for it to count as Running
+    pending: int
+    running: int
+    succeeded: int
+    failed: int
+    seconds_since_dispatch: float
+    requeue_count: int
+    reached_running: bool  # Running was True earlier in this attempt
+    completion_items: int  # items with a completionstatus
+    completed_items: int  # of those, how many show a completion condition
+    failed_object: str = ""  # "Job/train: BackoffLimitExceeded" when a wrapped object failed
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    verdict: Verdict
+    reason: Reason | None = None
+    message: str = ""
+    recheck_after: float | None = None  # seconds until a time limit may change the verdict
+
+
+def requeue_window(requeuing: Requeuing, requeue_count: int) -> float:
+    """Seconds a dispatch may take to reach minAvailable running pods, for this attempt."""
+    base = float(requeuing.timeInSeconds)
+    if requeuing.growthType == "exponential":
+        window = base * float(2 ** min(requeue_count, 30))
+    elif requeuing.growthType == "linear":
+        window = base * (requeue_count + 1)
+    else:
+        window = base
+    if requeuing.maxTimeInSeconds:
+        window = min(window, float(requeuing.maxTimeInSeconds))
+    return window
+
+
+def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | None) -> Assessment:
+    """Decide the next step for a dispatched AppWrapper (first matching rule wins)."""
+    p = progress
+    elapsed = p.seconds_since_dispatch
+    # 1. Done: every item with a completionstatus shows it; or, with none declared, every
+    #    pod it declared has succeeded.
+    if p.completion_items:
+        if p.completed_items >= p.completion_items:
+            return Assessment(
+                Verdict.COMPLETED,
+                Reason.WORKLOAD_COMPLETED,
+                f"{p.completed_items} of {p.completion_items} items report completion",
+            )
+    elif (
+        p.expected_pods > 0
+        and p.succeeded >= p.expected_pods
+        and p.pending == 0
+        and p.running == 0
+        and p.failed == 0
+    ):
+        return Assessment(
+            Verdict.COMPLETED, Reason.WORKLOAD_COMPLETED, f"all {p.succeeded} pods succeeded"
+        )
+    # 2. A wrapped object says it failed, or every pod ended and some failed.
+    if p.failed_object:
+        return Assessment(Verdict.FAILED, Reason.PODS_FAILED, p.failed_object)
+    if p.failed and p.pending == 0 and p.running == 0 and p.completed_items < p.completion_items:
+        return Assessment(
+            Verdict.FAILED, Reason.PODS_FAILED, f"{p.failed} pods failed and none are left running"
+        )
+    # 3. Ran past dispatchDuration.limit.
+    if duration_limit is not None and duration_limit > 0 and elapsed >= duration_limit:
+        return Assessment(
+            Verdict.FAILED,
+            Reason.DISPATCH_DURATION_EXCEEDED,
+            f"dispatched {int(elapsed)}s ago, over dispatchDuration.limit of {duration_limit}s",
+        )
+    duration_left = (duration_limit - elapsed) if duration_limit else None
+    active = p.running + p.succeeded
+    # 4. Enough pods run.
+    if active >= p.min_available:
+        message = (
+            f"{p.running} pods running, {p.succeeded} succeeded (minAvailable {p.min_available})"
+        )
+        return Assessment(Verdict.RUNNING, Reason.PODS_RUNNING, message, duration_left)
+    if p.reached_running:
+        return Assessment(
+            Verdict.WAIT,
+            Reason.MIN_AVAILABLE_NOT_REACHED,
+            f"{active} of minAvailable {p.min_available} pods running",
+            duration_left,
+        )
+    # 5. Not enough pods within the window: requeue, or give up after maxNumRequeuings.
+    window = requeue_window(requeuing, p.requeue_count)
+    if elapsed >= window:
+        message = (
+            f"{active} of minAvailable {p.min_available} pods running {int(elapsed)}s after "
+            f"dispatch (window {int(window)}s)"
+        )
+        if requeuing.maxNumRequeuings and p.requeue_count >= requeuing.maxNumRequeuings:
+            return Assessment(
+                Verdict.FAILED,
+                Reason.REQUEUE_LIMIT_REACHED,
+                f"{message}; requeued {p.requeue_count} times, maxNumRequeuings "
+                f"{requeuing.maxNumRequeuings}",
+            )
+        return Assessment(Verdict.REQUEUE, Reason.PODS_NOT_RUNNING_IN_TIME, message)
+    recheck = window - elapsed
+    if duration_left is not None:
+        recheck = min(recheck, duration_left)
+    return Assessment(
+        Verdict.WAIT,
+        Reason.PODS_NOT_READY,
+        f"{active} of minAvailable {p.min_available} pods running",
+        recheck,
+    )

@@ -1,0 +1,196 @@
+"""Plain values the core decides over: pod sets, nodes, cluster snapshots, workloads.
+
+Pure, no I/O. Everything here is a frozen dataclass built by the shell from watch
+caches (nodes, pods, AppWrappers) and handed to the core; the core never mutates them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from dispatcher.api.resources import EMPTY, Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"  # "Equal" | "Exists"
+    value: str = ""
+    effect: str = ""  # "" matches every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"  # NoSchedule | PreferNoSchedule | NoExecute
+
+    @property
+    def repels(self) -> bool:
+        """PreferNoSchedule only steers the scheduler; it never keeps a pod off a node."""
+        return self.effect in ("NoSchedule", "NoExecute")
+
+
+@dataclass(frozen=True, slots=True)
+class PodSet:
+    """`count` identical pods, each asking for `requests`, with their placement constraints."""
+
+    count: int
+    requests: Resources
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    name: str = ""  # where it came from, for messages: "RayCluster/glue head"
+
+    @property
+    def total(self) -> Resources:
+        return self.requests.scale(self.count)
+
+
+def total_requests(pod_sets: tuple[PodSet, ...]) -> Resources:
+    result = EMPTY
+    for pod_set in pod_sets:
+        result = result + pod_set.total
+    return result
+
+
+def pod_count(pod_sets: tuple[PodSet, ...]) -> int:
+    return sum(p.count for p in pod_sets)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """One node as the capacity cache sees it. `requested` sums non-terminal pods bound to it."""
+
+    name: str
+    allocatable: Resources
+    requested: Resources = EMPTY
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    ready: bool = True
+    unschedulable: bool = False
+
+    @property
+    def schedulable(self) -> bool:
+        return self.ready and not self.unschedulable
+
+    @property
+    def free(self) -> Resources:
+        return self.allocatable - self.requested
+
+    def admits(self, pod_set: PodSet) -> bool:
+        """Whether the pods' selector and tolerations let them onto this node (ignoring room)."""
+        if not self.schedulable:
+            return False
+        for key, value in pod_set.node_selector:
+            if self.labels.get(key) != value:
+                return False
+        return all(
+            any(t.tolerates(taint) for t in pod_set.tolerations)
+            for taint in self.taints
+            if taint.repels
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Pods a dispatched AppWrapper declared that are not yet bound to a node.
+
+    They hold capacity until they appear (rule 1: never overcommit in that window).
+    """
+
+    key: str
+    pod_sets: tuple[PodSet, ...]
+    priority: int = 0
+    dispatched_at: float = 0.0
+    preemptible: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class AdmittedWorkload:
+    """A dispatched AppWrapper in a member cluster, as preemption sees it.
+
+    `usage` is what its pods that are already bound use, per node (these requests are also
+    inside the nodes' `requested`). Its pods that are not bound yet are the `Reservation` with
+    the same `key` in `ClusterSnapshot.reservations`: one place for them, so they are never
+    counted twice. Evicting it frees both.
+    """
+
+    key: str
+    priority: int
+    dispatched_at: float
+    preemptible: bool = True
+    usage: tuple[tuple[str, Resources], ...] = ()  # (node name, requests of its pods there)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    """A member cluster at one instant, as the scheduling cycle sees it."""
+
+    name: str
+    nodes: tuple[NodeState, ...]
+    reservations: tuple[Reservation, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    reachable: bool = True
+    admitted: tuple[AdmittedWorkload, ...] = ()  # dispatched AppWrappers (preemption candidates)
+
+    def without(self, keys: frozenset[str]) -> ClusterSnapshot:
+        """This cluster as it would be once the AppWrappers named by `keys` were evicted."""
+        if not keys:
+            return self
+        freed: dict[str, Resources] = {}
+        for admitted in self.admitted:
+            if admitted.key in keys:
+                for node_name, used in admitted.usage:
+                    freed[node_name] = freed.get(node_name, EMPTY) + used
+        nodes = tuple(
+            replace(node, requested=node.requested - freed[node.name])
+            if node.name in freed
+            else node
+            for node in self.nodes
+        )
+        return replace(
+            self,
+            nodes=nodes,
+            reservations=tuple(r for r in self.reservations if r.key not in keys),
+            admitted=tuple(a for a in self.admitted if a.key not in keys),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where an AppWrapper may go: allowed cluster names (None = any) and a label selector."""
+
+    clusters: frozenset[str] | None = None
+    match_labels: tuple[tuple[str, str], ...] = ()
+
+    def allows(self, cluster: ClusterSnapshot) -> bool:
+        if self.clusters is not None and cluster.name not in self.clusters:
+            return False
+        return all(cluster.labels.get(k) == v for k, v in self.match_labels)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A queued AppWrapper as the core sees it."""
+
+    key: str  # "namespace/name"
+    priority: int
+    created_at: float  # seconds since the epoch; older goes first at equal priority
+    pod_sets: tuple[PodSet, ...]
+    placement: Placement = Placement()
+    queued_since: float = 0.0  # when it became head-of-line eligible (starvation guard)
+    preemptible: bool = True
+
+
+class QueueMode(StrEnum):
+    STRICT_FIFO = "StrictFIFO"
+    BEST_EFFORT_FIFO = "BestEffortFIFO"

@@ -1,0 +1,321 @@
+"""What pods a wrapped object will make, and labelling the pods it makes. Pure, no I/O.
+
+Works on raw template dicts (the `generictemplate` of an AppWrapper item, a complete
+Kubernetes object). `infer_pod_sets` turns a template into `PodSet`s the fit check reads;
+`pod_sets_from_custom` does the same for MCAD's explicit `custompodresources`;
+`inject_labels` returns a copy of a template whose object and pod templates carry the
+AppWrapper's labels (so the pods can be found, counted and adopted).
+
+Every inference error is a `QuantityError` (a `ValueError`) whose message names the object
+(kind/name) and the container or field at fault, ready to show the user.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from dispatcher.api.quantity import QuantityError
+from dispatcher.api.resources import EMPTY, Resources
+from dispatcher.core.model import PodSet, Toleration
+
+__all__ = ["infer_pod_sets", "inject_labels", "pod_requests", "pod_sets_from_custom"]
+
+# (apiVersion group, kind) of the objects whose pods we can count. A kind with another group
+# (some CRD that happens to be called "Job") asks for nothing rather than something wrong.
+_APPS_KINDS = frozenset({"Deployment", "StatefulSet", "ReplicaSet"})
+
+
+def _group(template: Mapping[str, Any]) -> str | None:
+    """The API group of the object ("" for the core group), None when apiVersion is absent."""
+    api_version = template.get("apiVersion")
+    if not isinstance(api_version, str) or not api_version:
+        return None
+    return api_version.rpartition("/")[0]
+
+
+def _is(template: Mapping[str, Any], kind: str, group: str) -> bool:
+    """True when the template is `kind` in `group` (an absent apiVersion matches any group)."""
+    if template.get("kind") != kind:
+        return False
+    actual = _group(template)
+    return actual is None or actual == group
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _name(template: Mapping[str, Any]) -> str:
+    return f"{template.get('kind', '?')}/{_mapping(template.get('metadata')).get('name', '?')}"
+
+
+def _count(value: Any, *, default: int, where: str, field_name: str) -> int:
+    """A replica-like count: absent/null means `default`; anything but an int >= 0 is an error."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise QuantityError(f"{where}: {field_name} must be a non-negative integer, not {value!r}")
+    return value
+
+
+def _effective_requests(resources: Mapping[str, Any], *, label: str) -> Resources:
+    """`requests`, each absent request falling back to the limit (as Kubernetes defaults it)."""
+    try:
+        limits = Resources.parse(_mapping(resources.get("limits")))
+        requests = Resources.parse(_mapping(resources.get("requests")))
+    except QuantityError as exc:
+        raise QuantityError(f"{label}: {exc}") from None
+    if not limits:
+        return requests
+    merged = dict(limits.items())
+    merged.update(requests.items())
+    # An explicit request of 0 is dropped by Resources, but it still overrides the limit.
+    for name, value in _mapping(resources.get("requests")).items():
+        if value is not None:
+            merged[str(name)] = requests[str(name)]
+    return Resources(merged)
+
+
+def _container_requests(container: Mapping[str, Any], *, where: str) -> Resources:
+    label = f"{where} container {container.get('name', '?')!r}"
+    return _effective_requests(_mapping(container.get("resources")), label=label)
+
+
+def _containers(spec: Mapping[str, Any], key: str, *, where: str) -> list[Mapping[str, Any]]:
+    value = spec.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(c, Mapping) for c in value):
+        raise QuantityError(f"{where}: spec.{key} must be a list of containers")
+    return value
+
+
+def pod_requests(spec: Mapping[str, Any], *, where: str) -> Resources:
+    """What one pod with this spec asks the scheduler for.
+
+    As Kubernetes computes it: the sum of the containers (and of restartable "sidecar" init
+    containers, which keep running beside them), or, if larger per resource, what the init
+    phase needs at its peak (each ordinary init container runs alone, beside the sidecars
+    started before it); plus the pod `overhead` (set by a RuntimeClass).
+    """
+    containers = _containers(spec, "containers", where=where)
+    init_containers = _containers(spec, "initContainers", where=where)
+    total = EMPTY
+    for container in containers:
+        total = total + _container_requests(container, where=where)
+    sidecars = EMPTY
+    init_peak = EMPTY
+    for container in init_containers:
+        requests = _container_requests(container, where=where)
+        if container.get("restartPolicy") == "Always":
+            sidecars = sidecars + requests
+            init_peak = init_peak.max(sidecars)
+        else:
+            init_peak = init_peak.max(sidecars + requests)
+    result = (total + sidecars).max(init_peak)
+    try:
+        overhead = Resources.parse(_mapping(spec.get("overhead")))
+    except QuantityError as exc:
+        raise QuantityError(f"{where} overhead: {exc}") from None
+    return result + overhead
+
+
+def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
+    raw = spec.get("tolerations")
+    if not isinstance(raw, list):
+        return ()
+    return tuple(
+        Toleration(
+            key=str(t.get("key") or ""),
+            operator=str(t.get("operator") or "Equal"),
+            value=str(t.get("value") or ""),
+            effect=str(t.get("effect") or ""),
+        )
+        for t in raw
+        if isinstance(t, Mapping)
+    )
+
+
+def _pod_set(pod_template: Any, *, count: int, name: str) -> PodSet | None:
+    """`count` pods made from a pod template ({metadata, spec}); None when count is 0."""
+    if count == 0:
+        return None
+    spec = _mapping(_mapping(pod_template).get("spec"))
+    selector = _mapping(spec.get("nodeSelector"))
+    return PodSet(
+        count=count,
+        requests=pod_requests(spec, where=name),
+        node_selector=tuple(sorted((str(k), str(v)) for k, v in selector.items())),
+        tolerations=_tolerations(spec),
+        name=name,
+    )
+
+
+def _ray_cluster_pod_sets(spec: Mapping[str, Any], *, name: str) -> Iterator[PodSet | None]:
+    """Head: one pod. Each worker group: replicas (default minReplicas, default 1) x numOfHosts."""
+    head = _mapping(spec.get("headGroupSpec"))
+    if head:
+        yield _pod_set(head.get("template"), count=1, name=f"{name} head")
+    groups = spec.get("workerGroupSpecs")
+    for index, group in enumerate(groups if isinstance(groups, list) else []):
+        group = _mapping(group)
+        group_name = group.get("groupName")
+        label = f"{name} worker {group_name}" if group_name else f"{name} worker {index}"
+        where = f"{label} (workerGroupSpecs[{index}])"
+        min_replicas = _count(
+            group.get("minReplicas"), default=1, where=where, field_name="minReplicas"
+        )
+        replicas = _count(
+            group.get("replicas"), default=min_replicas, where=where, field_name="replicas"
+        )
+        hosts = _count(group.get("numOfHosts"), default=1, where=where, field_name="numOfHosts")
+        yield _pod_set(group.get("template"), count=replicas * hosts, name=label)
+
+
+def _infer(template: Mapping[str, Any]) -> Iterator[PodSet | None]:
+    name = _name(template)
+    spec = _mapping(template.get("spec"))
+    kind = template.get("kind")
+    if _is(template, "Pod", ""):
+        yield _pod_set(template, count=1, name=name)
+    elif kind in _APPS_KINDS and _is(template, str(kind), "apps"):
+        replicas = _count(spec.get("replicas"), default=1, where=name, field_name="spec.replicas")
+        yield _pod_set(spec.get("template"), count=replicas, name=name)
+    elif _is(template, "Job", "batch"):
+        pods = _count(spec.get("parallelism"), default=1, where=name, field_name="spec.parallelism")
+        completions = spec.get("completions")
+        if completions is not None:
+            pods = min(
+                pods, _count(completions, default=1, where=name, field_name="spec.completions")
+            )
+        yield _pod_set(spec.get("template"), count=pods, name=name)
+    elif _is(template, "RayCluster", "ray.io"):
+        yield from _ray_cluster_pod_sets(spec, name=name)
+    elif _is(template, "RayJob", "ray.io"):
+        # The RayJob's submitter pod (the one that runs `ray job submit`) is not counted: it is
+        # created only once the cluster is up, is small, and KubeRay makes it outside the gang.
+        # A RayJob that uses an existing cluster (spec.clusterSelector) makes no cluster pods.
+        cluster_spec = _mapping(spec.get("rayClusterSpec"))
+        if cluster_spec:
+            yield from _ray_cluster_pod_sets(cluster_spec, name=name)
+    elif _is(template, "PyTorchJob", "kubeflow.org"):
+        replica_specs = _mapping(spec.get("pytorchReplicaSpecs"))
+        for role, replica_spec in replica_specs.items():
+            replica_spec = _mapping(replica_spec)
+            where = f"{name} {role}"
+            replicas = _count(
+                replica_spec.get("replicas"), default=1, where=where, field_name="replicas"
+            )
+            yield _pod_set(replica_spec.get("template"), count=replicas, name=where)
+    # Any other kind (Service, ConfigMap, Secret, PodGroup, ...) makes no pods.
+
+
+def infer_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
+    """The pods a wrapped object will make, as pod sets; () for kinds that make no pods.
+
+    Supported: Pod; Deployment, StatefulSet, ReplicaSet (spec.replicas, default 1); Job
+    (parallelism, default 1, capped by completions); RayCluster and RayJob (ray.io, any
+    version: the head plus every worker group); PyTorchJob (kubeflow.org: every replica
+    type). Node affinity and topology spread are not modelled, only nodeSelector and
+    tolerations. Raises QuantityError naming the object and container on malformed input.
+    """
+    return tuple(p for p in _infer(template) if p is not None)
+
+
+def pod_sets_from_custom(custompodresources: list[dict[str, Any]]) -> tuple[PodSet, ...]:
+    """Pod sets from MCAD's `custompodresources` ({replicas, requests, limits} each).
+
+    A request that is absent falls back to the limit of the same resource; `replicas`
+    defaults to 1. These pods carry no placement constraints (MCAD's field has none).
+    """
+    result: list[PodSet] = []
+    for index, entry in enumerate(custompodresources):
+        where = f"custompodresources[{index}]"
+        if not isinstance(entry, Mapping):
+            raise QuantityError(f"{where}: must be an object with replicas, requests, limits")
+        replicas = _count(entry.get("replicas"), default=1, where=where, field_name="replicas")
+        requests = _effective_requests(entry, label=where)
+        if replicas:
+            result.append(PodSet(count=replicas, requests=requests, name=where))
+    return tuple(result)
+
+
+def _label_pod_template(pod_template: Any, labels: Mapping[str, str]) -> None:
+    """Add labels to a pod template's metadata, in place; ignore what is not a template."""
+    if isinstance(pod_template, dict):
+        _label_object(pod_template, labels)
+
+
+def _label_object(obj: dict[str, Any], labels: Mapping[str, str]) -> None:
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = obj["metadata"] = {}
+    existing = metadata.get("labels")
+    if not isinstance(existing, dict):
+        existing = metadata["labels"] = {}
+    existing.update(labels)
+
+
+def _label_ray_cluster(spec: Any, labels: Mapping[str, str]) -> None:
+    if not isinstance(spec, dict):
+        return
+    head = spec.get("headGroupSpec")
+    if isinstance(head, dict):
+        _label_pod_template(head.get("template"), labels)
+    groups = spec.get("workerGroupSpecs")
+    for group in groups if isinstance(groups, list) else []:
+        if isinstance(group, dict):
+            _label_pod_template(group.get("template"), labels)
+
+
+def _spec(obj: dict[str, Any]) -> dict[str, Any]:
+    spec = obj.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def _label_pytorch(obj: dict[str, Any], labels: Mapping[str, str]) -> None:
+    replica_specs = _spec(obj).get("pytorchReplicaSpecs")
+    if isinstance(replica_specs, dict):
+        for replica_spec in replica_specs.values():
+            if isinstance(replica_spec, dict):
+                _label_pod_template(replica_spec.get("template"), labels)
+
+
+def _label_cron_job(obj: dict[str, Any], labels: Mapping[str, str]) -> None:
+    job_template = _spec(obj).get("jobTemplate")
+    if isinstance(job_template, dict):
+        _label_object(job_template, labels)
+        _label_pod_template(_spec(job_template).get("template"), labels)
+
+
+_POD_TEMPLATE_LABELLERS: dict[str, Callable[[dict[str, Any], Mapping[str, str]], None]] = {
+    # Only the pod template: spec.selector of a Deployment/StatefulSet/ReplicaSet is immutable
+    # and need only match a subset of the pod labels, so adding labels never breaks it.
+    **{
+        kind: lambda obj, labels: _label_pod_template(_spec(obj).get("template"), labels)
+        for kind in ("Deployment", "StatefulSet", "ReplicaSet", "DaemonSet", "Job")
+    },
+    "CronJob": _label_cron_job,
+    "RayCluster": lambda obj, labels: _label_ray_cluster(_spec(obj), labels),
+    "RayJob": lambda obj, labels: _label_ray_cluster(_spec(obj).get("rayClusterSpec"), labels),
+    "RayService": lambda obj, labels: _label_ray_cluster(
+        _spec(obj).get("rayClusterConfig"), labels
+    ),
+    "PyTorchJob": _label_pytorch,
+}
+
+
+def inject_labels(template: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
+    """A deep copy of `template` with `labels` on the object and on every pod template in it.
+
+    The given labels win over labels of the same key already there. The input is never
+    mutated. Kinds without pod templates get the labels on the object only.
+    """
+    result: dict[str, Any] = copy.deepcopy(dict(template))
+    _label_object(result, labels)
+    labeller = _POD_TEMPLATE_LABELLERS.get(str(result.get("kind")))
+    if labeller is not None:
+        labeller(result, labels)
+    return result

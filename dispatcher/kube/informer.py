@@ -1,0 +1,150 @@
+"""A list+watch cache of one resource type in one cluster.
+
+Side effects: long-running watch requests to one API server.
+
+List once, then watch from the list's resourceVersion with bookmarks; when the server
+answers 410 Gone, relist and emit the difference, so handlers never miss a change.
+Handlers only record or enqueue (they must be quick and must not mutate objects).
+An optional `transform` slims each object on arrival to bound memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.errors import Gone, KubeError
+
+Obj = dict[str, Any]
+Handler = Callable[[str, Obj | None, Obj | None], None]
+"""(event type, old, new): ADDED has old None, DELETED has new None."""
+
+
+def object_key(obj: Obj) -> str:
+    meta = obj.get("metadata", {})
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
+
+
+class Informer:
+    """Keeps `store` (key -> object) equal to the server's view, calling handlers on change."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        info: ResourceInfo,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
+        transform: Callable[[Obj], Obj] | None = None,
+        watch_timeout: int = 300,
+    ) -> None:
+        self.client = client
+        self.info = info
+        self.store: dict[str, Obj] = {}
+        self.synced = asyncio.Event()
+        self.healthy = False
+        self.last_contact = 0.0  # monotonic time of the last answer from the server
+        self.relists = 0
+        self._query: dict[str, str] = {}
+        if label_selector:
+            self._query["labelSelector"] = label_selector
+        if field_selector:
+            self._query["fieldSelector"] = field_selector
+        self._transform = transform
+        self._handlers: list[Handler] = []
+        self._watch_timeout = watch_timeout
+        self._log = structlog.get_logger("informer").bind(cluster=client.name, resource=info.plural)
+
+    def add_handler(self, handler: Handler) -> None:
+        self._handlers.append(handler)
+
+    def _emit(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        for handler in self._handlers:
+            handler(kind, old, new)
+
+    def _accept(self, obj: Obj) -> Obj:
+        return self._transform(obj) if self._transform else obj
+
+    async def run(self) -> None:
+        """List and watch until cancelled; reconnects with backoff when the server is away."""
+        backoff = 0.2
+        while True:
+            try:
+                version = await self._relist()
+                backoff = 0.2
+                while True:
+                    version = await self._watch_from(version)
+            except Gone:
+                self._log.debug("watch_expired_relisting")
+                continue
+            except KubeError as exc:
+                self.healthy = False
+                self._log.warning("watch_failed", error=str(exc)[:300], retry_in=round(backoff, 2))
+                await asyncio.sleep(backoff * (1 + random.random() / 2))
+                backoff = min(backoff * 2, 10.0)
+
+    async def _relist(self) -> str:
+        listing = await self.client.list(self.info, query=self._query)
+        self.last_contact = time.monotonic()
+        self.relists += 1
+        fresh: dict[str, Obj] = {}
+        kind = self.info.kind
+        api_version = self.info.group_version
+        for item in listing.get("items", []):
+            # Items of a list carry no kind/apiVersion; fill them so handlers see whole objects.
+            item.setdefault("kind", kind)
+            item.setdefault("apiVersion", api_version)
+            fresh[object_key(item)] = self._accept(item)
+        old_store = self.store
+        self.store = fresh
+        for key, obj in fresh.items():
+            previous = old_store.get(key)
+            if previous is None:
+                self._emit("ADDED", None, obj)
+            elif _version(previous) != _version(obj):
+                self._emit("MODIFIED", previous, obj)
+        for key, obj in old_store.items():
+            if key not in fresh:
+                self._emit("DELETED", obj, None)
+        self.healthy = True
+        self.synced.set()
+        return str(listing.get("metadata", {}).get("resourceVersion", ""))
+
+    async def _watch_from(self, version: str) -> str:
+        async for event in self.client.watch(
+            self.info,
+            resource_version=version,
+            timeout_seconds=self._watch_timeout,
+            query=self._query,
+        ):
+            self.last_contact = time.monotonic()
+            self.healthy = True
+            kind = event.get("type")
+            obj = event.get("object") or {}
+            new_version = _version(obj)
+            if kind == "BOOKMARK":
+                version = new_version or version
+                continue
+            key = object_key(obj)
+            if kind == "DELETED":
+                previous = self.store.pop(key, None)
+                self._emit("DELETED", previous or self._accept(obj), None)
+            elif kind in ("ADDED", "MODIFIED"):
+                accepted = self._accept(obj)
+                previous = self.store.get(key)
+                self.store[key] = accepted
+                self._emit("ADDED" if previous is None else "MODIFIED", previous, accepted)
+            version = new_version or version
+        self.last_contact = time.monotonic()
+        return version
+
+
+def _version(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("resourceVersion", ""))

@@ -1,0 +1,33 @@
+"""Prometheus text exposition of the dispatcher's counters. Pure: reads values it is given."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dispatcher.controller.dispatcher import Dispatcher
+
+
+def render(dispatcher: Dispatcher) -> str:
+    states: Counter[str] = Counter()
+    for obj in dispatcher.appwrappers.store.values():
+        states[str((obj.get("status") or {}).get("state") or "New")] += 1
+    lines = [
+        "# HELP appwrapper_dispatcher_appwrappers AppWrappers by status.state.",
+        "# TYPE appwrapper_dispatcher_appwrappers gauge",
+        *(
+            f'appwrapper_dispatcher_appwrappers{{state="{s}"}} {n}'
+            for s, n in sorted(states.items())
+        ),
+        "# HELP appwrapper_dispatcher_cycles_total Scheduling cycles run.",
+        "# TYPE appwrapper_dispatcher_cycles_total counter",
+        f"appwrapper_dispatcher_cycles_total {dispatcher.cycles}",
+        "# HELP appwrapper_dispatcher_api_requests_total API requests made to the hub.",
+        "# TYPE appwrapper_dispatcher_api_requests_total counter",
+    ]
+    for key, count in sorted(dispatcher.hub.stats.counts.items()):
+        verb, _, resource = key.partition(" ")
+        labels = f'verb="{verb}",resource="{resource}"'
+        lines.append(f"appwrapper_dispatcher_api_requests_total{{{labels}}} {count}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,483 @@
+"""Local Kubernetes control planes on loopback, for tests, demos and benchmarks.
+
+Side effects: starts and kills processes, writes files under a work directory.
+
+Each `LocalCluster` is a real control plane built from Kubernetes' own Go modules
+(see testenv/): etcd, kube-apiserver (token auth, RBAC), kube-controller-manager,
+kube-scheduler, KWOK (fake nodes whose pods reach Running without a kubelet) and,
+optionally, the KubeRay operator. Several clusters can run side by side; each has
+its own ports, data and kubeconfig. `ExistingCluster` wraps a kubeconfig for a
+cluster made elsewhere (kind, a real one) behind the same interface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CACHE = Path(
+    os.environ.get("APPWRAPPER_CACHE_DIR", Path.home() / ".cache/appwrapper-dispatcher")
+)
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+class ClusterStartError(RuntimeError):
+    """A component did not come up; the message names it and the log to read."""
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Paths of the built control-plane binaries and the data files built beside them."""
+
+    root: Path
+
+    @property
+    def k8s(self) -> Path:
+        return self.root / "k8s"
+
+    @property
+    def kubectl(self) -> Path:
+        return self.root / "kubectl"
+
+    @property
+    def kwok(self) -> Path:
+        return self.root / "kwok"
+
+    @property
+    def kuberay(self) -> Path:
+        return self.root / "kuberay-operator"
+
+    @property
+    def kwok_stages(self) -> list[Path]:
+        # "fast" stages: nodes Ready at once, pods Running once bound, Job pods
+        # Succeeded (after an optional per-pod delay annotation), deletions honoured.
+        stages = self.root / "kwok-stages"
+        return sorted(
+            path
+            for kind in ("node", "pod")
+            for path in (stages / kind / "fast").glob("*.yaml")
+            if path.name != "kustomization.yaml"
+        )
+
+    @property
+    def kuberay_crds(self) -> Path:
+        return self.root / "kuberay-crds"
+
+
+def ensure_binaries(cache: Path = DEFAULT_CACHE) -> Binaries:
+    """Build the control plane if missing (cold: minutes; warm: a second) and return it."""
+    result = subprocess.run(
+        ["bash", str(REPO_ROOT / "testenv" / "build.sh")],
+        env={**os.environ, "APPWRAPPER_CACHE_DIR": str(cache)},
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise ClusterStartError(
+            f"testenv/build.sh failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
+        )
+    return Binaries(Path(result.stdout.strip().splitlines()[-1]))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def node_manifest(
+    name: str,
+    *,
+    cpu: str = "8",
+    memory: str = "32Gi",
+    gpu: int = 0,
+    pods: int = 110,
+    labels: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, str]] = (),
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Node that KWOK manages: no kubelet, made Ready by KWOK's node stages."""
+    capacity = {"cpu": cpu, "memory": memory, "pods": str(pods), **(extra or {})}
+    if gpu:
+        capacity["nvidia.com/gpu"] = str(gpu)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {FAKE_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                **(labels or {}),
+            },
+        },
+        "spec": {"taints": [dict(t) for t in taints]},
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }
+
+
+class KubectlMixin:
+    """kubectl against one cluster; `kubeconfig` and `kubectl_path` come from the subclass."""
+
+    kubeconfig: Path
+    kubectl_path: Path | str
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(
+                result.returncode, result.args, result.stdout, result.stderr
+            )
+        return result
+
+    def apply(self, manifest: Mapping[str, Any] | str, *, server_side: bool = False) -> None:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        args = ["apply", "-f", "-"] + (["--server-side"] if server_side else [])
+        self.kubectl(*args, input=text)
+
+    def add_node(self, name: str, **kwargs: Any) -> None:
+        """Create a fake node (see `node_manifest` for the knobs); idempotent."""
+        self.apply(node_manifest(name, **kwargs))
+
+    def wait_nodes_ready(self, names: Sequence[str], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        pending = set(names)
+        while pending:
+            out = self.kubectl("get", "nodes", "-o", "json", check=False)
+            if out.returncode == 0:
+                for node in json.loads(out.stdout)["items"]:
+                    conditions = node.get("status", {}).get("conditions", [])
+                    taints = node.get("spec", {}).get("taints") or []
+                    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+                    not_ready_taint = any(
+                        t["key"].startswith("node.kubernetes.io/not-ready") for t in taints
+                    )
+                    if ready and not not_ready_taint:
+                        pending.discard(node["metadata"]["name"])
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nodes not Ready after {timeout}s: {sorted(pending)}")
+            time.sleep(0.2)
+
+
+@dataclass
+class ExistingCluster(KubectlMixin):
+    """A cluster made elsewhere (kind, a real one), reached through its kubeconfig."""
+
+    name: str
+    kubeconfig: Path
+    kubectl_path: Path | str = "kubectl"
+
+    def stop(self) -> None:
+        """Nothing to stop: the cluster is not ours."""
+
+
+@dataclass
+class LocalCluster(KubectlMixin):
+    """One control plane on loopback. Create with `LocalCluster.start(...)`; `stop()` kills it."""
+
+    name: str
+    workdir: Path
+    binaries: Binaries
+    server: str
+    token: str
+    kubeconfig: Path
+    kubectl_path: Path | str
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @classmethod
+    def start(
+        cls,
+        name: str,
+        workdir: Path,
+        *,
+        binaries: Binaries | None = None,
+        kuberay: bool = False,
+        api_qps: int = 0,
+        timeout: float = 120,
+    ) -> LocalCluster:
+        binaries = binaries or ensure_binaries()
+        workdir = workdir / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "logs").mkdir(exist_ok=True)
+        token = secrets.token_hex(16)
+        api_port = free_port()
+        cluster = cls(
+            name=name,
+            workdir=workdir,
+            binaries=binaries,
+            server=f"https://127.0.0.1:{api_port}",
+            token=token,
+            kubeconfig=workdir / "kubeconfig",
+            kubectl_path=binaries.kubectl,
+        )
+        try:
+            cluster._start_all(api_port=api_port, kuberay=kuberay, timeout=timeout)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    # -- start-up -------------------------------------------------------------------------
+
+    def _start_all(self, *, api_port: int, kuberay: bool, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        work = self.workdir
+        (work / "tokens.csv").write_text(f'{self.token},admin,admin,"system:masters"\n')
+        sa_key = work / "sa.key"
+        if not sa_key.exists():
+            subprocess.run(
+                ["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True
+            )
+        self._write_kubeconfig()
+
+        etcd_port, peer_port = free_port(), free_port()
+        self._spawn(
+            "etcd",
+            [
+                str(self.binaries.k8s),
+                "etcd",
+                f"--data-dir={work / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+            ],
+        )
+        self._wait_http(f"http://127.0.0.1:{etcd_port}/health", "etcd", deadline)
+
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(self.binaries.k8s),
+                "kube-apiserver",
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                f"--cert-dir={work / 'certs'}",
+                f"--token-auth-file={work / 'tokens.csv'}",
+                "--authorization-mode=RBAC",
+                "--anonymous-auth=false",
+                f"--service-account-key-file={sa_key}",
+                f"--service-account-signing-key-file={sa_key}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--allow-privileged=true",
+                # Pods are created in fresh namespaces before the controller-manager has made
+                # their default ServiceAccount; nothing here runs a kubelet that would mount it.
+                "--disable-admission-plugins=ServiceAccount",
+                "--endpoint-reconciler-type=none",
+                "--max-requests-inflight=800",
+                "--max-mutating-requests-inflight=400",
+            ],
+        )
+        self._wait_http(f"{self.server}/readyz", "kube-apiserver", deadline, token=self.token)
+
+        common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false"]
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.binaries.k8s),
+                "kube-controller-manager",
+                *common,
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                f"--service-account-private-key-file={sa_key}",
+                "--use-service-account-credentials=false",
+                "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--concurrent-gc-syncs=10",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.binaries.k8s),
+                "kube-scheduler",
+                *common,
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+            ],
+        )
+        kwok_home = work / "kwok-home"
+        kwok_home.mkdir(exist_ok=True)
+        self._spawn(
+            "kwok",
+            [
+                str(self.binaries.kwok),
+                f"--kubeconfig={self.kubeconfig}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+                "--node-lease-duration-seconds=40",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.243.0.1",
+                "--server-address=127.0.0.1:0",
+                *(f"--config={p}" for p in self.binaries.kwok_stages),
+            ],
+            env={"HOME": str(kwok_home)},
+        )
+        if kuberay:
+            self.kubectl("apply", "--server-side", "-f", str(self.binaries.kuberay_crds))
+            self._spawn(
+                "kuberay-operator",
+                [
+                    str(self.binaries.kuberay),
+                    f"--kubeconfig={self.kubeconfig}",
+                    "--enable-leader-election=false",
+                    f"--metrics-addr=127.0.0.1:{free_port()}",
+                    f"--health-probe-bind-address=127.0.0.1:{free_port()}",
+                ],
+            )
+        self._wait_default_namespace(deadline)
+
+    def _write_kubeconfig(self) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": self.name,
+                    "cluster": {"server": self.server, "insecure-skip-tls-verify": True},
+                }
+            ],
+            "users": [{"name": "admin", "user": {"token": self.token}}],
+            "contexts": [{"name": self.name, "context": {"cluster": self.name, "user": "admin"}}],
+            "current-context": self.name,
+        }
+        self.kubeconfig.write_text(json.dumps(config, indent=2))
+
+    def _spawn(self, component: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
+        log = open(self.workdir / "logs" / f"{component}.log", "ab")  # noqa: SIM115 - owned by the child
+        try:
+            self.processes[component] = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                # Own process group: a Ctrl-C in the terminal must not kill the cluster
+                # before `stop()` tears it down in order.
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        (self.workdir / f"{component}.pid").write_text(str(self.processes[component].pid))
+
+    def _check_alive(self, component: str) -> None:
+        proc = self.processes.get(component)
+        if proc is not None and proc.poll() is not None:
+            log = self.workdir / "logs" / f"{component}.log"
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            raise ClusterStartError(f"{component} exited with {proc.returncode}; {log}:\n{tail}")
+
+    def _wait_http(self, url: str, component: str, deadline: float, token: str = "") -> None:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        request = urllib.request.Request(url)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        while True:
+            self._check_alive(component)
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(request, timeout=2, context=context) as response,
+            ):
+                if response.status == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise ClusterStartError(
+                    f"{component} not healthy at {url}; see {self.workdir / 'logs'}"
+                )
+            time.sleep(0.1)
+
+    def _wait_default_namespace(self, deadline: float) -> None:
+        while self.kubectl("get", "namespace", "default", check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise ClusterStartError(f"namespace default never appeared in {self.name}")
+            time.sleep(0.2)
+
+    # -- life ---------------------------------------------------------------------------
+
+    def pause_api(self) -> None:
+        """Stop the API server (SIGSTOP) to simulate a member that stops answering."""
+        self.processes["kube-apiserver"].send_signal(signal.SIGSTOP)
+
+    def resume_api(self) -> None:
+        self.processes["kube-apiserver"].send_signal(signal.SIGCONT)
+
+    def rss_bytes(self) -> dict[str, int]:
+        """Resident memory of each component, read from /proc."""
+        sizes: dict[str, int] = {}
+        for component, proc in self.processes.items():
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        sizes[component] = int(line.split()[1]) * 1024
+        return sizes
+
+    def stop(self) -> None:
+        """Kill every component, newest first, and wait for each to go."""
+        for component in reversed(list(self.processes)):
+            proc = self.processes[component]
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
+                    proc.terminate()
+        for component in reversed(list(self.processes)):
+            proc = self.processes[component]
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def local_clusters(
+    names: Sequence[str], workdir: Path, *, kuberay: bool = False
+) -> Iterator[list[LocalCluster]]:
+    """Start several independent clusters (one after another) and stop them all at the end."""
+    binaries = ensure_binaries()
+    started: list[LocalCluster] = []
+    try:
+        for name in names:
+            started.append(LocalCluster.start(name, workdir, binaries=binaries, kuberay=kuberay))
+        yield started
+    finally:
+        for cluster in started:
+            cluster.stop()

@@ -1,0 +1,321 @@
+"""Small builders for the core's values and for raw Kubernetes templates, used by unit tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dispatcher.api.resources import Resources
+from dispatcher.core.model import (
+    AdmittedWorkload,
+    ClusterSnapshot,
+    NodeState,
+    Placement,
+    PodSet,
+    Reservation,
+    Taint,
+    Toleration,
+    Workload,
+)
+
+GPU = "nvidia.com/gpu"
+
+
+def res(cpu: float | str = 0, memory: str | None = None, gpu: int = 0, **other: str) -> Resources:
+    """Resources from people units: res(cpu=2, memory="4Gi", gpu=1)."""
+    raw: dict[str, Any] = {"cpu": cpu, GPU: gpu}
+    if memory is not None:
+        raw["memory"] = memory
+    raw.update({k.replace("_", "-"): v for k, v in other.items()})
+    return Resources.parse(raw)
+
+
+def node(
+    name: str,
+    *,
+    cpu: float | str = 8,
+    memory: str = "64Gi",
+    gpu: int = 0,
+    used: Resources | None = None,
+    labels: Mapping[str, str] | None = None,
+    taints: tuple[Taint, ...] = (),
+    ready: bool = True,
+    unschedulable: bool = False,
+) -> NodeState:
+    return NodeState(
+        name=name,
+        allocatable=res(cpu=cpu, memory=memory, gpu=gpu),
+        requested=used if used is not None else Resources(),
+        labels=dict(labels or {}),
+        taints=taints,
+        ready=ready,
+        unschedulable=unschedulable,
+    )
+
+
+def pods(
+    count: int = 1,
+    *,
+    cpu: float | str = 0,
+    memory: str | None = None,
+    gpu: int = 0,
+    name: str = "",
+    selector: Mapping[str, str] | None = None,
+    tolerations: tuple[Toleration, ...] = (),
+) -> PodSet:
+    return PodSet(
+        count=count,
+        requests=res(cpu=cpu, memory=memory, gpu=gpu),
+        node_selector=tuple(sorted((selector or {}).items())),
+        tolerations=tolerations,
+        name=name,
+    )
+
+
+def workload(
+    key: str,
+    *pod_sets: PodSet,
+    priority: int = 0,
+    created_at: float = 0.0,
+    queued_since: float | None = None,
+    placement: Placement | None = None,
+    preemptible: bool = True,
+) -> Workload:
+    return Workload(
+        key=key,
+        priority=priority,
+        created_at=created_at,
+        pod_sets=pod_sets,
+        placement=placement or Placement(),
+        queued_since=created_at if queued_since is None else queued_since,
+        preemptible=preemptible,
+    )
+
+
+def cluster(
+    name: str,
+    *nodes: NodeState,
+    reservations: tuple[Reservation, ...] = (),
+    labels: Mapping[str, str] | None = None,
+    reachable: bool = True,
+    admitted: tuple[AdmittedWorkload, ...] = (),
+) -> ClusterSnapshot:
+    return ClusterSnapshot(
+        name=name,
+        nodes=nodes,
+        reservations=reservations,
+        labels=dict(labels or {}),
+        reachable=reachable,
+        admitted=admitted,
+    )
+
+
+def reservation(key: str, *pod_sets: PodSet, priority: int = 0) -> Reservation:
+    return Reservation(key=key, pod_sets=pod_sets, priority=priority)
+
+
+def running(
+    key: str,
+    *,
+    priority: int = 0,
+    dispatched_at: float = 0.0,
+    usage: Mapping[str, Resources] | None = None,
+    preemptible: bool = True,
+) -> AdmittedWorkload:
+    return AdmittedWorkload(
+        key=key,
+        priority=priority,
+        dispatched_at=dispatched_at,
+        preemptible=preemptible,
+        usage=tuple((usage or {}).items()),
+    )
+
+
+def with_running(snapshot: ClusterSnapshot, *admitted: AdmittedWorkload) -> ClusterSnapshot:
+    """The snapshot with these AppWrappers' pods bound: their usage added to their nodes."""
+    extra: dict[str, Resources] = {}
+    for a in admitted:
+        for node_name, used in a.usage:
+            extra[node_name] = extra.get(node_name, Resources()) + used
+    nodes = tuple(
+        NodeState(
+            name=n.name,
+            allocatable=n.allocatable,
+            requested=n.requested + extra.get(n.name, Resources()),
+            labels=n.labels,
+            taints=n.taints,
+            ready=n.ready,
+            unschedulable=n.unschedulable,
+        )
+        for n in snapshot.nodes
+    )
+    return ClusterSnapshot(
+        name=snapshot.name,
+        nodes=nodes,
+        reservations=snapshot.reservations,
+        labels=snapshot.labels,
+        reachable=snapshot.reachable,
+        admitted=snapshot.admitted + admitted,
+    )
+
+
+# -- raw Kubernetes templates ---------------------------------------------------------
+
+
+def container(
+    name: str = "main",
+    *,
+    requests: Mapping[str, Any] | None = None,
+    limits: Mapping[str, Any] | None = None,
+    restart_policy: str | None = None,
+) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    if requests is not None:
+        resources["requests"] = dict(requests)
+    if limits is not None:
+        resources["limits"] = dict(limits)
+    result: dict[str, Any] = {"name": name, "image": "busybox", "resources": resources}
+    if restart_policy is not None:
+        result["restartPolicy"] = restart_policy
+    return result
+
+
+def pod_spec(
+    *containers: dict[str, Any],
+    init: tuple[dict[str, Any], ...] = (),
+    overhead: Mapping[str, Any] | None = None,
+    node_selector: Mapping[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": list(containers) or [container()]}
+    if init:
+        spec["initContainers"] = list(init)
+    if overhead is not None:
+        spec["overhead"] = dict(overhead)
+    if node_selector is not None:
+        spec["nodeSelector"] = dict(node_selector)
+    if tolerations is not None:
+        spec["tolerations"] = tolerations
+    return spec
+
+
+def pod_template(spec: dict[str, Any] | None = None, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"labels": dict(labels)}, "spec": spec or pod_spec()}
+
+
+def obj(
+    kind: str, name: str, *, api_version: str = "v1", spec: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": name},
+    }
+    if spec is not None:
+        result["spec"] = spec
+    return result
+
+
+def pod(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    return obj("Pod", name, spec=spec or pod_spec())
+
+
+def deployment(
+    name: str,
+    spec: dict[str, Any] | None = None,
+    *,
+    replicas: int | None = None,
+    kind: str = "Deployment",
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "selector": {"matchLabels": {"app": name}},
+        "template": pod_template(spec, app=name),
+    }
+    if replicas is not None:
+        body["replicas"] = replicas
+    return obj(kind, name, api_version="apps/v1", spec=body)
+
+
+def job(
+    name: str,
+    spec: dict[str, Any] | None = None,
+    *,
+    parallelism: int | None = None,
+    completions: int | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"template": pod_template(spec)}
+    if parallelism is not None:
+        body["parallelism"] = parallelism
+    if completions is not None:
+        body["completions"] = completions
+    return obj("Job", name, api_version="batch/v1", spec=body)
+
+
+def worker_group(
+    group: str,
+    spec: dict[str, Any] | None = None,
+    *,
+    replicas: int | None = None,
+    min_replicas: int | None = None,
+    hosts: int | None = None,
+) -> dict[str, Any]:
+    result: dict[str, Any] = {"groupName": group, "template": pod_template(spec)}
+    if replicas is not None:
+        result["replicas"] = replicas
+    if min_replicas is not None:
+        result["minReplicas"] = min_replicas
+    if hosts is not None:
+        result["numOfHosts"] = hosts
+    return result
+
+
+def ray_cluster_spec(
+    head: dict[str, Any] | None = None, *workers: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "headGroupSpec": {"rayStartParams": {}, "template": pod_template(head)},
+        "workerGroupSpecs": list(workers),
+    }
+
+
+def ray_cluster(
+    name: str,
+    head: dict[str, Any] | None = None,
+    *workers: dict[str, Any],
+    api_version: str = "ray.io/v1",
+) -> dict[str, Any]:
+    return obj("RayCluster", name, api_version=api_version, spec=ray_cluster_spec(head, *workers))
+
+
+def ray_job(
+    name: str, head: dict[str, Any] | None = None, *workers: dict[str, Any]
+) -> dict[str, Any]:
+    return obj(
+        "RayJob",
+        name,
+        api_version="ray.io/v1",
+        spec={"entrypoint": "python main.py", "rayClusterSpec": ray_cluster_spec(head, *workers)},
+    )
+
+
+def pytorch_job(
+    name: str,
+    master: dict[str, Any] | None = None,
+    worker: dict[str, Any] | None = None,
+    *,
+    workers: int | None = None,
+) -> dict[str, Any]:
+    worker_spec: dict[str, Any] = {"template": pod_template(worker)}
+    if workers is not None:
+        worker_spec["replicas"] = workers
+    return obj(
+        "PyTorchJob",
+        name,
+        api_version="kubeflow.org/v1",
+        spec={
+            "pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "template": pod_template(master)},
+                "Worker": worker_spec,
+            }
+        },
+    )
