@@ -71,7 +71,7 @@ class LowestPriorityFirst:
         while True:
             for key in reversed(victims):
                 rest = [v for v in victims if v != key]
-                if False:
+                if _fits(workload, cluster, rest):
                     victims = rest
                     break
             else:

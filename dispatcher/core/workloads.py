@@ -12,7 +12,7 @@ from datetime import datetime
 
 from dispatcher.api.models import AppWrapper, GenericItem, parse_time
 from dispatcher.api.quantity import QuantityError
-from dispatcher.core.model import Placement, PodSet, Workload, pod_count
+from dispatcher.core.model import Placement, PodSet, Workload, pod_count, total_requests
 from dispatcher.core.podsets import infer_pod_sets, pod_sets_from_custom
 from dispatcher.core.validation import DEFAULT_CLUSTER_SCOPED, validate_appwrapper
 
@@ -23,12 +23,22 @@ class InvalidSpec:
 
 
 def item_pod_sets(item: GenericItem) -> tuple[PodSet, ...]:
-    """Declared pods win over inference, as in MCAD: users reserve what they know they need."""
-    if item.custompodresources:
-        return pod_sets_from_custom(
-            [c.model_dump(mode="json", exclude_none=True) for c in item.custompodresources]
-        )
-    return infer_pod_sets(item.generictemplate)
+    """The pods an item will make.
+
+    `custompodresources` (MCAD's declaration) is used as given unless the object is of a kind
+    whose pods we can read and they ask for more of some resource in total: then the pods'
+    own requests are what the scheduler will see, and reserving less would let the dispatcher
+    start a gang whose pods cannot all be placed.
+    """
+    inferred = infer_pod_sets(item.generictemplate)
+    if not item.custompodresources:
+        return inferred
+    declared = pod_sets_from_custom(
+        [c.model_dump(mode="json", exclude_none=True) for c in item.custompodresources]
+    )
+    if inferred and not total_requests(inferred).fits_in(total_requests(declared)):
+        return inferred
+    return declared
 
 
 def placement_of(aw: AppWrapper) -> Placement:

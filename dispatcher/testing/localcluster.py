@@ -35,6 +35,13 @@ DEFAULT_CACHE = Path(
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 
 
+class KubectlError(subprocess.CalledProcessError):
+    """A kubectl call failed; the message carries what kubectl printed."""
+
+    def __str__(self) -> str:
+        return f"{' '.join(map(str, self.cmd[3:]))!r} exited {self.returncode}: {self.stderr}"
+
+
 class ClusterStartError(RuntimeError):
     """A component did not come up; the message names it and the log to read."""
 
@@ -156,9 +163,37 @@ class KubectlMixin:
             check=False,
         )
         if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(
-                result.returncode, result.args, result.stdout, result.stderr
+            raise KubectlError(result.returncode, result.args, result.stdout, result.stderr)
+        return result
+
+    async def akubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
+        """kubectl without blocking the event loop (an in-process dispatcher keeps running)."""
+        import asyncio
+
+        argv = [str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig), *args]
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(
+                proc.communicate(input.encode() if input is not None else None), timeout
             )
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise
+        result = subprocess.CompletedProcess(argv, proc.returncode or 0, out.decode(), err.decode())
+        if check and result.returncode != 0:
+            raise KubectlError(result.returncode, argv, result.stdout, result.stderr)
         return result
 
     def apply(self, manifest: Mapping[str, Any] | str, *, server_side: bool = False) -> None:

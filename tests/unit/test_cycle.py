@@ -324,14 +324,11 @@ def test_admit_carries_a_placement() -> None:
         starvation_after=60,
         preemption=None,
     )
-    assert result.admits == (
-        Admit(
-            "ns/a",
-            "c",
-            (NodeAssignment(pod_set=0, node="n2", count=1),)
-            + (NodeAssignment(pod_set=0, node="n1", count=1),),
-        ),
+    placement = (
+        NodeAssignment(pod_set=0, node="n2", count=1),
+        NodeAssignment(pod_set=0, node="n1", count=1),
     )
+    assert result.admits == (Admit("ns/a", "c", placement),)
 
 
 class CannedPolicy:

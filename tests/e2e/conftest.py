@@ -1,0 +1,204 @@
+"""Fixtures for dispatcher tests against the real control plane.
+
+`run_dispatcher` starts the dispatcher in this event loop, counting only the test's own fake
+nodes (a node pool selected by label), and removes the test's AppWrappers before stopping it
+so no finalizer is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import yaml
+
+from dispatcher.app import running
+from dispatcher.config import Config, MemberConfig
+from dispatcher.controller.dispatcher import Dispatcher
+from dispatcher.testing.waits import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "appwrapper.yaml"
+
+
+@pytest.fixture(scope="session")
+def appwrapper_crd(cluster: Any) -> None:
+    cluster.kubectl("apply", "-f", str(CRD))
+    wait_until(
+        lambda: "True"
+        in cluster.kubectl(
+            "get",
+            "crd",
+            "appwrappers.workload.codeflare.dev",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+            check=False,
+        ).stdout,
+        timeout=60,
+        what="AppWrapper CRD established",
+    )
+
+
+StartDispatcher = Callable[..., Awaitable[Dispatcher]]
+
+
+@pytest_asyncio.fixture
+async def run_dispatcher(
+    cluster: Any, namespace: str, fake_nodes: Any, appwrapper_crd: None
+) -> AsyncIterator[StartDispatcher]:
+    stack = AsyncExitStack()
+    started: list[Dispatcher] = []
+
+    async def start(**overrides: Any) -> Dispatcher:
+        settings: dict[str, Any] = {
+            "kubeconfig": str(cluster.kubeconfig),
+            "members": [MemberConfig(name="local", node_selector=fake_nodes.pool)],
+            "health_port": 0,
+            "requeue_pause_seconds": 0.5,
+            "log_level": "warning",
+        }
+        settings.update(overrides)
+        dispatcher = await stack.enter_async_context(running(Config(**settings)))
+        started.append(dispatcher)
+        return dispatcher
+
+    try:
+        yield start
+    finally:
+        if started:
+            await cluster.akubectl(
+                "delete",
+                "appwrappers",
+                "--all",
+                "-n",
+                namespace,
+                "--timeout=60s",
+                check=False,
+                timeout=90,
+            )
+        await stack.aclose()
+
+
+def load_sample(name: str) -> dict[str, Any]:
+    return dict(yaml.safe_load((REPO / "samples" / name).read_text()))
+
+
+async def apply(cluster: Any, namespace: str, obj: dict[str, Any] | str) -> None:
+    text = obj if isinstance(obj, str) else json.dumps(obj)
+    await cluster.akubectl("apply", "-n", namespace, "-f", "-", input=text)
+
+
+async def get_aw(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
+    out = await cluster.akubectl("get", "appwrapper", name, "-n", namespace, "-o", "json")
+    return dict(json.loads(out.stdout))
+
+
+async def conditions(cluster: Any, namespace: str, name: str) -> dict[str, str]:
+    aw = await get_aw(cluster, namespace, name)
+    return {c["type"]: c["status"] for c in (aw.get("status") or {}).get("conditions", [])}
+
+
+async def wait_condition(
+    cluster: Any, namespace: str, name: str, condition: str, timeout: int = 60
+) -> None:
+    """The way users wait: `kubectl wait --for=condition=X aw/NAME`."""
+    await cluster.akubectl(
+        "wait",
+        "-n",
+        namespace,
+        f"--for=condition={condition}",
+        f"appwrapper/{name}",
+        f"--timeout={timeout}s",
+        timeout=timeout + 15,
+    )
+
+
+async def pods_of(cluster: Any, namespace: str, appwrapper: str) -> list[dict[str, Any]]:
+    out = await cluster.akubectl(
+        "get",
+        "pods",
+        "-n",
+        namespace,
+        "-o",
+        "json",
+        "-l",
+        f"workload.codeflare.dev/appwrapper={appwrapper}",
+    )
+    return list(json.loads(out.stdout)["items"])
+
+
+def appwrapper(
+    name: str,
+    *items: dict[str, Any],
+    priority: int | None = None,
+    scheduling: dict[str, Any] | None = None,
+    completion: str | None = None,
+    custom: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    generic: list[dict[str, Any]] = []
+    for item in items:
+        entry: dict[str, Any] = {"generictemplate": item}
+        if completion and item.get("kind") == "Job":
+            entry["completionstatus"] = completion
+        if custom is not None:
+            entry["custompodresources"] = custom
+        generic.append(entry)
+    spec: dict[str, Any] = {"resources": {"GenericItems": generic}}
+    if priority is not None:
+        spec["priority"] = priority
+    if scheduling:
+        spec["schedulingSpec"] = scheduling
+    return {
+        "apiVersion": "workload.codeflare.dev/v1beta1",
+        "kind": "AppWrapper",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def pod_template(requests: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "spec": {
+            "containers": [{"name": "c", "image": "busybox", "resources": {"requests": requests}}],
+            **spec,
+        }
+    }
+
+
+def deployment(name: str, replicas: int, requests: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    template = pod_template(requests, **spec)
+    template["metadata"] = {"labels": {"app": name}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": template,
+        },
+    }
+
+
+def job(name: str, parallelism: int, requests: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    template = pod_template(requests, restartPolicy="Never", **spec)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"parallelism": parallelism, "completions": parallelism, "template": template},
+    }
+
+
+def service(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [{"port": 80}]},
+    }
