@@ -93,6 +93,10 @@ def workload_of(
         )
     created = _timestamp(aw.metadata.creationTimestamp, now)
     status = aw.status
+    if status is not None and status.queuedAt:
+        # creationTimestamp has whole seconds only; when the dispatcher first saw it (to the
+        # microsecond) orders AppWrappers created within the same second.
+        created = max(created, min(_timestamp(status.queuedAt, now), created + 0.999999))
     queued_since = created
     if status is not None:
         requeued = status.condition("Queueing")

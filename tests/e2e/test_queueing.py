@@ -1,0 +1,149 @@
+"""Queue order, queue modes and what counts as capacity, on the real control plane."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dispatcher.testing.waits import async_wait_until
+from tests.e2e.conftest import (
+    apply,
+    appwrapper,
+    conditions,
+    deployment,
+    get_aw,
+    pods_of,
+    wait_condition,
+)
+
+pytestmark = [pytest.mark.cluster]
+
+
+async def dispatched(cluster, namespace, name) -> bool:
+    return (await conditions(cluster, namespace, name)).get("Dispatched") == "True"
+
+
+async def test_higher_priority_goes_first_then_older(cluster, namespace, fake_nodes,
+                                                     run_dispatcher):
+    # Queue three while nothing fits, then free room for exactly one at a time.
+    blocker = deployment("blocker", 1, {"cpu": "4"})
+    fake_nodes.add("n1", cpu="4", memory="16Gi")
+    await run_dispatcher(preemption=False)
+    await apply(cluster, namespace, appwrapper("blocker", blocker))
+    await wait_condition(cluster, namespace, "blocker", "Running")
+    for name, priority in (("low-old", 1), ("low-new", 1), ("high", 10)):
+        await apply(cluster, namespace,
+                    appwrapper(name, deployment(name, 1, {"cpu": "4"}), priority=priority))
+        await async_wait_until(
+            lambda name=name: _has_message(cluster, namespace, name), timeout=30,
+            what=f"{name} waiting",
+        )
+    order = []
+    for _ in range(3):
+        await cluster.akubectl("delete", "appwrapper", "-n", namespace,
+                               *(["blocker"] if not order else [order[-1]]), "--timeout=60s")
+
+        async def next_dispatched(done=tuple(order)) -> str | None:
+            for name in ("high", "low-old", "low-new"):
+                if name not in done and await dispatched(cluster, namespace, name):
+                    return name
+            return None
+
+        order.append(await async_wait_until(next_dispatched, timeout=60, what="next dispatch"))
+    assert order == ["high", "low-old", "low-new"]
+
+
+async def _has_message(cluster, namespace, name) -> bool:
+    status = (await get_aw(cluster, namespace, name)).get("status") or {}
+    return bool(status.get("message")) and status.get("state") == "Pending"
+
+
+@pytest.mark.parametrize(
+    ("mode", "small_passes"),
+    [pytest.param("StrictFIFO", False, id="strict-blocks"),
+     pytest.param("BestEffortFIFO", True, id="best-effort-passes")],
+)
+async def test_queue_mode(cluster, namespace, fake_nodes, run_dispatcher, mode, small_passes):
+    node = fake_nodes.add("n1", cpu="4", memory="16Gi")
+    # Another workload holds half the node, so the big one could fit later but not now.
+    other = deployment("other", 1, {"cpu": "2"}, nodeSelector={"kubernetes.io/hostname": node})
+    await apply(cluster, namespace, other)
+    await async_wait_until(
+        lambda: _running_pods(cluster, namespace, "app=other"), timeout=60, what="other pod"
+    )
+    await run_dispatcher(queue_mode=mode, starvation_after_seconds=3600, preemption=False)
+    await apply(cluster, namespace, appwrapper("big", deployment("big", 1, {"cpu": "4"}),
+                                               priority=5))
+    await async_wait_until(lambda: _has_message(cluster, namespace, "big"), timeout=30,
+                           what="big waiting")
+    await apply(cluster, namespace, appwrapper("small", deployment("small", 1, {"cpu": "1"})))
+    if small_passes:
+        await wait_condition(cluster, namespace, "small", "Running")
+    else:
+        message = await async_wait_until(
+            lambda: _message_containing(cluster, namespace, "small", "behind"), timeout=30,
+            what="small blocked behind the head",
+        )
+        assert f"{namespace}/big" in message
+        assert not await dispatched(cluster, namespace, "small")
+    assert not await dispatched(cluster, namespace, "big")
+
+
+async def _message_containing(cluster, namespace, name, text) -> str | None:
+    status = (await get_aw(cluster, namespace, name)).get("status") or {}
+    message = status.get("message") or ""
+    return message if text in message else None
+
+
+async def test_other_pods_and_unusable_nodes_do_not_count(cluster, namespace, fake_nodes,
+                                                          run_dispatcher):
+    usable = fake_nodes.add("usable", cpu="4", memory="16Gi")
+    fake_nodes.add("cordoned", cpu="16", memory="64Gi")
+    fake_nodes.add("tainted", cpu="16", memory="64Gi",
+                   taints=[{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}])
+    await cluster.akubectl("cordon", f"{namespace}-cordoned")
+    # A pod that is not the dispatcher's holds 3 of the 4 usable CPUs.
+    other = deployment("other", 1, {"cpu": "3"}, nodeSelector={"kubernetes.io/hostname": usable})
+    await apply(cluster, namespace, other)
+    await async_wait_until(
+        lambda: _running_pods(cluster, namespace, "app=other"), timeout=60, what="other pod"
+    )
+    await run_dispatcher()
+    await apply(cluster, namespace, appwrapper("two-cpus", deployment("two", 1, {"cpu": "2"})))
+    message = await async_wait_until(
+        lambda: _message_containing(cluster, namespace, "two-cpus", "cpu"), timeout=30,
+        what="cpu message",
+    )
+    assert "needs cpu 2, free 1 of 4" in message
+    assert await pods_of(cluster, namespace, "two-cpus") == []
+
+    await cluster.akubectl("delete", "deployment", "other", "-n", namespace)
+    await wait_condition(cluster, namespace, "two-cpus", "Running")
+
+
+async def _running_pods(cluster, namespace, selector) -> bool:
+    out = await cluster.akubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json")
+    items = json.loads(out.stdout)["items"]
+    return bool(items) and all(p["status"].get("phase") == "Running" for p in items)
+
+
+async def test_not_ready_node_does_not_count(cluster, namespace, fake_nodes, run_dispatcher):
+    # A node KWOK does not manage never becomes Ready.
+    name = f"{namespace}-unmanaged"
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": fake_nodes.pool},
+        "status": {"allocatable": {"cpu": "32", "memory": "64Gi", "pods": "110"},
+                   "capacity": {"cpu": "32", "memory": "64Gi", "pods": "110"}},
+    }
+    await cluster.akubectl("apply", "-f", "-", input=json.dumps(node))
+    fake_nodes.names.append(name)
+    await run_dispatcher()
+    await apply(cluster, namespace, appwrapper("needs-cpu", deployment("w", 1, {"cpu": "1"})))
+    message = await async_wait_until(
+        lambda: _message_containing(cluster, namespace, "needs-cpu", "cpu"), timeout=30,
+        what="no capacity message",
+    )
+    assert "free 0 of 0" in message or "no schedulable node" in message
