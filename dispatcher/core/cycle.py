@@ -67,6 +67,7 @@ class _Cycle:
         self.single = len(self.clusters) == 1
         self._states: dict[str, ClusterState] = {}
         self._empty: dict[str, ClusterState] = {}
+        self._ever: dict[tuple[str, tuple[object, ...]], bool] = {}
         # Clusters later workloads may not use this cycle, and why (a preemptor's claim, a
         # starving head's reservation).
         self.held: dict[str, str] = {}
@@ -82,10 +83,14 @@ class _Cycle:
         """Whether it fits the cluster emptied; an unreachable cluster may (we cannot tell)."""
         if not cluster.reachable:
             return True
-        empty = self._empty.get(cluster.name)
-        if empty is None:
-            empty = self._empty[cluster.name] = ClusterState(cluster, empty=True)
-        return empty.fits(workload.pod_sets) is None
+        shape = (cluster.name, _shape(workload))
+        answer = self._ever.get(shape)
+        if answer is None:
+            empty = self._empty.get(cluster.name)
+            if empty is None:
+                empty = self._empty[cluster.name] = ClusterState(cluster, empty=True)
+            answer = self._ever[shape] = empty.fits(workload.pod_sets) is None
+        return answer
 
     def with_admitted(self, cluster: ClusterSnapshot) -> ClusterSnapshot:
         """The snapshot plus this cycle's admissions to it, as reservations."""
@@ -100,6 +105,11 @@ class _Cycle:
         if self.single:
             return reasons[0][1]
         return "no cluster fits: " + "; ".join(f"{name}: {why}" for name, why in reasons)
+
+
+def _shape(workload: Workload) -> tuple[object, ...]:
+    """What the fit depends on: counts, requests and constraints, not names."""
+    return tuple((p.count, p.requests, p.node_selector, p.tolerations) for p in workload.pod_sets)
 
 
 def _scarcest(workload: Workload, states: Sequence[ClusterState]) -> str | None:
@@ -248,12 +258,13 @@ def schedule(
             where = "" if cycle.single else f" in {chosen.cluster}"
             message += f"; preempting {', '.join(chosen.victims)}{where}"
         waits.append(Wait(workload.key, message))
-        possible = [c for c in usable if cycle.could_ever_fit(workload, c)]
         if mode is QueueMode.STRICT_FIFO:
-            if possible:
+            if any(cycle.could_ever_fit(workload, c) for c in usable):
                 blocked_behind = workload.key
         elif now - workload.queued_since > starvation_after:
-            for cluster in possible:
+            for cluster in usable:
+                if not cycle.could_ever_fit(workload, cluster):
+                    continue
                 cycle.held.setdefault(
                     cluster.name,
                     f"held for {workload.key}, queued longer than {starvation_after:g}s"

@@ -27,6 +27,7 @@ The hot loop keeps free resources as plain `dict[str, int]` of milli-units.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -287,9 +288,12 @@ class ClusterState:
                 score += left * weight
             else:
                 candidates.append((score, node))
-        candidates.sort()
+        # At most `count` nodes get pods: no need to sort them all.
+        ordered = (
+            sorted(candidates) if count >= len(candidates) else heapq.nsmallest(count, candidates)
+        )
         remaining = count
-        for _, node in candidates:
+        for _, node in ordered:
             if not remaining:
                 break
             free = free_list[node]

@@ -1,0 +1,112 @@
+"""Bad input gets a clear answer and never stops the dispatcher serving others (rule 6)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.testing.localcluster import KubectlError
+from tests.e2e.conftest import (
+    apply,
+    appwrapper,
+    deployment,
+    get_aw,
+    wait_condition,
+)
+
+pytestmark = [pytest.mark.cluster]
+
+
+def _named(kind: str, name: str | None, **extra: object) -> dict:
+    obj: dict = {"apiVersion": "v1", "kind": kind, "metadata": {}}
+    if name is not None:
+        obj["metadata"]["name"] = name
+    obj.update(extra)
+    return obj
+
+
+BAD_ITEMS = [
+    pytest.param({"apiVersion": "v1", "metadata": {"name": "x"}}, "kind", id="missing-kind"),
+    pytest.param(_named("ConfigMap", None), "metadata.name", id="missing-name"),
+    pytest.param(
+        {"apiVersion": "v1", "kind": "ConfigMap",
+         "metadata": {"name": "x", "namespace": "elsewhere"}},
+        "namespace", id="other-namespace",
+    ),
+    pytest.param(
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "x"}},
+        "cluster-scoped", id="cluster-scoped",
+    ),
+    pytest.param(deployment("q", 1, {"cpu": "lots"}), "lots", id="malformed-quantity"),
+]
+
+
+@pytest.mark.parametrize(("item", "expected"), BAD_ITEMS)
+async def test_invalid_item_fails_with_a_clear_message(cluster, namespace, fake_nodes,
+                                                       run_dispatcher, item, expected):
+    fake_nodes.add("n1")
+    await run_dispatcher()
+    await apply(cluster, namespace, appwrapper("bad", item))
+    await apply(cluster, namespace, appwrapper("good", deployment("good", 1, {"cpu": "1"})))
+    await wait_condition(cluster, namespace, "bad", "Failed")
+    status = (await get_aw(cluster, namespace, "bad"))["status"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert expected in failed["message"], failed["message"]
+    assert status["state"] == "Failed"
+    # The others are still served.
+    await wait_condition(cluster, namespace, "good", "Running")
+
+
+async def test_request_larger_than_the_cluster_says_so(cluster, namespace, fake_nodes,
+                                                       run_dispatcher):
+    fake_nodes.add("n1", cpu="4", memory="16Gi", gpu=2)
+    await run_dispatcher()
+    huge = deployment("huge", 1, {"cpu": "1", "nvidia.com/gpu": "16"})
+    await apply(cluster, namespace, appwrapper("huge", huge))
+    await apply(cluster, namespace, appwrapper("good", deployment("good", 1, {"cpu": "1"})))
+    await wait_condition(cluster, namespace, "good", "Running")
+    status = (await get_aw(cluster, namespace, "huge"))["status"]
+    assert "nvidia.com/gpu 16" in status["message"]
+    assert "has 2" in status["message"] or "of 2" in status["message"]
+    assert status["state"] == "Pending"
+
+
+async def test_kind_without_crd_fails_and_cleans_up(cluster, namespace, fake_nodes,
+                                                    run_dispatcher):
+    fake_nodes.add("n1")
+    await run_dispatcher()
+    # An allowed kind whose CRD (the Kubeflow training operator's) is not installed here.
+    unknown = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "w"},
+               "spec": {}}
+    aw = appwrapper("widget", {"apiVersion": "v1", "kind": "ConfigMap",
+                               "metadata": {"name": "cm"}}, unknown)
+    await apply(cluster, namespace, aw)
+    await wait_condition(cluster, namespace, "widget", "Failed")
+    status = (await get_aw(cluster, namespace, "widget"))["status"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "DispatchFailed"
+    assert "PyTorchJob" in failed["message"]
+    assert "CustomResourceDefinition" in failed["message"]
+    # All or nothing: the ConfigMap created beside it was removed again.
+    out = await cluster.akubectl("get", "configmap", "cm", "-n", namespace, check=False)
+    assert out.returncode != 0
+
+
+@pytest.mark.parametrize(
+    ("patch", "expected"),
+    [
+        pytest.param({"priority": "high"}, "priority", id="priority-not-int"),
+        pytest.param({"schedulingSpec": {"requeuing": {"growthType": "cubic"}}}, "growthType",
+                     id="bad-enum"),
+        pytest.param({"resources": {"GenericItems": [{"custompodresources": [
+            {"replicas": -1, "requests": {"cpu": "1"}}]}]}}, "replicas", id="negative"),
+    ],
+)
+async def test_schema_errors_are_rejected_at_apply(cluster, namespace, appwrapper_crd, patch,
+                                                   expected):
+    aw = appwrapper("schema", deployment("d", 1, {"cpu": "1"}))
+    aw["spec"].update(patch)
+    with pytest.raises(KubectlError) as error:
+        await apply(cluster, namespace, aw)
+    assert expected in error.value.stderr

@@ -1,0 +1,134 @@
+"""What users do: kubectl get/describe/wait, and a dispatcher process killed mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dispatcher.testing.waits import async_wait_until
+from tests.e2e.conftest import (
+    apply,
+    appwrapper,
+    conditions,
+    deployment,
+    load_sample,
+    wait_condition,
+)
+
+pytestmark = [pytest.mark.cluster]
+
+
+async def test_kubectl_get_describe_wait(cluster, namespace, fake_nodes, run_dispatcher):
+    fake_nodes.add("n1", cpu="2", memory="8Gi")
+    await run_dispatcher()
+    await apply(cluster, namespace, appwrapper("web", deployment("web", 1, {"cpu": "1"}),
+                                               priority=7))
+    await apply(cluster, namespace, appwrapper("too-big", deployment("tb", 1, {"cpu": "2"})))
+    await wait_condition(cluster, namespace, "web", "Running")
+
+    table = (await cluster.akubectl("get", "aw", "-n", namespace)).stdout
+    header, *rows = table.strip().splitlines()
+    assert header.split() == ["NAME", "STATE", "STAGE", "CLUSTER", "PRIORITY", "AGE"]
+    web = next(r.split() for r in rows if r.startswith("web"))
+    assert web[1:5] == ["Running", "Running", "local", "7"]
+
+    async def too_big_waits() -> bool:
+        described = (await cluster.akubectl("describe", "aw", "too-big", "-n", namespace)).stdout
+        return "needs cpu 2, free 1 of 2" in described
+
+    await async_wait_until(too_big_waits, timeout=30, what="describe shows why it waits")
+
+    async def web_story() -> str | None:
+        described = (await cluster.akubectl("describe", "aw", "web", "-n", namespace)).stdout
+        wanted = ("Queued", "Dispatched", "PodsRunning", "dispatched to cluster local")
+        return described if all(w in described for w in wanted) else None
+
+    described = await async_wait_until(web_story, timeout=30, what="events in describe")
+    assert "Events:" in described
+    for condition in ("Init", "Queueing", "HeadOfLine", "Dispatched", "Running"):
+        assert condition in described
+
+
+def _dispatcher_process(config: Path, log: Path) -> asyncio.subprocess.Process:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return asyncio.create_subprocess_exec(  # type: ignore[return-value]
+        sys.executable, "-m", "dispatcher", "run", "--config", str(config),
+        stdout=log.open("ab"), stderr=asyncio.subprocess.STDOUT, env=env,
+    )
+
+
+async def test_killed_and_restarted_dispatcher_converges(cluster, namespace, fake_nodes,
+                                                         appwrapper_crd, tmp_path):
+    fake_nodes.add("a", cpu="8", memory="32Gi")
+    fake_nodes.add("b", cpu="8", memory="32Gi")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "kubeconfig": str(cluster.kubeconfig),
+        "members": [{"name": "local", "node_selector": fake_nodes.pool}],
+        "health_port": 0,
+        "log_level": "info",
+    }))
+    log = tmp_path / "dispatcher.log"
+    names = [f"aw-{i:02d}" for i in range(24)]
+    # 24 gangs of 2 pods x 1 CPU would need 48 CPUs; there are 16: 8 fit at a time.
+    for name in names:
+        await apply(cluster, namespace, appwrapper(name, deployment(name, 2, {"cpu": "1"})))
+
+    process = await _dispatcher_process(config, log)
+    try:
+        async def some_dispatched() -> bool:
+            states = [(await conditions(cluster, namespace, n)).get("Dispatched") for n in names]
+            return states.count("True") >= 3
+
+        await async_wait_until(some_dispatched, timeout=60, what="first dispatches")
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+        process = await _dispatcher_process(config, log)
+
+        async def eight_running() -> bool:
+            running = [(await conditions(cluster, namespace, n)).get("Running") for n in names]
+            return running.count("True") == 8
+
+        await async_wait_until(eight_running, timeout=90, what="8 AppWrappers running")
+        out = await cluster.akubectl("get", "deployments", "-n", namespace, "-o", "json")
+        deployments = [d["metadata"]["name"] for d in json.loads(out.stdout)["items"]]
+        assert len(deployments) == len(set(deployments)) == 8
+        pods = json.loads((await cluster.akubectl("get", "pods", "-n", namespace, "-o",
+                                                  "json")).stdout)["items"]
+        live = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")]
+        assert len(live) == 16
+        assert all(p["status"]["phase"] == "Running" for p in live)
+        # Nothing lost: every AppWrapper is either running or waiting with a reason.
+        for name in names:
+            got = json.loads((await cluster.akubectl("get", "aw", name, "-n", namespace, "-o",
+                                                     "json")).stdout)
+            assert got["status"]["state"] in ("Running", "Pending"), got["status"]
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), 20)
+            except TimeoutError:
+                process.kill()
+        # Remove the AppWrappers while a dispatcher can still run their finalizers.
+        cleanup = await _dispatcher_process(config, log)
+        await cluster.akubectl("delete", "aw", "--all", "-n", namespace, "--timeout=60s",
+                               check=False, timeout=90)
+        cleanup.send_signal(signal.SIGTERM)
+        await cleanup.wait()
+
+
+async def test_mcad_legacy_yaml_applies_and_runs(cluster, namespace, fake_nodes,
+                                                 run_dispatcher):
+    fake_nodes.add("n1", gpu=2)
+    await run_dispatcher()
+    sample = load_sample("mcad-legacy.yaml")
+    await apply(cluster, namespace, sample)
+    await wait_condition(cluster, namespace, sample["metadata"]["name"], "Completed", timeout=90)
