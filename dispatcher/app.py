@@ -8,14 +8,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
+import socket
 from collections.abc import AsyncIterator
 
 import structlog
 
+from dispatcher import health, metrics
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.dispatcher import Dispatcher
 from dispatcher.controller.members import Member
 from dispatcher.kube.client import KubeClient
+from dispatcher.kube.leader import LeaderElector
 
 LOCAL_MEMBER = "local"
 
@@ -79,9 +83,11 @@ async def running(config: Config, *, ready_timeout: float = 60) -> AsyncIterator
 
 
 async def serve_forever(config: Config) -> None:
-    """The `run` command: until SIGTERM/SIGINT, then drain in-flight dispatches."""
-    from dispatcher import health, metrics
+    """The `run` command: until SIGTERM/SIGINT, then drain in-flight dispatches.
 
+    With leader election, only the Lease holder dispatches; losing the lease ends the
+    process (exit code 1) so that its supervisor restarts it as a follower.
+    """
     log = structlog.get_logger("main")
     dispatcher = await build(config)
     runner = None
@@ -93,24 +99,45 @@ async def serve_forever(config: Config) -> None:
         )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    import signal
-
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    task = asyncio.create_task(dispatcher.run(), name="dispatcher")
-    stopper = asyncio.create_task(stop.wait())
+    elector = None
+    if config.leader_election:
+        elector = LeaderElector(
+            dispatcher.hub,
+            namespace=config.lease_namespace,
+            name=config.lease_name,
+            identity=f"{socket.gethostname()}-{os.getpid()}",
+        )
+        acquiring = asyncio.create_task(elector.acquire())
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({acquiring, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            acquiring.cancel()
+            await close(dispatcher)
+            return
+    tasks = {
+        asyncio.create_task(dispatcher.run(), name="dispatcher"),
+        asyncio.create_task(stop.wait(), name="stop"),
+    }
+    if elector is not None:
+        tasks.add(asyncio.create_task(elector.hold(), name="lease"))
     log.info("started", members=list(dispatcher.members), queue_mode=config.queue_mode.value)
     try:
-        done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            task.result()
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task.get_name() != "stop":
+                task.result()  # a crash or a lost lease ends the process with its error
         log.info("stopping")
         await dispatcher.drain(timeout=10)
     finally:
-        stopper.cancel()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if elector is not None:
+            await elector.release()
         if runner is not None:
             await runner.cleanup()
         await close(dispatcher)

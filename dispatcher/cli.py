@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from dispatcher import __version__
 from dispatcher.config import load_config
+from dispatcher.kube.leader import LostLease
 from dispatcher.logs import configure_logging
 
 
@@ -50,12 +51,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"appwrapper-dispatcher: bad configuration: {exc}", file=sys.stderr)
         return 2
     configure_logging(level=config.log_level, fmt=config.log_format)
-    from dispatcher.app import serve_forever
+    from dispatcher.app import serve_forever  # deferred: keeps --help fast
 
     try:
         asyncio.run(serve_forever(config))
     except KeyboardInterrupt:
         return 130
+    except LostLease as exc:
+        print(f"appwrapper-dispatcher: {exc}; exiting so a new leader can take over",
+              file=sys.stderr)
+        return 1
     return 0
 
 

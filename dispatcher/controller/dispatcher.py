@@ -208,7 +208,7 @@ class Dispatcher:
         key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
         self.state.written[key] = written
         for transition in transitions:
-            if transition is not None:
+            if transition is not None and transition.reason:
                 self.events.record(
                     written,
                     reason=transition.reason,

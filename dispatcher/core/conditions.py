@@ -160,7 +160,13 @@ def mark_head_of_line(status: AppWrapperStatus, *, now: datetime) -> Transition 
 
 
 def mark_waiting(status: AppWrapperStatus, message: str, *, now: datetime) -> Transition | None:
-    """Not dispatched this cycle; `message` says what it waits for, with numbers."""
+    """Not dispatched this cycle; `message` says what it waits for, with numbers.
+
+    Only the first wait of an attempt makes an Event; later changes of the numbers update
+    the status alone (an empty Transition), so `kubectl describe` is not flooded.
+    """
+    before = status.condition(C.DISPATCHED)
+    first = before is None or before.reason != Reason.INSUFFICIENT_RESOURCES
     changed = set_condition(
         status,
         C.DISPATCHED,
@@ -170,7 +176,9 @@ def mark_waiting(status: AppWrapperStatus, message: str, *, now: datetime) -> Tr
         now=now,
     )
     changed |= _settle(status, AppWrapperState.PENDING, message)
-    return Transition(Reason.INSUFFICIENT_RESOURCES, message) if changed else None
+    if not changed:
+        return None
+    return Transition(Reason.INSUFFICIENT_RESOURCES, message) if first else Transition("", "")
 
 
 def mark_dispatched(status: AppWrapperStatus, *, cluster: str, now: datetime) -> Transition:
