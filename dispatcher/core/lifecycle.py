@@ -85,7 +85,9 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
     # 2. A wrapped object says it failed, or every pod ended and some failed.
     if p.failed_object:
         return Assessment(Verdict.FAILED, Reason.PODS_FAILED, p.failed_object)
-    if p.failed and p.pending == 0 and p.running == 0 and p.completed_items < p.completion_items:
+    # With a completionstatus the object's own Failed condition decides (a Job retries
+    # failed pods); without one, pods that all ended with failures mean failure.
+    if not p.completion_items and p.failed and p.pending == 0 and p.running == 0:
         return Assessment(
             Verdict.FAILED, Reason.PODS_FAILED, f"{p.failed} pods failed and none are left running"
         )

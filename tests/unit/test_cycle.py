@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from builders import cluster, node, pods, res, running, with_running, workload
+from tests.unit.builders import cluster, node, pods, res, running, with_running, workload
 
 from dispatcher.core.cycle import Admit, Preempt, queue_order_key, schedule
 from dispatcher.core.fit import NodeAssignment

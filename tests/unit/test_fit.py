@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builders import GPU, cluster, node, pods, res, reservation
+from tests.unit.builders import GPU, cluster, node, pods, res, reservation
 
 from dispatcher.core.fit import ClusterState, NodeAssignment, fits_ever
 from dispatcher.core.model import ClusterSnapshot, PodSet, Taint, Toleration

@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-from builders import (
+from tests.unit.builders import (
     GPU,
     container,
     deployment,

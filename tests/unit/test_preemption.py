@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builders import cluster, node, pods, res, reservation, running, with_running, workload
+from tests.unit.builders import cluster, node, pods, res, reservation, running, with_running, workload
 
 from dispatcher.core.model import ClusterSnapshot, Workload
 from dispatcher.core.preemption import LowestPriorityFirst, PreemptionPolicy

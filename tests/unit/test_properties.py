@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from builders import GPU
+from tests.unit.builders import GPU
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builders import container, deployment, job, obj, pod, pod_spec
+from tests.unit.builders import container, deployment, job, obj, pod, pod_spec
 
 from dispatcher.core.validation import (
     DEFAULT_ALLOWED_KINDS,

@@ -1,0 +1,1 @@
+"""Per-cluster capacity accounting fed by watch events. No I/O of its own."""

@@ -1,0 +1,1 @@
+"""The controller loops: reconcile AppWrappers, run scheduling cycles, carry out decisions."""

@@ -1,0 +1,1 @@
+"""Everything that talks to an API server: client, watch caches, events, leases."""

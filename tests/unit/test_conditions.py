@@ -1,0 +1,123 @@
+"""Status transitions: one entry per type, milestones, requeue flips, stage and state."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatcher.api.models import AppWrapperStatus, Reason
+from dispatcher.core import conditions as cond
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def true_types(status: AppWrapperStatus) -> set[str]:
+    return {c.type for c in status.conditions if c.status == "True"}
+
+
+def test_running_appwrapper_shows_every_milestone_true() -> None:
+    status = AppWrapperStatus()
+    cond.initialize(status, priority=3, now=T0)
+    cond.mark_dispatched(status, cluster="east", now=T0)
+    cond.mark_running(status, "2 pods running", now=T0)
+    assert true_types(status) == {"Init", "Queueing", "HeadOfLine", "Dispatched", "Running"}
+    assert (status.state, status.stage, status.clusterName) == ("Running", "Running", "east")
+    assert status.priority == 3
+
+
+def test_requeue_turns_later_milestones_false_with_the_reason() -> None:
+    status = AppWrapperStatus()
+    cond.initialize(status, priority=0, now=T0)
+    cond.mark_dispatched(status, cluster="east", now=T0)
+    cond.mark_requeued(status, Reason.PODS_NOT_RUNNING_IN_TIME, "0 of 2 running", now=T0,
+                       backoff=True)
+    assert status.requeueCount == 1
+    assert status.clusterName is None
+    for later in ("HeadOfLine", "Dispatched", "Running"):
+        condition = status.condition(later)
+        assert condition is not None
+        assert condition.status == "False"
+        assert condition.reason == Reason.PODS_NOT_RUNNING_IN_TIME
+    assert status.stage == "Backoff"
+    assert not cond.is_queued(status)
+    cond.end_backoff(status, now=T0 + timedelta(seconds=5))
+    assert cond.is_queued(status)
+    assert status.stage == "Queueing"
+
+
+def test_transition_time_moves_only_when_status_flips() -> None:
+    status = AppWrapperStatus()
+    assert cond.set_condition(status, cond.C.RUNNING, true=False, reason="a", now=T0)
+    later = T0 + timedelta(seconds=9)
+    assert cond.set_condition(status, cond.C.RUNNING, true=False, reason="b", now=later)
+    running = status.condition("Running")
+    assert running is not None
+    assert running.lastTransitionMicroTime == "2026-01-01T00:00:00.000000Z"
+    assert running.lastUpdateMicroTime == "2026-01-01T00:00:09.000000Z"
+    assert not cond.set_condition(status, cond.C.RUNNING, true=False, reason="b", now=later)
+
+
+def test_waiting_makes_one_event_per_attempt() -> None:
+    status = AppWrapperStatus()
+    cond.initialize(status, priority=0, now=T0)
+    first = cond.mark_waiting(status, "needs cpu 4, free 2 of 8", now=T0)
+    second = cond.mark_waiting(status, "needs cpu 4, free 3 of 8", now=T0)
+    same = cond.mark_waiting(status, "needs cpu 4, free 3 of 8", now=T0)
+    assert first is not None
+    assert first.reason == Reason.INSUFFICIENT_RESOURCES
+    assert second is not None
+    assert second.reason == ""  # status changes, no new Event
+    assert same is None
+    assert status.message == "needs cpu 4, free 3 of 8"
+
+
+@pytest.mark.parametrize(
+    ("terminal", "state"),
+    [pytest.param("completed", "Completed", id="completed"),
+     pytest.param("failed", "Failed", id="failed")],
+)
+def test_terminal_states(terminal: str, state: str) -> None:
+    status = AppWrapperStatus()
+    cond.initialize(status, priority=0, now=T0)
+    cond.mark_dispatched(status, cluster="c", now=T0)
+    if terminal == "completed":
+        cond.mark_completed(status, "done", now=T0)
+    else:
+        cond.mark_failed(status, Reason.PODS_FAILED, "boom", now=T0)
+    assert status.state == state
+    assert status.stage == state
+    assert cond.is_terminal(status)
+    assert not cond.is_dispatched(status)
+    assert not cond.is_queued(status)
+
+
+STEPS = st.sampled_from(["init", "wait", "head", "dispatch", "run", "requeue", "backoff_end"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(STEPS, max_size=30))
+def test_any_sequence_keeps_one_entry_per_type(steps: list[str]) -> None:
+    status = AppWrapperStatus()
+    now = T0
+    for step in steps:
+        now += timedelta(seconds=1)
+        if step == "init":
+            cond.initialize(status, priority=1, now=now)
+        elif step == "wait":
+            cond.mark_waiting(status, f"msg {now.second}", now=now)
+        elif step == "head":
+            cond.mark_head_of_line(status, now=now)
+        elif step == "dispatch":
+            cond.mark_dispatched(status, cluster="c", now=now)
+        elif step == "run":
+            cond.mark_running(status, "ok", now=now)
+        elif step == "requeue":
+            cond.mark_requeued(status, Reason.PREEMPTED, "x", now=now, backoff=True)
+        else:
+            cond.end_backoff(status, now=now)
+        types = [c.type for c in status.conditions]
+        assert len(types) == len(set(types))
+        assert not (cond.is_queued(status) and cond.is_dispatched(status))
