@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except LostLease as exc:
-        print(f"appwrapper-dispatcher: {exc}; exiting so a new leader can take over",
-              file=sys.stderr)
+        print(
+            f"appwrapper-dispatcher: {exc}; exiting so a new leader can take over", file=sys.stderr
+        )
         return 1
     return 0
 

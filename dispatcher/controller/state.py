@@ -51,7 +51,7 @@ class ControllerState:
     """(key, lastDispatchedAt) whose objects are known to exist; rebuilt after restart."""
     cleaned: set[tuple[str, str]] = field(default_factory=set)
     """(uid, attempt) whose objects were removed after Failed or requeue."""
-    workloads: dict[str, tuple[tuple[str, int, int, int], Workload | InvalidSpec]] = field(
+    workloads: dict[str, tuple[tuple[str, int, int, int, str], Workload | InvalidSpec]] = field(
         default_factory=dict
     )
     waiting_written: dict[str, tuple[str, float]] = field(default_factory=dict)
@@ -77,8 +77,15 @@ class ControllerState:
     ) -> Workload | InvalidSpec:
         """Parse once per (uid, generation, priority): a cycle over 10k AppWrappers must not
         re-infer pod sets from templates every time."""
-        requeues = aw.status.requeueCount if aw.status is not None else 0
-        stamp = (aw.metadata.uid or "", aw.metadata.generation or 0, priority, requeues)
+        status = aw.status
+        # Age and queueing time come from status too (queuedAt, requeues): part of the key.
+        stamp = (
+            aw.metadata.uid or "",
+            aw.metadata.generation or 0,
+            priority,
+            status.requeueCount if status is not None else 0,
+            (status.queuedAt or "") if status is not None else "",
+        )
         cached = self.workloads.get(aw.key)
         if cached is not None and cached[0] == stamp:
             return cached[1]

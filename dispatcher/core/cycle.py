@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from dispatcher.core.fit import ClusterState, NodeAssignment, PlaceResult
+from dispatcher.core.fit import ClusterState, Demand, NodeAssignment, PlaceResult
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Reservation, Workload
 from dispatcher.core.preemption import PreemptionPolicy
 
@@ -72,6 +72,8 @@ class _Cycle:
         # starving head's reservation).
         self.held: dict[str, str] = {}
         self.admitted: dict[str, list[Reservation]] = {}
+        # (cluster, gang shape) -> highest priority for which the policy found no victims.
+        self.no_victims: dict[tuple[str, tuple[object, ...]], int] = {}
 
     def state(self, cluster: ClusterSnapshot) -> ClusterState:
         state = self._states.get(cluster.name)
@@ -79,17 +81,17 @@ class _Cycle:
             state = self._states[cluster.name] = ClusterState(cluster)
         return state
 
-    def could_ever_fit(self, workload: Workload, cluster: ClusterSnapshot) -> bool:
+    def could_ever_fit(self, demand: Demand, cluster: ClusterSnapshot) -> bool:
         """Whether it fits the cluster emptied; an unreachable cluster may (we cannot tell)."""
         if not cluster.reachable:
             return True
-        shape = (cluster.name, _shape(workload))
+        shape = (cluster.name, demand.shape)
         answer = self._ever.get(shape)
         if answer is None:
             empty = self._empty.get(cluster.name)
             if empty is None:
                 empty = self._empty[cluster.name] = ClusterState(cluster, empty=True)
-            answer = self._ever[shape] = empty.fits(workload.pod_sets) is None
+            answer = self._ever[shape] = empty.fits(demand) is None
         return answer
 
     def with_admitted(self, cluster: ClusterSnapshot) -> ClusterSnapshot:
@@ -107,19 +109,10 @@ class _Cycle:
         return "no cluster fits: " + "; ".join(f"{name}: {why}" for name, why in reasons)
 
 
-def _shape(workload: Workload) -> tuple[object, ...]:
-    """What the fit depends on: counts, requests and constraints, not names."""
-    return tuple((p.count, p.requests, p.node_selector, p.tolerations) for p in workload.pod_sets)
-
-
-def _scarcest(workload: Workload, states: Sequence[ClusterState]) -> str | None:
+def _scarcest(demand: Demand, states: Sequence[ClusterState]) -> str | None:
     """The requested resource the workload takes the largest share of, over `states`."""
-    totals: dict[str, int] = {}
-    for pod_set in workload.pod_sets:
-        for resource, value in pod_set.requests.items():
-            totals[resource] = totals.get(resource, 0) + value * max(pod_set.count, 0)
     best: tuple[float, str] | None = None
-    for resource, value in sorted(totals.items()):
+    for resource, value in sorted(demand.totals.items()):
         if value <= 0:
             continue
         capacity = sum(s.capacity_of(resource) for s in states)
@@ -130,7 +123,7 @@ def _scarcest(workload: Workload, states: Sequence[ClusterState]) -> str | None:
 
 
 def _best_fit(
-    workload: Workload, cycle: _Cycle, usable: list[ClusterSnapshot]
+    demand: Demand, cycle: _Cycle, usable: list[ClusterSnapshot]
 ) -> tuple[ClusterSnapshot, PlaceResult] | list[tuple[str, str]]:
     """Place the workload in the best cluster that fits, or say why none does.
 
@@ -150,7 +143,7 @@ def _best_fit(
         if held is not None:
             reasons.append((cluster.name, held))
             continue
-        result = cycle.state(cluster).try_place(workload.pod_sets)
+        result = cycle.state(cluster).try_place(demand)
         if result.ok:
             fitting.append((cluster, result))  # applied for now; undone unless chosen
         else:
@@ -159,7 +152,7 @@ def _best_fit(
         return reasons
     chosen = fitting[0]
     if len(fitting) > 1:
-        resource = _scarcest(workload, [cycle.state(c) for c, _ in fitting])
+        resource = _scarcest(demand, [cycle.state(c) for c, _ in fitting])
         best: tuple[int, str] | None = None
         for cluster, result in fitting:
             left = 0 if resource is None else cycle.state(cluster).free_of(resource)
@@ -173,6 +166,7 @@ def _best_fit(
 
 def _preempt(
     workload: Workload,
+    demand: Demand,
     cycle: _Cycle,
     usable: list[ClusterSnapshot],
     policy: PreemptionPolicy,
@@ -182,8 +176,15 @@ def _preempt(
     for cluster in usable:
         if not cluster.reachable or cluster.name in cycle.held:
             continue
+        # Within a cycle room only shrinks, and a lower priority has fewer candidates: a
+        # gang of the same shape that could not preempt here will not do better.
+        failed_at = cycle.no_victims.get((cluster.name, demand.shape))
+        if failed_at is not None and workload.priority <= failed_at:
+            continue
         victims = policy.choose_victims(workload, cycle.with_admitted(cluster))
         if not victims:  # None: cannot make room; (): fits there by the policy's own check
+            if victims is None:
+                cycle.no_victims[(cluster.name, demand.shape)] = workload.priority
             continue
         if best is None or len(victims) < len(best.victims):
             best = Preempt(key=workload.key, cluster=cluster.name, victims=victims)
@@ -210,7 +211,10 @@ def schedule(
     - BestEffortFIFO: later workloads may pass one that does not fit, except that a workload
       queued longer than `starvation_after` seconds holds every cluster it could fit when
       empty: nothing after it is admitted there this cycle, so the room it waits for is not
-      taken again and again by smaller ones.
+      taken again and again by smaller ones. (Admitting a later workload only when the
+      starving one would still fit afterwards comes to the same: it does not fit there now,
+      and room only shrinks within a cycle.) One that could not fit even an empty cluster
+      holds nothing.
     - Preemption: a workload that fits nowhere asks `preemption` for victims; the cluster
       where it preempts is held for it for the rest of the cycle (its victims' room is its
       claim), and at most one preemption happens per cluster per cycle.
@@ -232,7 +236,8 @@ def schedule(
             waits.append(Wait(workload.key, f"waiting behind {blocked_behind} (head of line)"))
             continue
         usable = [c for c in cycle.clusters if workload.placement.allows(c)]
-        outcome = _best_fit(workload, cycle, usable)
+        demand = Demand(workload.pod_sets)
+        outcome = _best_fit(demand, cycle, usable)
         if isinstance(outcome, tuple):
             cluster, result = outcome
             admits.append(Admit(workload.key, cluster.name, result.assignments))
@@ -251,7 +256,9 @@ def schedule(
         if head_key is None:
             head_key = workload.key
         message = cycle.wait_message(outcome)
-        chosen = None if preemption is None else _preempt(workload, cycle, usable, preemption)
+        chosen = (
+            None if preemption is None else _preempt(workload, demand, cycle, usable, preemption)
+        )
         if chosen is not None:
             preemptions.append(chosen)
             cycle.held[chosen.cluster] = f"held for {workload.key}, which is preempting"
@@ -259,11 +266,11 @@ def schedule(
             message += f"; preempting {', '.join(chosen.victims)}{where}"
         waits.append(Wait(workload.key, message))
         if mode is QueueMode.STRICT_FIFO:
-            if any(cycle.could_ever_fit(workload, c) for c in usable):
+            if any(cycle.could_ever_fit(demand, c) for c in usable):
                 blocked_behind = workload.key
         elif now - workload.queued_since > starvation_after:
             for cluster in usable:
-                if not cycle.could_ever_fit(workload, cluster):
+                if not cycle.could_ever_fit(demand, cluster):
                     continue
                 cycle.held.setdefault(
                     cluster.name,

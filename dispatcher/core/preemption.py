@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from dispatcher.core.fit import ClusterState
-from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, Workload
+from dispatcher.core.fit import ClusterState, Demand
+from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, PodSet, Workload
 
 __all__ = ["LowestPriorityFirst", "PreemptionPolicy"]
 
@@ -23,7 +23,8 @@ class PreemptionPolicy(Protocol):
     ) -> tuple[str, ...] | None:
         """Keys of the dispatched AppWrappers in `cluster` to evict so that `workload` fits.
 
-        None when no allowed set of victims makes it fit; () when it fits already.
+        None when eviction cannot help: there is nothing it may evict, or evicting all of
+        that still leaves it short. () when it fits already.
         """
         ...
 
@@ -45,9 +46,10 @@ class LowestPriorityFirst:
     workloads can never evict each other in turn). They are taken lowest priority first,
     then most recently dispatched first (the least work lost), until the workload fits;
     then every victim whose eviction turns out unnecessary is given back, last taken first,
-    until each remaining victim is needed: removing any one of them from the set breaks the
-    fit. The set is minimal in that sense, not necessarily the smallest possible (finding
-    that is a knapsack problem).
+    until each remaining victim is needed: sparing any one of them would leave the workload
+    short. The set is minimal in that sense, not necessarily the smallest possible (finding
+    that is a knapsack problem). Each "fits" is answered by the aggregate when that is
+    already short, else by a fresh `ClusterState` of the cluster without the victims.
     """
 
     def choose_victims(
@@ -57,22 +59,69 @@ class LowestPriorityFirst:
             (a for a in cluster.admitted if a.preemptible and a.priority < workload.priority),
             key=lambda a: (a.priority, -a.dispatched_at, a.key),
         )
-        if _fits(workload, cluster, ()):
+        if not candidates:
+            return None
+        demand = Demand(workload.pod_sets)
+        now = ClusterState(cluster)
+        if now.fits(demand) is None:
             return ()
+        short = _Shortfall(now, demand, candidates, cluster)
+
+        def fits(victims: Sequence[str]) -> bool:
+            # The aggregate first (cheap), then the full check on a fresh state.
+            return not short.after_evicting(victims) and _fits(workload, cluster, victims)
+
         keys = [c.key for c in candidates]
-        if not keys or not _fits(workload, cluster, keys):
+        if not fits(keys):
             return None
         victims: list[str] = []
         for key in keys:
             victims.append(key)
-            if _fits(workload, cluster, victims):
+            if fits(victims):
                 break
         # Give back victims that are not needed, last taken first, until each one left is.
         while True:
             for key in reversed(victims):
                 rest = [v for v in victims if v != key]
-                if _fits(workload, cluster, rest):
+                if fits(rest):
                     victims = rest
                     break
             else:
                 return tuple(victims)
+
+
+class _Shortfall:
+    """How far the aggregate falls short of a demand once some candidates are evicted."""
+
+    def __init__(
+        self,
+        now: ClusterState,
+        demand: Demand,
+        candidates: Sequence[AdmittedWorkload],
+        cluster: ClusterSnapshot,
+    ) -> None:
+        self._missing = {r: v - now.free_of(r) for r, v in demand.totals.items()}
+        schedulable = {n.name for n in cluster.nodes if n.schedulable}
+        reserved: dict[str, list[PodSet]] = {}
+        for reservation in cluster.reservations:
+            reserved.setdefault(reservation.key, []).extend(reservation.pod_sets)
+        self._frees: dict[str, dict[str, int]] = {}
+        for candidate in candidates:
+            frees: dict[str, int] = {}
+            for node_name, used in candidate.usage:
+                if node_name in schedulable:
+                    for resource in self._missing:
+                        frees[resource] = frees.get(resource, 0) + used[resource]
+            for pod_set in reserved.get(candidate.key, ()):
+                for resource in self._missing:
+                    frees[resource] = (
+                        frees.get(resource, 0) + pod_set.requests[resource] * pod_set.count
+                    )
+            self._frees[candidate.key] = frees
+
+    def after_evicting(self, victims: Sequence[str]) -> bool:
+        """True when the aggregate would still be short with these victims gone."""
+        for resource, missing in self._missing.items():
+            if missing > 0 and sum(self._frees[v].get(resource, 0) for v in victims) < missing:
+                return True
+        return False

@@ -30,15 +30,17 @@ CRD = REPO / "crds" / "appwrapper.yaml"
 def appwrapper_crd(cluster: Any) -> None:
     cluster.kubectl("apply", "-f", str(CRD))
     wait_until(
-        lambda: "True"
-        in cluster.kubectl(
-            "get",
-            "crd",
-            "appwrappers.workload.codeflare.dev",
-            "-o",
-            "jsonpath={.status.conditions[?(@.type=='Established')].status}",
-            check=False,
-        ).stdout,
+        lambda: (
+            "True"
+            in cluster.kubectl(
+                "get",
+                "crd",
+                "appwrappers.workload.codeflare.dev",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+                check=False,
+            ).stdout
+        ),
         timeout=60,
         what="AppWrapper CRD established",
     )
@@ -162,9 +164,13 @@ def appwrapper(
 
 
 def pod_template(requests: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    resources: dict[str, Any] = {"requests": requests}
+    extended = {k: v for k, v in requests.items() if "/" in k}
+    if extended:
+        resources["limits"] = extended  # Kubernetes requires limits for extended resources
     return {
         "spec": {
-            "containers": [{"name": "c", "image": "busybox", "resources": {"requests": requests}}],
+            "containers": [{"name": "c", "image": "busybox", "resources": resources}],
             **spec,
         }
     }

@@ -28,22 +28,31 @@ BAD_ITEMS = [
     pytest.param({"apiVersion": "v1", "metadata": {"name": "x"}}, "kind", id="missing-kind"),
     pytest.param(_named("ConfigMap", None), "metadata.name", id="missing-name"),
     pytest.param(
-        {"apiVersion": "v1", "kind": "ConfigMap",
-         "metadata": {"name": "x", "namespace": "elsewhere"}},
-        "namespace", id="other-namespace",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "x", "namespace": "elsewhere"},
+        },
+        "namespace",
+        id="other-namespace",
     ),
     pytest.param(
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": "x"}},
-        "cluster-scoped", id="cluster-scoped",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "x"},
+        },
+        "cluster-scoped",
+        id="cluster-scoped",
     ),
     pytest.param(deployment("q", 1, {"cpu": "lots"}), "lots", id="malformed-quantity"),
 ]
 
 
 @pytest.mark.parametrize(("item", "expected"), BAD_ITEMS)
-async def test_invalid_item_fails_with_a_clear_message(cluster, namespace, fake_nodes,
-                                                       run_dispatcher, item, expected):
+async def test_invalid_item_fails_with_a_clear_message(
+    cluster, namespace, fake_nodes, run_dispatcher, item, expected
+):
     fake_nodes.add("n1")
     await run_dispatcher()
     await apply(cluster, namespace, appwrapper("bad", item))
@@ -58,8 +67,9 @@ async def test_invalid_item_fails_with_a_clear_message(cluster, namespace, fake_
     await wait_condition(cluster, namespace, "good", "Running")
 
 
-async def test_request_larger_than_the_cluster_says_so(cluster, namespace, fake_nodes,
-                                                       run_dispatcher):
+async def test_request_larger_than_the_cluster_says_so(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
     fake_nodes.add("n1", cpu="4", memory="16Gi", gpu=2)
     await run_dispatcher()
     huge = deployment("huge", 1, {"cpu": "1", "nvidia.com/gpu": "16"})
@@ -72,15 +82,19 @@ async def test_request_larger_than_the_cluster_says_so(cluster, namespace, fake_
     assert status["state"] == "Pending"
 
 
-async def test_kind_without_crd_fails_and_cleans_up(cluster, namespace, fake_nodes,
-                                                    run_dispatcher):
+async def test_kind_without_crd_fails_and_cleans_up(cluster, namespace, fake_nodes, run_dispatcher):
     fake_nodes.add("n1")
     await run_dispatcher()
     # An allowed kind whose CRD (the Kubeflow training operator's) is not installed here.
-    unknown = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "w"},
-               "spec": {}}
-    aw = appwrapper("widget", {"apiVersion": "v1", "kind": "ConfigMap",
-                               "metadata": {"name": "cm"}}, unknown)
+    unknown = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "w"},
+        "spec": {},
+    }
+    aw = appwrapper(
+        "widget", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}}, unknown
+    )
     await apply(cluster, namespace, aw)
     await wait_condition(cluster, namespace, "widget", "Failed")
     status = (await get_aw(cluster, namespace, "widget"))["status"]
@@ -97,14 +111,25 @@ async def test_kind_without_crd_fails_and_cleans_up(cluster, namespace, fake_nod
     ("patch", "expected"),
     [
         pytest.param({"priority": "high"}, "priority", id="priority-not-int"),
-        pytest.param({"schedulingSpec": {"requeuing": {"growthType": "cubic"}}}, "growthType",
-                     id="bad-enum"),
-        pytest.param({"resources": {"GenericItems": [{"custompodresources": [
-            {"replicas": -1, "requests": {"cpu": "1"}}]}]}}, "replicas", id="negative"),
+        pytest.param(
+            {"schedulingSpec": {"requeuing": {"growthType": "cubic"}}}, "growthType", id="bad-enum"
+        ),
+        pytest.param(
+            {
+                "resources": {
+                    "GenericItems": [
+                        {"custompodresources": [{"replicas": -1, "requests": {"cpu": "1"}}]}
+                    ]
+                }
+            },
+            "replicas",
+            id="negative",
+        ),
     ],
 )
-async def test_schema_errors_are_rejected_at_apply(cluster, namespace, appwrapper_crd, patch,
-                                                   expected):
+async def test_schema_errors_are_rejected_at_apply(
+    cluster, namespace, appwrapper_crd, patch, expected
+):
     aw = appwrapper("schema", deployment("d", 1, {"cpu": "1"}))
     aw["spec"].update(patch)
     with pytest.raises(KubectlError) as error:

@@ -37,7 +37,9 @@ async def test_two_ray_clusters_capacity_for_one(cluster, namespace, fake_nodes,
         assert first[milestone] == "True", first
     ray_pods = await pods_of(cluster, namespace, "glue-1")
     assert sorted(p["metadata"]["labels"]["ray.io/node-type"] for p in ray_pods) == [
-        "head", "worker", "worker",
+        "head",
+        "worker",
+        "worker",
     ]
 
     async def second_waits_for_gpu() -> str | None:
@@ -57,8 +59,9 @@ async def test_two_ray_clusters_capacity_for_one(cluster, namespace, fake_nodes,
     assert await pods_of(cluster, namespace, "glue-1") == []
 
 
-async def test_aggregate_fits_but_no_node_holds_a_pod(cluster, namespace, fake_nodes,
-                                                      run_dispatcher):
+async def test_aggregate_fits_but_no_node_holds_a_pod(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
     fake_nodes.add("a", cpu="8", memory="32Gi", gpu=4)
     fake_nodes.add("b", cpu="8", memory="32Gi", gpu=4)
     await run_dispatcher()
@@ -75,8 +78,9 @@ async def test_aggregate_fits_but_no_node_holds_a_pod(cluster, namespace, fake_n
     assert await pods_of(cluster, namespace, "eight-gpus") == []
 
 
-async def test_service_only_appwrapper_dispatches_at_once(cluster, namespace, fake_nodes,
-                                                          run_dispatcher):
+async def test_service_only_appwrapper_dispatches_at_once(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
     await run_dispatcher()
     await apply(cluster, namespace, appwrapper("svc", service("svc")))
     await wait_condition(cluster, namespace, "svc", "Running")

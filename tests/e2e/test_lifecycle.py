@@ -26,10 +26,16 @@ pytestmark = [pytest.mark.cluster]
 async def test_job_completes_and_frees_capacity(cluster, namespace, fake_nodes, run_dispatcher):
     fake_nodes.add("n1", cpu="4", memory="16Gi")
     await run_dispatcher()
-    await apply(cluster, namespace, appwrapper("first", job("first", 2, {"cpu": "2"}),
-                                               completion="Complete"))
-    await apply(cluster, namespace, appwrapper("second", job("second", 2, {"cpu": "2"}),
-                                               completion="Complete"))
+    await apply(
+        cluster,
+        namespace,
+        appwrapper("first", job("first", 2, {"cpu": "2"}), completion="Complete"),
+    )
+    await apply(
+        cluster,
+        namespace,
+        appwrapper("second", job("second", 2, {"cpu": "2"}), completion="Complete"),
+    )
     await wait_condition(cluster, namespace, "first", "Completed", timeout=90)
     await wait_condition(cluster, namespace, "second", "Completed", timeout=90)
     status = (await get_aw(cluster, namespace, "first"))["status"]
@@ -45,20 +51,26 @@ async def test_job_sample_completes(cluster, namespace, fake_nodes, run_dispatch
     await wait_condition(cluster, namespace, sample["metadata"]["name"], "Completed", timeout=90)
 
 
-async def test_pods_that_never_start_are_requeued_then_failed(cluster, namespace, fake_nodes,
-                                                              run_dispatcher):
+async def test_pods_that_never_start_are_requeued_then_failed(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
     fake_nodes.add("n1")
     await run_dispatcher()
     # Fits by the numbers, but no node has the label the pods insist on.
     stuck = deployment("stuck", 1, {"cpu": "1"}, nodeSelector={"no-such-label": "x"})
     scheduling = {
-        "requeuing": {"timeInSeconds": 2, "growthType": "none", "maxNumRequeuings": 2,
-                      "pauseTimeInSeconds": 0},
+        "requeuing": {
+            "timeInSeconds": 2,
+            "growthType": "none",
+            "maxNumRequeuings": 2,
+            "pauseTimeInSeconds": 0,
+        },
     }
     # The fit check honours nodeSelectors; declared pods without it get it dispatched.
     custom = [{"replicas": 1, "requests": {"cpu": "1"}}]
-    await apply(cluster, namespace,
-                appwrapper("stuck", stuck, scheduling=scheduling, custom=custom))
+    await apply(
+        cluster, namespace, appwrapper("stuck", stuck, scheduling=scheduling, custom=custom)
+    )
     await wait_condition(cluster, namespace, "stuck", "Failed", timeout=90)
     status = (await get_aw(cluster, namespace, "stuck"))["status"]
     assert status["requeueCount"] == 2
@@ -68,8 +80,7 @@ async def test_pods_that_never_start_are_requeued_then_failed(cluster, namespace
     assert requeued["reason"] == "PodsNotRunningInTime"
 
     async def objects_gone() -> bool:
-        out = await cluster.akubectl("get", "deployment", "stuck", "-n", namespace,
-                                     check=False)
+        out = await cluster.akubectl("get", "deployment", "stuck", "-n", namespace, check=False)
         return out.returncode != 0
 
     await async_wait_until(objects_gone, timeout=30, what="stuck Deployment removed")
@@ -78,10 +89,15 @@ async def test_pods_that_never_start_are_requeued_then_failed(cluster, namespace
 async def test_dispatch_duration_limit_fails(cluster, namespace, fake_nodes, run_dispatcher):
     fake_nodes.add("n1")
     await run_dispatcher()
-    await apply(cluster, namespace, appwrapper(
-        "limited", deployment("limited", 1, {"cpu": "1"}),
-        scheduling={"dispatchDuration": {"limit": 3}},
-    ))
+    await apply(
+        cluster,
+        namespace,
+        appwrapper(
+            "limited",
+            deployment("limited", 1, {"cpu": "1"}),
+            scheduling={"dispatchDuration": {"limit": 3}},
+        ),
+    )
     await wait_condition(cluster, namespace, "limited", "Running")
     await wait_condition(cluster, namespace, "limited", "Failed", timeout=30)
     status = (await get_aw(cluster, namespace, "limited"))["status"]
@@ -95,8 +111,9 @@ async def test_dispatch_duration_limit_fails(cluster, namespace, fake_nodes, run
 
 
 @pytest.mark.parametrize("state", ["queued", "dispatched", "running", "completed", "failed"])
-async def test_deletion_removes_objects_in_every_state(cluster, namespace, fake_nodes,
-                                                       run_dispatcher, state):
+async def test_deletion_removes_objects_in_every_state(
+    cluster, namespace, fake_nodes, run_dispatcher, state
+):
     fake_nodes.add("n1", cpu="2", memory="8Gi")
     await run_dispatcher()
     items = [service("web"), deployment("web", 1, {"cpu": "1"})]
@@ -113,23 +130,34 @@ async def test_deletion_removes_objects_in_every_state(cluster, namespace, fake_
         completion = "Complete"
     elif state == "failed":
         scheduling = {"dispatchDuration": {"limit": 1}}
-    await apply(cluster, namespace, appwrapper("victim", *items, scheduling=scheduling,
-                                               completion=completion, custom=custom))
+    await apply(
+        cluster,
+        namespace,
+        appwrapper("victim", *items, scheduling=scheduling, completion=completion, custom=custom),
+    )
     if state == "queued":
-        await async_wait_until(lambda: _message(cluster, namespace, "victim"), timeout=30,
-                               what="queued with a message")
+        await async_wait_until(
+            lambda: _message(cluster, namespace, "victim"), timeout=30, what="queued with a message"
+        )
     else:
-        wanted = {"dispatched": "Dispatched", "running": "Running", "completed": "Completed",
-                  "failed": "Failed"}[state]
+        wanted = {
+            "dispatched": "Dispatched",
+            "running": "Running",
+            "completed": "Completed",
+            "failed": "Failed",
+        }[state]
         await wait_condition(cluster, namespace, "victim", wanted, timeout=60)
 
-    await cluster.akubectl("delete", "appwrapper", "victim", "-n", namespace, "--timeout=60s",
-                           timeout=90)
+    await cluster.akubectl(
+        "delete", "appwrapper", "victim", "-n", namespace, "--timeout=60s", timeout=90
+    )
 
     out = await cluster.akubectl("get", "all", "-n", namespace, "-o", "json")
-    leftovers = [f"{o['kind']}/{o['metadata']['name']}" for o in json.loads(out.stdout)["items"]
-                 if o["metadata"]["name"].startswith("web")
-                 and not o["metadata"].get("deletionTimestamp")]
+    leftovers = [
+        f"{o['kind']}/{o['metadata']['name']}"
+        for o in json.loads(out.stdout)["items"]
+        if o["metadata"]["name"].startswith("web") and not o["metadata"].get("deletionTimestamp")
+    ]
     assert leftovers == [] or all(k.startswith("Pod/") for k in leftovers)
 
     # The capacity is free again: a new AppWrapper needing all of it dispatches.
@@ -141,8 +169,7 @@ async def _message(cluster, namespace, name) -> str | None:
     return ((await get_aw(cluster, namespace, name)).get("status") or {}).get("message")
 
 
-async def test_conditions_hold_one_entry_per_type(cluster, namespace, fake_nodes,
-                                                   run_dispatcher):
+async def test_conditions_hold_one_entry_per_type(cluster, namespace, fake_nodes, run_dispatcher):
     fake_nodes.add("n1")
     await run_dispatcher()
     await apply(cluster, namespace, appwrapper("once", deployment("once", 2, {"cpu": "1"})))

@@ -24,8 +24,9 @@ async def dispatched(cluster, namespace, name) -> bool:
     return (await conditions(cluster, namespace, name)).get("Dispatched") == "True"
 
 
-async def test_higher_priority_goes_first_then_older(cluster, namespace, fake_nodes,
-                                                     run_dispatcher):
+async def test_higher_priority_goes_first_then_older(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
     # Queue three while nothing fits, then free room for exactly one at a time.
     blocker = deployment("blocker", 1, {"cpu": "4"})
     fake_nodes.add("n1", cpu="4", memory="16Gi")
@@ -33,16 +34,26 @@ async def test_higher_priority_goes_first_then_older(cluster, namespace, fake_no
     await apply(cluster, namespace, appwrapper("blocker", blocker))
     await wait_condition(cluster, namespace, "blocker", "Running")
     for name, priority in (("low-old", 1), ("low-new", 1), ("high", 10)):
-        await apply(cluster, namespace,
-                    appwrapper(name, deployment(name, 1, {"cpu": "4"}), priority=priority))
+        await apply(
+            cluster,
+            namespace,
+            appwrapper(name, deployment(name, 1, {"cpu": "4"}), priority=priority),
+        )
         await async_wait_until(
-            lambda name=name: _has_message(cluster, namespace, name), timeout=30,
+            lambda name=name: _has_message(cluster, namespace, name),
+            timeout=30,
             what=f"{name} waiting",
         )
     order = []
     for _ in range(3):
-        await cluster.akubectl("delete", "appwrapper", "-n", namespace,
-                               *(["blocker"] if not order else [order[-1]]), "--timeout=60s")
+        await cluster.akubectl(
+            "delete",
+            "appwrapper",
+            "-n",
+            namespace,
+            *(["blocker"] if not order else [order[-1]]),
+            "--timeout=60s",
+        )
 
         async def next_dispatched(done=tuple(order)) -> str | None:
             for name in ("high", "low-old", "low-new"):
@@ -61,8 +72,10 @@ async def _has_message(cluster, namespace, name) -> bool:
 
 @pytest.mark.parametrize(
     ("mode", "small_passes"),
-    [pytest.param("StrictFIFO", False, id="strict-blocks"),
-     pytest.param("BestEffortFIFO", True, id="best-effort-passes")],
+    [
+        pytest.param("StrictFIFO", False, id="strict-blocks"),
+        pytest.param("BestEffortFIFO", True, id="best-effort-passes"),
+    ],
 )
 async def test_queue_mode(cluster, namespace, fake_nodes, run_dispatcher, mode, small_passes):
     node = fake_nodes.add("n1", cpu="4", memory="16Gi")
@@ -73,16 +86,19 @@ async def test_queue_mode(cluster, namespace, fake_nodes, run_dispatcher, mode, 
         lambda: _running_pods(cluster, namespace, "app=other"), timeout=60, what="other pod"
     )
     await run_dispatcher(queue_mode=mode, starvation_after_seconds=3600, preemption=False)
-    await apply(cluster, namespace, appwrapper("big", deployment("big", 1, {"cpu": "4"}),
-                                               priority=5))
-    await async_wait_until(lambda: _has_message(cluster, namespace, "big"), timeout=30,
-                           what="big waiting")
+    await apply(
+        cluster, namespace, appwrapper("big", deployment("big", 1, {"cpu": "4"}), priority=5)
+    )
+    await async_wait_until(
+        lambda: _has_message(cluster, namespace, "big"), timeout=30, what="big waiting"
+    )
     await apply(cluster, namespace, appwrapper("small", deployment("small", 1, {"cpu": "1"})))
     if small_passes:
         await wait_condition(cluster, namespace, "small", "Running")
     else:
         message = await async_wait_until(
-            lambda: _message_containing(cluster, namespace, "small", "behind"), timeout=30,
+            lambda: _message_containing(cluster, namespace, "small", "behind"),
+            timeout=30,
             what="small blocked behind the head",
         )
         assert f"{namespace}/big" in message
@@ -96,12 +112,17 @@ async def _message_containing(cluster, namespace, name, text) -> str | None:
     return message if text in message else None
 
 
-async def test_other_pods_and_unusable_nodes_do_not_count(cluster, namespace, fake_nodes,
-                                                          run_dispatcher):
+async def test_other_pods_and_unusable_nodes_do_not_count(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
     usable = fake_nodes.add("usable", cpu="4", memory="16Gi")
     fake_nodes.add("cordoned", cpu="16", memory="64Gi")
-    fake_nodes.add("tainted", cpu="16", memory="64Gi",
-                   taints=[{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}])
+    fake_nodes.add(
+        "tainted",
+        cpu="16",
+        memory="64Gi",
+        taints=[{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}],
+    )
     await cluster.akubectl("cordon", f"{namespace}-cordoned")
     # A pod that is not the dispatcher's holds 3 of the 4 usable CPUs.
     other = deployment("other", 1, {"cpu": "3"}, nodeSelector={"kubernetes.io/hostname": usable})
@@ -112,10 +133,11 @@ async def test_other_pods_and_unusable_nodes_do_not_count(cluster, namespace, fa
     await run_dispatcher()
     await apply(cluster, namespace, appwrapper("two-cpus", deployment("two", 1, {"cpu": "2"})))
     message = await async_wait_until(
-        lambda: _message_containing(cluster, namespace, "two-cpus", "cpu"), timeout=30,
+        lambda: _message_containing(cluster, namespace, "two-cpus", "cpu"),
+        timeout=30,
         what="cpu message",
     )
-    assert "needs cpu 2, free 1 of 4" in message
+    assert "needs cpu 2, free 1 of 4 on the 1 nodes its pods may use" in message
     assert await pods_of(cluster, namespace, "two-cpus") == []
 
     await cluster.akubectl("delete", "deployment", "other", "-n", namespace)
@@ -135,15 +157,18 @@ async def test_not_ready_node_does_not_count(cluster, namespace, fake_nodes, run
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": fake_nodes.pool},
-        "status": {"allocatable": {"cpu": "32", "memory": "64Gi", "pods": "110"},
-                   "capacity": {"cpu": "32", "memory": "64Gi", "pods": "110"}},
+        "status": {
+            "allocatable": {"cpu": "32", "memory": "64Gi", "pods": "110"},
+            "capacity": {"cpu": "32", "memory": "64Gi", "pods": "110"},
+        },
     }
     await cluster.akubectl("apply", "-f", "-", input=json.dumps(node))
     fake_nodes.names.append(name)
     await run_dispatcher()
     await apply(cluster, namespace, appwrapper("needs-cpu", deployment("w", 1, {"cpu": "1"})))
     message = await async_wait_until(
-        lambda: _message_containing(cluster, namespace, "needs-cpu", "cpu"), timeout=30,
+        lambda: _message_containing(cluster, namespace, "needs-cpu", "cpu"),
+        timeout=30,
         what="no capacity message",
     )
     assert "free 0 of 0" in message or "no schedulable node" in message

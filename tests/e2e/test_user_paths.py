@@ -28,8 +28,9 @@ pytestmark = [pytest.mark.cluster]
 async def test_kubectl_get_describe_wait(cluster, namespace, fake_nodes, run_dispatcher):
     fake_nodes.add("n1", cpu="2", memory="8Gi")
     await run_dispatcher()
-    await apply(cluster, namespace, appwrapper("web", deployment("web", 1, {"cpu": "1"}),
-                                               priority=7))
+    await apply(
+        cluster, namespace, appwrapper("web", deployment("web", 1, {"cpu": "1"}), priority=7)
+    )
     await apply(cluster, namespace, appwrapper("too-big", deployment("tb", 1, {"cpu": "2"})))
     await wait_condition(cluster, namespace, "web", "Running")
 
@@ -59,22 +60,34 @@ async def test_kubectl_get_describe_wait(cluster, namespace, fake_nodes, run_dis
 def _dispatcher_process(config: Path, log: Path) -> asyncio.subprocess.Process:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return asyncio.create_subprocess_exec(  # type: ignore[return-value]
-        sys.executable, "-m", "dispatcher", "run", "--config", str(config),
-        stdout=log.open("ab"), stderr=asyncio.subprocess.STDOUT, env=env,
+        sys.executable,
+        "-m",
+        "dispatcher",
+        "run",
+        "--config",
+        str(config),
+        stdout=log.open("ab"),
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
     )
 
 
-async def test_killed_and_restarted_dispatcher_converges(cluster, namespace, fake_nodes,
-                                                         appwrapper_crd, tmp_path):
+async def test_killed_and_restarted_dispatcher_converges(
+    cluster, namespace, fake_nodes, appwrapper_crd, tmp_path
+):
     fake_nodes.add("a", cpu="8", memory="32Gi")
     fake_nodes.add("b", cpu="8", memory="32Gi")
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "kubeconfig": str(cluster.kubeconfig),
-        "members": [{"name": "local", "node_selector": fake_nodes.pool}],
-        "health_port": 0,
-        "log_level": "info",
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "kubeconfig": str(cluster.kubeconfig),
+                "members": [{"name": "local", "node_selector": fake_nodes.pool}],
+                "health_port": 0,
+                "log_level": "info",
+            }
+        )
+    )
     log = tmp_path / "dispatcher.log"
     names = [f"aw-{i:02d}" for i in range(24)]
     # 24 gangs of 2 pods x 1 CPU would need 48 CPUs; there are 16: 8 fit at a time.
@@ -83,6 +96,7 @@ async def test_killed_and_restarted_dispatcher_converges(cluster, namespace, fak
 
     process = await _dispatcher_process(config, log)
     try:
+
         async def some_dispatched() -> bool:
             states = [(await conditions(cluster, namespace, n)).get("Dispatched") for n in names]
             return states.count("True") >= 3
@@ -100,15 +114,17 @@ async def test_killed_and_restarted_dispatcher_converges(cluster, namespace, fak
         out = await cluster.akubectl("get", "deployments", "-n", namespace, "-o", "json")
         deployments = [d["metadata"]["name"] for d in json.loads(out.stdout)["items"]]
         assert len(deployments) == len(set(deployments)) == 8
-        pods = json.loads((await cluster.akubectl("get", "pods", "-n", namespace, "-o",
-                                                  "json")).stdout)["items"]
+        pods = json.loads(
+            (await cluster.akubectl("get", "pods", "-n", namespace, "-o", "json")).stdout
+        )["items"]
         live = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")]
         assert len(live) == 16
         assert all(p["status"]["phase"] == "Running" for p in live)
         # Nothing lost: every AppWrapper is either running or waiting with a reason.
         for name in names:
-            got = json.loads((await cluster.akubectl("get", "aw", name, "-n", namespace, "-o",
-                                                     "json")).stdout)
+            got = json.loads(
+                (await cluster.akubectl("get", "aw", name, "-n", namespace, "-o", "json")).stdout
+            )
             assert got["status"]["state"] in ("Running", "Pending"), got["status"]
     finally:
         if process.returncode is None:
@@ -119,14 +135,14 @@ async def test_killed_and_restarted_dispatcher_converges(cluster, namespace, fak
                 process.kill()
         # Remove the AppWrappers while a dispatcher can still run their finalizers.
         cleanup = await _dispatcher_process(config, log)
-        await cluster.akubectl("delete", "aw", "--all", "-n", namespace, "--timeout=60s",
-                               check=False, timeout=90)
+        await cluster.akubectl(
+            "delete", "aw", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=90
+        )
         cleanup.send_signal(signal.SIGTERM)
         await cleanup.wait()
 
 
-async def test_mcad_legacy_yaml_applies_and_runs(cluster, namespace, fake_nodes,
-                                                 run_dispatcher):
+async def test_mcad_legacy_yaml_applies_and_runs(cluster, namespace, fake_nodes, run_dispatcher):
     fake_nodes.add("n1", gpu=2)
     await run_dispatcher()
     sample = load_sample("mcad-legacy.yaml")

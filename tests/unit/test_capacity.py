@@ -18,20 +18,27 @@ def node(name: str, cpu: str = "8", *, ready: bool = True, cordoned: bool = Fals
     return {
         "metadata": {"name": name, "labels": {"pool": "a"}, "resourceVersion": "1"},
         "spec": {"unschedulable": cordoned},
-        "status": {"allocatable": {"cpu": cpu, "memory": "32Gi"},
-                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        "status": {
+            "allocatable": {"cpu": cpu, "memory": "32Gi"},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
     }
 
 
-def pod(name: str, cpu: str, node_name: str = "", phase: str = "Pending",
-        owner: str | None = None) -> dict[str, Any]:
+def pod(
+    name: str, cpu: str, node_name: str = "", phase: str = "Pending", owner: str | None = None
+) -> dict[str, Any]:
     labels = {LABEL_NAME: owner, LABEL_NAMESPACE: "ns"} if owner else {}
-    return slim_pod({
-        "metadata": {"name": name, "namespace": "ns", "labels": labels, "resourceVersion": "1"},
-        "spec": {"nodeName": node_name,
-                 "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
-        "status": {"phase": phase},
-    })
+    return slim_pod(
+        {
+            "metadata": {"name": name, "namespace": "ns", "labels": labels, "resourceVersion": "1"},
+            "spec": {
+                "nodeName": node_name,
+                "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}],
+            },
+            "status": {"phase": phase},
+        }
+    )
 
 
 def test_pods_on_nodes_reduce_free_until_they_end() -> None:
@@ -68,9 +75,12 @@ def test_change_callback_reports_freed_capacity() -> None:
 
 
 EVENTS = st.lists(
-    st.tuples(st.sampled_from(["p1", "p2", "p3"]), st.sampled_from(["", "n1", "n2"]),
-              st.sampled_from(["Pending", "Running", "Succeeded", "Failed", "DELETE"]),
-              st.integers(1, 4)),
+    st.tuples(
+        st.sampled_from(["p1", "p2", "p3"]),
+        st.sampled_from(["", "n1", "n2"]),
+        st.sampled_from(["Pending", "Running", "Succeeded", "Failed", "DELETE"]),
+        st.integers(1, 4),
+    ),
     max_size=40,
 )
 
@@ -94,8 +104,9 @@ def test_incremental_sums_equal_a_fresh_recount(events) -> None:
     for obj in live.values():
         spec, status = obj["spec"], obj["status"]
         if spec["nodeName"] and status["phase"] not in ("Succeeded", "Failed"):
-            expected[spec["nodeName"]] += int(spec["containers"][0]["resources"]["requests"]
-                                              ["cpu"]) * 1000
+            expected[spec["nodeName"]] += (
+                int(spec["containers"][0]["resources"]["requests"]["cpu"]) * 1000
+            )
     for state in cache.snapshot().nodes:
         assert state.requested["cpu"] == expected[state.name]
 

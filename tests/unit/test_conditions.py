@@ -32,8 +32,9 @@ def test_requeue_turns_later_milestones_false_with_the_reason() -> None:
     status = AppWrapperStatus()
     cond.initialize(status, priority=0, now=T0)
     cond.mark_dispatched(status, cluster="east", now=T0)
-    cond.mark_requeued(status, Reason.PODS_NOT_RUNNING_IN_TIME, "0 of 2 running", now=T0,
-                       backoff=True)
+    cond.mark_requeued(
+        status, Reason.PODS_NOT_RUNNING_IN_TIME, "0 of 2 running", now=T0, backoff=True
+    )
     assert status.requeueCount == 1
     assert status.clusterName is None
     for later in ("HeadOfLine", "Dispatched", "Running"):
@@ -76,8 +77,10 @@ def test_waiting_makes_one_event_per_attempt() -> None:
 
 @pytest.mark.parametrize(
     ("terminal", "state"),
-    [pytest.param("completed", "Completed", id="completed"),
-     pytest.param("failed", "Failed", id="failed")],
+    [
+        pytest.param("completed", "Completed", id="completed"),
+        pytest.param("failed", "Failed", id="failed"),
+    ],
 )
 def test_terminal_states(terminal: str, state: str) -> None:
     status = AppWrapperStatus()

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from tests.unit.builders import cluster, node, pods, res, running, with_running, workload
 
 from dispatcher.core.cycle import Admit, Preempt, queue_order_key, schedule
 from dispatcher.core.fit import NodeAssignment
 from dispatcher.core.model import ClusterSnapshot, Placement, QueueMode, Workload
 from dispatcher.core.preemption import LowestPriorityFirst, PreemptionPolicy
+from tests.unit.builders import cluster, node, pods, res, running, with_running, workload
 
 STRICT = QueueMode.STRICT_FIFO
 BEST = QueueMode.BEST_EFFORT_FIFO

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.unit.builders import GPU, cluster, node, pods, res, reservation
 
 from dispatcher.core.fit import ClusterState, NodeAssignment, fits_ever
 from dispatcher.core.model import ClusterSnapshot, PodSet, Taint, Toleration
+from tests.unit.builders import GPU, cluster, node, pods, res, reservation
 
 
 def gpus(count: int) -> int:
@@ -81,8 +81,7 @@ FIT_CASES: list[Any] = [
     pytest.param(
         cluster("c", node("n1", gpu=8, taints=(GPU_TAINT,)), node("n2", gpu=1)),
         (pods(1, gpu=4, name="Job/x"),),
-        "resources free in total but no node can hold pod Job/x (nvidia.com/gpu 4): "
-        "largest free on a node is nvidia.com/gpu 1 (n2)",
+        "needs nvidia.com/gpu 4, free 1 of 1 on the 1 nodes its pods may use",
         id="tainted-node-repels",
     ),
     pytest.param(

@@ -9,36 +9,88 @@ import pytest
 from dispatcher.api.models import Reason, Requeuing
 from dispatcher.core.lifecycle import Progress, Verdict, assess, requeue_window
 
-BASE = Progress(expected_pods=3, min_available=3, pending=3, running=0, succeeded=0, failed=0,
-                seconds_since_dispatch=10, requeue_count=0, reached_running=False,
-                completion_items=0, completed_items=0)
+BASE = Progress(
+    expected_pods=3,
+    min_available=3,
+    pending=3,
+    running=0,
+    succeeded=0,
+    failed=0,
+    seconds_since_dispatch=10,
+    requeue_count=0,
+    reached_running=False,
+    completion_items=0,
+    completed_items=0,
+)
 REQUEUING = Requeuing(timeInSeconds=60, maxNumRequeuings=2)
 
 CASES = [
     ("waiting-in-window", {}, None, Verdict.WAIT, Reason.PODS_NOT_READY),
     ("running", {"pending": 0, "running": 3}, None, Verdict.RUNNING, Reason.PODS_RUNNING),
-    ("min-available-partial", {"pending": 1, "running": 2, "min_available": 2}, None,
-     Verdict.RUNNING, Reason.PODS_RUNNING),
-    ("all-succeeded", {"pending": 0, "succeeded": 3}, None, Verdict.COMPLETED,
-     Reason.WORKLOAD_COMPLETED),
-    ("completion-items", {"completion_items": 1, "completed_items": 1, "pending": 0,
-                          "running": 3}, None, Verdict.COMPLETED, Reason.WORKLOAD_COMPLETED),
-    ("object-failed", {"failed_object": "Job/x failed: BackoffLimitExceeded"}, None,
-     Verdict.FAILED, Reason.PODS_FAILED),
+    (
+        "min-available-partial",
+        {"pending": 1, "running": 2, "min_available": 2},
+        None,
+        Verdict.RUNNING,
+        Reason.PODS_RUNNING,
+    ),
+    (
+        "all-succeeded",
+        {"pending": 0, "succeeded": 3},
+        None,
+        Verdict.COMPLETED,
+        Reason.WORKLOAD_COMPLETED,
+    ),
+    (
+        "completion-items",
+        {"completion_items": 1, "completed_items": 1, "pending": 0, "running": 3},
+        None,
+        Verdict.COMPLETED,
+        Reason.WORKLOAD_COMPLETED,
+    ),
+    (
+        "object-failed",
+        {"failed_object": "Job/x failed: BackoffLimitExceeded"},
+        None,
+        Verdict.FAILED,
+        Reason.PODS_FAILED,
+    ),
     ("pods-failed", {"pending": 0, "failed": 3}, None, Verdict.FAILED, Reason.PODS_FAILED),
-    ("window-passed", {"seconds_since_dispatch": 61}, None, Verdict.REQUEUE,
-     Reason.PODS_NOT_RUNNING_IN_TIME),
-    ("requeue-limit", {"seconds_since_dispatch": 1000, "requeue_count": 2}, None,
-     Verdict.FAILED, Reason.REQUEUE_LIMIT_REACHED),
-    ("duration-limit", {"pending": 0, "running": 3, "seconds_since_dispatch": 100}, 90,
-     Verdict.FAILED, Reason.DISPATCH_DURATION_EXCEEDED),
-    ("no-pods-service-only", {"expected_pods": 0, "min_available": 0, "pending": 0}, None,
-     Verdict.RUNNING, Reason.PODS_RUNNING),
+    (
+        "window-passed",
+        {"seconds_since_dispatch": 61},
+        None,
+        Verdict.REQUEUE,
+        Reason.PODS_NOT_RUNNING_IN_TIME,
+    ),
+    (
+        "requeue-limit",
+        {"seconds_since_dispatch": 1000, "requeue_count": 2},
+        None,
+        Verdict.FAILED,
+        Reason.REQUEUE_LIMIT_REACHED,
+    ),
+    (
+        "duration-limit",
+        {"pending": 0, "running": 3, "seconds_since_dispatch": 100},
+        90,
+        Verdict.FAILED,
+        Reason.DISPATCH_DURATION_EXCEEDED,
+    ),
+    (
+        "no-pods-service-only",
+        {"expected_pods": 0, "min_available": 0, "pending": 0},
+        None,
+        Verdict.RUNNING,
+        Reason.PODS_RUNNING,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("changes", "limit", "want_verdict", "want_reason"),
-                         [pytest.param(*c[1:], id=c[0]) for c in CASES])
+@pytest.mark.parametrize(
+    ("changes", "limit", "want_verdict", "want_reason"),
+    [pytest.param(*c[1:], id=c[0]) for c in CASES],
+)
 def test_assess(changes, limit, want_verdict, want_reason) -> None:
     result = assess(replace(BASE, **changes), requeuing=REQUEUING, duration_limit=limit)
     assert result.verdict is want_verdict

@@ -6,6 +6,11 @@ import copy
 from typing import Any
 
 import pytest
+
+from dispatcher.api.quantity import QuantityError
+from dispatcher.api.resources import Resources
+from dispatcher.core.model import PodSet, Toleration
+from dispatcher.core.podsets import infer_pod_sets, inject_labels, pod_sets_from_custom
 from tests.unit.builders import (
     GPU,
     container,
@@ -21,11 +26,6 @@ from tests.unit.builders import (
     res,
     worker_group,
 )
-
-from dispatcher.api.quantity import QuantityError
-from dispatcher.api.resources import Resources
-from dispatcher.core.model import PodSet, Toleration
-from dispatcher.core.podsets import infer_pod_sets, inject_labels, pod_sets_from_custom
 
 ONE_CPU = pod_spec(container(requests={"cpu": "1", "memory": "1Gi"}))
 GPU_WORKER = pod_spec(container(requests={"cpu": "3", "memory": "16G"}, limits={GPU: 1}))

@@ -5,10 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.unit.builders import cluster, node, pods, res, reservation, running, with_running, workload
 
 from dispatcher.core.model import ClusterSnapshot, Workload
 from dispatcher.core.preemption import LowestPriorityFirst, PreemptionPolicy
+from tests.unit.builders import (
+    cluster,
+    node,
+    pods,
+    res,
+    reservation,
+    running,
+    with_running,
+    workload,
+)
 
 ONE_NODE = cluster("c", node("n1", gpu=8))
 TWO_NODES = cluster("c", node("n1", gpu=8), node("n2", gpu=8))

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tests.unit.builders import GPU
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,6 +36,7 @@ from dispatcher.core.model import (
     Workload,
 )
 from dispatcher.core.preemption import LowestPriorityFirst
+from tests.unit.builders import GPU
 
 SETTINGS = settings(
     max_examples=200,
@@ -433,9 +433,12 @@ def test_preemption_victims_are_lower_priority_sufficient_and_minimal(
     candidates = {
         a.key for a in snapshot.admitted if a.preemptible and a.priority < preemptor.priority
     }
-    if victims is None:
-        assert not fits(snapshot, preemptor, set())
-        assert not fits(snapshot, preemptor, candidates)
+    if victims is None:  # nothing it may evict, or evicting all of that is not enough
+        assert not candidates or not fits(snapshot, preemptor, candidates)
+        return
+    if victims == ():
+        assert candidates
+        assert fits(snapshot, preemptor, set())
         return
     assert len(set(victims)) == len(victims)
     for victim in victims:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.unit.builders import container, deployment, job, obj, pod, pod_spec
 
 from dispatcher.core.validation import (
     DEFAULT_ALLOWED_KINDS,
@@ -13,6 +12,7 @@ from dispatcher.core.validation import (
     validate_appwrapper,
     validate_item,
 )
+from tests.unit.builders import container, deployment, job, obj, pod, pod_spec
 
 
 def with_metadata(template: dict[str, Any], **metadata: Any) -> dict[str, Any]:

@@ -1,0 +1,156 @@
+"""Priorities, preemption and starvation-free queueing on the real control plane."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from dispatcher.testing.waits import async_wait_until
+from tests.e2e.conftest import (
+    apply,
+    appwrapper,
+    conditions,
+    deployment,
+    get_aw,
+    job,
+    wait_condition,
+)
+
+pytestmark = [pytest.mark.cluster]
+
+PRIORITY_CLASSES = """
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: aw-test-dev}
+value: 100
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: aw-test-prod}
+value: 1000
+"""
+
+
+async def _condition(cluster, namespace, name, condition) -> bool:
+    return (await conditions(cluster, namespace, name)).get(condition) == "True"
+
+
+async def test_prod_preempts_dev_and_dev_resumes(cluster, namespace, fake_nodes, run_dispatcher):
+    await cluster.akubectl("apply", "-f", "-", input=PRIORITY_CLASSES)
+    fake_nodes.add("gpu", cpu="8", memory="32Gi", gpu=1)
+    await run_dispatcher()
+    for name in ("dev-1", "dev-2"):
+        aw = appwrapper(name, deployment(name, 1, {"cpu": "1", "nvidia.com/gpu": "1"}))
+        aw["spec"]["priorityClassName"] = "aw-test-dev"
+        await apply(cluster, namespace, aw)
+    await wait_condition(cluster, namespace, "dev-1", "Running")
+    first_dev = "dev-1"
+    table = (await cluster.akubectl("get", "aw", "-n", namespace)).stdout
+    assert "100" in table  # the class's value is the priority shown
+
+    prod = appwrapper(
+        "prod", job("prod", 1, {"cpu": "1", "nvidia.com/gpu": "1"}), completion="Complete"
+    )
+    prod["spec"]["priorityClassName"] = "aw-test-prod"
+    await apply(cluster, namespace, prod)
+
+    await wait_condition(cluster, namespace, first_dev, "Preempted", timeout=60)
+    victim = (await get_aw(cluster, namespace, first_dev))["status"]
+    preempted = next(c for c in victim["conditions"] if c["type"] == "Preempted")
+    assert f"preempted by {namespace}/prod, priority 1000" in preempted["message"]
+    assert victim["requeueCount"] == 1
+    await wait_condition(cluster, namespace, "prod", "Completed", timeout=90)
+
+    async def a_dev_runs_again() -> bool:
+        return await _condition(cluster, namespace, "dev-1", "Running") or await _condition(
+            cluster, namespace, "dev-2", "Running"
+        )
+
+    await async_wait_until(a_dev_runs_again, timeout=60, what="dev resumes")
+    described = (await cluster.akubectl("describe", "aw", first_dev, "-n", namespace)).stdout
+    assert "Preempted" in described
+
+
+async def test_unknown_priority_class_is_a_clear_error(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
+    await run_dispatcher()
+    aw = appwrapper("classless", deployment("c", 1, {"cpu": "1"}))
+    aw["spec"]["priorityClassName"] = "no-such-class"
+    await apply(cluster, namespace, aw)
+    await wait_condition(cluster, namespace, "classless", "Failed")
+    status = (await get_aw(cluster, namespace, "classless"))["status"]
+    assert "PriorityClass 'no-such-class' not found" in status["message"]
+
+
+@pytest.mark.parametrize(
+    ("victim_settings", "dispatcher_settings"),
+    [
+        pytest.param({"preemptible": False}, {}, id="non-preemptible"),
+        pytest.param({}, {"preemption": False}, id="feature-off"),
+        pytest.param({"priority": 50}, {}, id="equal-priority"),
+    ],
+)
+async def test_no_preemption_when_not_allowed(
+    cluster, namespace, fake_nodes, run_dispatcher, victim_settings, dispatcher_settings
+):
+    fake_nodes.add("n1", cpu="2", memory="8Gi")
+    await run_dispatcher(**dispatcher_settings)
+    victim = appwrapper("victim", deployment("victim", 1, {"cpu": "2"}), priority=1)
+    victim["spec"].update(victim_settings)
+    await apply(cluster, namespace, victim)
+    await wait_condition(cluster, namespace, "victim", "Running")
+    await apply(
+        cluster, namespace, appwrapper("urgent", deployment("urgent", 1, {"cpu": "2"}), priority=50)
+    )
+
+    async def urgent_waits() -> str | None:
+        status = (await get_aw(cluster, namespace, "urgent")).get("status") or {}
+        return status.get("message") if status.get("state") == "Pending" else None
+
+    await async_wait_until(urgent_waits, timeout=30, what="urgent waiting")
+    # Give a wrong preemption every chance to happen before checking it did not.
+    await cluster.akubectl("get", "aw", "-n", namespace)
+    assert await _condition(cluster, namespace, "victim", "Running")
+    assert not await _condition(cluster, namespace, "victim", "Preempted")
+
+
+async def test_big_gang_is_not_starved_by_small_ones(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
+    fake_nodes.add("n1", cpu="4", memory="16Gi")
+    await run_dispatcher(starvation_after_seconds=2, preemption=False)
+    # Small jobs keep the node partly busy; the big one needs the whole node.
+    await apply(cluster, namespace, appwrapper("small-0", deployment("s0", 1, {"cpu": "1"})))
+    await wait_condition(cluster, namespace, "small-0", "Running")
+    await apply(cluster, namespace, appwrapper("big", deployment("big", 1, {"cpu": "4"})))
+    started = time.monotonic()
+    for index in range(1, 6):
+        await apply(
+            cluster,
+            namespace,
+            appwrapper(f"small-{index}", deployment(f"s{index}", 1, {"cpu": "1"})),
+        )
+    await async_wait_until(
+        lambda: _message_has(cluster, namespace, "small-5", "starvation"),
+        timeout=30,
+        what="later small ones held back by the starvation guard",
+    )
+    # Free the node of the small ones that ran before the guard took hold.
+    out = await cluster.akubectl("get", "aw", "-n", namespace, "-o", "json")
+    running = [
+        i["metadata"]["name"]
+        for i in json.loads(out.stdout)["items"]
+        if i["metadata"]["name"].startswith("small")
+        and (i.get("status") or {}).get("state") == "Running"
+    ]
+    await cluster.akubectl("delete", "aw", "-n", namespace, *running, "--timeout=60s")
+    await wait_condition(cluster, namespace, "big", "Running", timeout=60)
+    assert time.monotonic() - started < 60
+
+
+async def _message_has(cluster, namespace, name, text) -> bool:
+    status = (await get_aw(cluster, namespace, name)).get("status") or {}
+    return text in (status.get("message") or "")
