@@ -23,6 +23,9 @@ def render(dispatcher: Dispatcher) -> str:
         "# HELP appwrapper_dispatcher_cycles_total Scheduling cycles run.",
         "# TYPE appwrapper_dispatcher_cycles_total counter",
         f"appwrapper_dispatcher_cycles_total {dispatcher.cycles}",
+        "# HELP appwrapper_dispatcher_preemptions_total AppWrappers chosen as preemption victims.",
+        "# TYPE appwrapper_dispatcher_preemptions_total counter",
+        f"appwrapper_dispatcher_preemptions_total {dispatcher.preemptions}",
         "# HELP appwrapper_dispatcher_api_requests_total API requests made to the hub.",
         "# TYPE appwrapper_dispatcher_api_requests_total counter",
     ]

@@ -56,7 +56,7 @@ from dispatcher.core.model import (
     Workload,
     pod_count,
 )
-from dispatcher.core.preemption import LowestPriorityFirst
+from dispatcher.core.preemption import Claim, HonourClaims, LowestPriorityFirst
 from dispatcher.core.workloads import InvalidSpec
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import Conflict, KubeError, NotFound
@@ -68,6 +68,8 @@ PRIORITY_CLASSES = ResourceInfo(
     "scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False
 )
 C = cond.C
+CLAIM_TIMEOUT = 120.0
+"""Seconds a preemptor keeps its claim on the room its victims free before choosing anew."""
 
 
 def _utc(now: float) -> datetime:
@@ -109,6 +111,7 @@ class Dispatcher:
         self._dispatch_slots = asyncio.Semaphore(config.dispatch_concurrency)
         self._background: set[asyncio.Task[None]] = set()
         self.cycles = 0
+        self.preemptions = 0
         self.ready = asyncio.Event()
         self.log = structlog.get_logger("dispatcher")
         self.appwrappers.add_handler(self._on_appwrapper)
@@ -507,13 +510,22 @@ class Dispatcher:
             pending, snapshots = self._snapshot()
             if not pending:
                 continue
+            policy = None
+            now = self.clock()
+            for key, claim in list(self.state.claims.items()):
+                # An old claim is let go, so a preemptor whose room went elsewhere may
+                # choose again (before the cycle: it must not name stale victims).
+                if now - claim.at > CLAIM_TIMEOUT:
+                    del self.state.claims[key]
+            if self.preemption is not None:
+                policy = HonourClaims(self.preemption, dict(self.state.claims))
             result = schedule(
                 pending,
                 snapshots,
                 mode=self.config.queue_mode,
                 now=self.clock(),
                 starvation_after=self.config.starvation_after_seconds,
-                preemption=self.preemption,
+                preemption=policy,
             )
             self.cycles += 1
             self._apply(result)
@@ -642,11 +654,34 @@ class Dispatcher:
             self._spawn(self._dispatch(admit.key, admit.cluster), name=f"dispatch-{admit.key}")
         for wait in result.waits:
             self._note_waiting(wait.key, wait.message, head=wait.key == result.head_key, now=now)
+        self._claim(result, now)
+
+    def _claim(self, result: CycleResult, now: float) -> None:
+        """Start evictions for new preemptions; keep claims only while they are needed."""
+        waiting = {w.key for w in result.waits}
+        for key in list(self.state.claims):
+            if key not in waiting:  # admitted, or no longer queued
+                del self.state.claims[key]
         for preempt in result.preemptions:
+            if preempt.key in self.state.claims:
+                continue
+            self.state.claims[preempt.key] = Claim(preempt.cluster, preempt.victims, now)
+            self.preemptions += len(preempt.victims)
+            preemptor = self._current(preempt.key)
+            if preemptor is not None:
+                self.events.record(
+                    preemptor,
+                    reason="Preempting",
+                    message=f"evicting {', '.join(preempt.victims)} in cluster {preempt.cluster}",
+                )
             for victim in preempt.victims:
-                if victim not in self.state.dispatching:
-                    self.state.dispatching.add(victim)
-                    self._spawn(self._evict(victim, preempt.key), name=f"evict-{victim}")
+                obj = self._current(victim)
+                stamp = ((obj or {}).get("status") or {}).get("lastDispatchedAt") or ""
+                if victim in self.state.dispatching or self.state.evicted.get(victim) == stamp:
+                    continue
+                self.state.evicted[victim] = stamp
+                self.state.dispatching.add(victim)
+                self._spawn(self._evict(victim, preempt.key, stamp), name=f"evict-{victim}")
 
     def _note_waiting(self, key: str, message: str, *, head: bool, now: float) -> None:
         """Say why it waits, without rewriting status on every cycle of a long queue."""
@@ -742,7 +777,7 @@ class Dispatcher:
             self.queue.add(key)
             self._kick.set()
 
-    async def _evict(self, key: str, preemptor: str) -> None:
+    async def _evict(self, key: str, preemptor: str, stamp: str) -> None:
         """Delete a victim's objects and requeue it, saying who took its place."""
         try:
             obj = self._current(key)
@@ -753,6 +788,8 @@ class Dispatcher:
             member = self._member_of(status)
             if member is None or not cond.is_dispatched(status):
                 return
+            if (status.lastDispatchedAt or "") != stamp:
+                return  # dispatched again since it was chosen: that is not the victim
             by = self._current(preemptor)
             by_priority = ((by or {}).get("status") or {}).get("priority")
             message = f"preempted by {preemptor}, priority {by_priority}"

@@ -12,6 +12,7 @@ from typing import Any
 
 from dispatcher.api.models import AppWrapper
 from dispatcher.core.model import Workload
+from dispatcher.core.preemption import Claim
 from dispatcher.core.workloads import InvalidSpec, workload_of
 
 Obj = dict[str, Any]
@@ -54,6 +55,10 @@ class ControllerState:
     workloads: dict[str, tuple[tuple[str, int, int, int, str], Workload | InvalidSpec]] = field(
         default_factory=dict
     )
+    claims: dict[str, Claim] = field(default_factory=dict)
+    """preemptor key -> the room its victims are freeing for it."""
+    evicted: dict[str, str] = field(default_factory=dict)
+    """victim key -> lastDispatchedAt of the dispatch it was evicted from (never evict twice)."""
     waiting_written: dict[str, tuple[str, float]] = field(default_factory=dict)
     """key -> (message, when) of the last "waiting because" status write."""
 
@@ -94,6 +99,8 @@ class ControllerState:
         return result
 
     def forget(self, key: str) -> None:
+        self.claims.pop(key, None)
+        self.evicted.pop(key, None)
         self.written.pop(key, None)
         self.assumed.pop(key, None)
         self.workloads.pop(key, None)

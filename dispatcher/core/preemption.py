@@ -7,14 +7,14 @@ default policy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from dispatcher.core.fit import ClusterState, Demand
 from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, PodSet, Workload
 
-__all__ = ["LowestPriorityFirst", "PreemptionPolicy"]
+__all__ = ["Claim", "HonourClaims", "LowestPriorityFirst", "PreemptionPolicy"]
 
 
 class PreemptionPolicy(Protocol):
@@ -125,3 +125,36 @@ class _Shortfall:
             if missing > 0 and sum(self._frees[v].get(resource, 0) for v in victims) < missing:
                 return True
         return False
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A preemptor's hold on the room its victims are freeing, in one cluster."""
+
+    cluster: str
+    victims: tuple[str, ...]
+    at: float  # when the victims were chosen
+
+
+@dataclass(frozen=True, slots=True)
+class HonourClaims:
+    """Wraps a policy so that a preemptor with a claim never asks for more victims.
+
+    Between the eviction and the moment the victims' pods are gone, the preemptor still
+    does not fit. Asking the inner policy again then would evict a second set for the same
+    need. Instead the claim's victims are named again: the cycle records the preemption and
+    holds the cluster for the preemptor (lower priorities cannot take the freed room), and
+    the shell evicts nobody twice. A claim elsewhere keeps the preemptor from preempting in
+    another cluster as well.
+    """
+
+    inner: PreemptionPolicy
+    claims: Mapping[str, Claim]
+
+    def choose_victims(
+        self, workload: Workload, cluster: ClusterSnapshot
+    ) -> tuple[str, ...] | None:
+        claim = self.claims.get(workload.key)
+        if claim is None:
+            return self.inner.choose_victims(workload, cluster)
+        return claim.victims if claim.cluster == cluster.name else None
