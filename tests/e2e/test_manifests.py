@@ -381,11 +381,7 @@ def test_dispatcher_runs_as_the_service_account(
     # The shipped settings, with this test's node pool and its own Lease.
     configmap = yaml.safe_load((MANIFESTS / "config.yaml").read_text())
     settings = yaml.safe_load(configmap["data"]["config.yaml"])
-    settings.update(
-        members=[{"name": "local", "node_selector": pool}],
-        lease_name=lease,
-        requeue_pause_seconds=0.5,
-    )
+    settings.update(members=[{"name": "local", "node_selector": pool}], lease_name=lease)
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(settings))
     kubeconfig = service_account_kubeconfig(cluster, tmp_path / "sa-kubeconfig")

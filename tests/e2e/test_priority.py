@@ -114,8 +114,9 @@ async def test_no_preemption_when_not_allowed(
     assert not await _condition(cluster, namespace, "victim", "Preempted")
 
 
-async def test_big_gang_is_not_starved_by_small_ones(cluster, namespace, fake_nodes,
-                                                     run_dispatcher):
+async def test_big_gang_is_not_starved_by_small_ones(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
     fake_nodes.add("n1", cpu="4", memory="16Gi")
     # starvation_after=0: a head that does not fit holds its cluster at once (the contrast,
     # small ones passing a head, is test_queue_mode[best-effort-passes]).
@@ -123,16 +124,24 @@ async def test_big_gang_is_not_starved_by_small_ones(cluster, namespace, fake_no
     await apply(cluster, namespace, appwrapper("small-0", deployment("s0", 1, {"cpu": "1"})))
     await wait_condition(cluster, namespace, "small-0", "Running")
     await apply(cluster, namespace, appwrapper("big", deployment("big", 1, {"cpu": "4"})))
-    await async_wait_until(lambda: _message_has(cluster, namespace, "big", "needs cpu 4"),
-                           timeout=30, what="big waiting")
+    await async_wait_until(
+        lambda: _message_has(cluster, namespace, "big", "needs cpu 4"),
+        timeout=30,
+        what="big waiting",
+    )
     for index in (1, 2):
-        await apply(cluster, namespace,
-                    appwrapper(f"small-{index}", deployment(f"s{index}", 1, {"cpu": "1"})))
+        await apply(
+            cluster,
+            namespace,
+            appwrapper(f"small-{index}", deployment(f"s{index}", 1, {"cpu": "1"})),
+        )
     for index in (1, 2):
         await async_wait_until(
-            lambda index=index: _message_has(cluster, namespace, f"small-{index}",
-                                             "starvation guard"),
-            timeout=30, what="small ones held back for the big one",
+            lambda index=index: _message_has(
+                cluster, namespace, f"small-{index}", "starvation guard"
+            ),
+            timeout=30,
+            what="small ones held back for the big one",
         )
         assert not await _condition(cluster, namespace, f"small-{index}", "Dispatched")
     await cluster.akubectl("delete", "aw", "small-0", "-n", namespace, "--timeout=60s")
@@ -143,3 +152,36 @@ async def test_big_gang_is_not_starved_by_small_ones(cluster, namespace, fake_no
 async def _message_has(cluster, namespace, name, text) -> bool:
     status = (await get_aw(cluster, namespace, name)).get("status") or {}
     return text in (status.get("message") or "")
+
+
+async def test_highest_priority_waits_only_for_the_eviction(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
+    fake_nodes.add("a", cpu="4", memory="16Gi")
+    fake_nodes.add("b", cpu="4", memory="16Gi")
+    dispatcher = await run_dispatcher()
+    for index in range(8):  # a full cluster of mixed low priorities
+        name = f"low-{index}"
+        await apply(
+            cluster,
+            namespace,
+            appwrapper(name, deployment(name, 1, {"cpu": "1"}), priority=index % 3),
+        )
+    for index in range(8):
+        await wait_condition(cluster, namespace, f"low-{index}", "Running")
+    await apply(
+        cluster,
+        namespace,
+        appwrapper("urgent", deployment("urgent", 2, {"cpu": "2"}), priority=100),
+    )
+    await wait_condition(cluster, namespace, "urgent", "Running", timeout=60)
+    # Exactly the room it needed was taken: 4 CPUs, per node, from the lowest priorities.
+    preempted = [
+        f"low-{i}"
+        for i in range(8)
+        if await _condition(cluster, namespace, f"low-{i}", "Preempted")
+    ]
+    assert len(preempted) == 4
+    assert dispatcher.preemptions == 4
+    # Priority 2 was never needed: two CPUs per node can always come from priorities 0 and 1.
+    assert not [name for name in preempted if int(name.split("-")[1]) % 3 == 2]
