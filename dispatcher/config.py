@@ -55,7 +55,6 @@ class Config(BaseModel):
     dispatch_concurrency: int = Field(default=32, ge=1, le=1024)
     """Dispatches (status write + object creates) in flight at once."""
     health_port: int = Field(default=8081, ge=0, le=65535)
-    metrics_port: int = Field(default=8080, ge=0, le=65535)
     leader_election: bool = False
     lease_namespace: str = "default"
     lease_name: str = "appwrapper-dispatcher"

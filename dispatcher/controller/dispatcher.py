@@ -189,6 +189,10 @@ class Dispatcher:
         return int(found.get("value", 0)), ""
 
     def _member_of(self, status: AppWrapperStatus) -> Member | None:
+        if not status.clusterName and len(self.members) == 1:
+            # Dispatched before the cluster was recorded (by MCAD, which had no clusterName):
+            # in single-cluster mode there is only one place it can be.
+            return next(iter(self.members.values()))
         return self.members.get(status.clusterName or "")
 
     async def _write_status(
@@ -389,7 +393,7 @@ class Dispatcher:
         done_items, failed_object = 0, ""
         if completion_items:
             completion_items, done_items, failed_object = await completion(
-                member.client, aw.metadata.namespace, objects
+                member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
             )
         progress = Progress(
             expected_pods=expected,
@@ -420,7 +424,9 @@ class Dispatcher:
             transitions.append(cond.mark_failed(status, verdict.reason, message, now=moment))
         elif verdict.verdict is Verdict.REQUEUE:
             assert verdict.reason is not None
-            await delete_all(member.client, aw.metadata.namespace, objects)
+            await delete_all(
+                member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
+            )
             transitions.append(
                 cond.mark_requeued(status, verdict.reason, message, now=moment, backoff=True)
             )
@@ -433,7 +439,9 @@ class Dispatcher:
         if changed or any(t is not None for t in transitions):
             await self._write_status(obj, status, transitions)
         if verdict.verdict is Verdict.FAILED:
-            await delete_all(member.client, aw.metadata.namespace, objects)
+            await delete_all(
+                member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
+            )
 
     async def _dispatch_failed(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: DispatchError, now: float
@@ -465,7 +473,9 @@ class Dispatcher:
         if member is None or attempt in self.state.cleaned:
             return
         objects = wrapped_objects(aw, owner_reference=member.is_hub)
-        remaining = await delete_all(member.client, aw.metadata.namespace, objects)
+        remaining = await delete_all(
+            member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
+        )
         if remaining:
             self.queue.add_after(aw.key, 1.0)
         else:
@@ -482,10 +492,25 @@ class Dispatcher:
         for target in targets:
             objects = wrapped_objects(aw, owner_reference=target.is_hub)
             try:
-                remaining += await delete_all(target.client, aw.metadata.namespace, objects)
+                remaining += await delete_all(
+                    target.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
+                )
             except KubeError as exc:
+                self.log.warning(
+                    "deleting_objects_failed",
+                    appwrapper=aw.metadata.name,
+                    namespace=aw.metadata.namespace,
+                    cluster=target.name,
+                    error=str(exc)[:300],
+                )
                 remaining.append(f"{target.name}: {exc}")
         if remaining:
+            self.log.info(
+                "waiting_for_objects_to_go",
+                appwrapper=aw.metadata.name,
+                namespace=aw.metadata.namespace,
+                remaining=remaining[:5],
+            )
             self.queue.add_after(aw.key, 0.5)
             return
         meta = obj["metadata"]
@@ -797,6 +822,7 @@ class Dispatcher:
                 member.client,
                 aw.metadata.namespace,
                 wrapped_objects(aw, owner_reference=member.is_hub),
+                uid=aw.metadata.uid or "",
             )
             transition = cond.mark_requeued(
                 status,

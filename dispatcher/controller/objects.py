@@ -158,8 +158,15 @@ async def create_all(
     return len(created)
 
 
-async def delete_all(client: KubeClient, namespace: str, objects: list[Wrapped]) -> list[str]:
-    """Ask for every object to go; returns the labels of those that still exist."""
+async def delete_all(
+    client: KubeClient, namespace: str, objects: list[Wrapped], *, uid: str
+) -> list[str]:
+    """Ask for every object this AppWrapper owns to go; returns those that still exist.
+
+    Only objects carrying the AppWrapper's uid label are touched: an object of the same
+    name that someone else made (say, the reason a dispatch failed) is never deleted, or an
+    AppWrapper could delete what its author may not.
+    """
 
     async def one(obj: Wrapped) -> str | None:
         try:
@@ -170,8 +177,14 @@ async def delete_all(client: KubeClient, namespace: str, objects: list[Wrapped])
             existing = await client.get(info, namespace, obj.name)
         except NotFound:
             return None
-        if existing.get("metadata", {}).get("deletionTimestamp") is None:
-            await client.delete(info, namespace, obj.name, propagation="Background")
+        meta = existing.get("metadata", {})
+        if (meta.get("labels") or {}).get(LABEL_UID) != uid:
+            return None
+        if meta.get("deletionTimestamp") is None:
+            # The uid precondition: never delete a newer object that took the name meanwhile.
+            await client.delete(
+                info, namespace, obj.name, propagation="Background", uid=meta.get("uid")
+            )
         return obj.label
 
     results = await asyncio.gather(*(one(o) for o in objects))
@@ -179,7 +192,7 @@ async def delete_all(client: KubeClient, namespace: str, objects: list[Wrapped])
 
 
 async def completion(
-    client: KubeClient, namespace: str, objects: list[Wrapped]
+    client: KubeClient, namespace: str, objects: list[Wrapped], *, uid: str
 ) -> tuple[int, int, str]:
     """(items with a completionstatus, how many show it, "Kind/name: why" if one failed)."""
     watched = [o for o in objects if o.completion]
@@ -190,6 +203,8 @@ async def completion(
             info = await client.resource_info(obj.api_version, obj.kind)
             current = await client.get(info, namespace, obj.name)
         except (NotFound, UnknownKind):
+            continue
+        if (current.get("metadata", {}).get("labels") or {}).get(LABEL_UID) != uid:
             continue
         conditions = current.get("status", {}).get("conditions") or []
         true_types = {c.get("type") for c in conditions if c.get("status") == "True"}
