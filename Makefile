@@ -50,7 +50,10 @@ demo-multi: venv testenv
 	$(PY) -m dispatcher.demo --members 2
 
 bench: venv testenv
-	$(PY) -m benchmarks.run
+	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m benchmarks.core_bench --out benchmarks/results/core.json
+	$(PY) -m benchmarks.e2e_bench --out benchmarks/results/e2e.json
+	$(PY) -m benchmarks.plot benchmarks/results
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -68,6 +68,8 @@ PRIORITY_CLASSES = ResourceInfo(
     "scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False
 )
 C = cond.C
+COUNTS_INTERVAL = 5.0
+"""Seconds between status writes that only update pod counts."""
 CLAIM_TIMEOUT = 120.0
 """Seconds a preemptor keeps its claim on the room its victims free before choosing anew."""
 
@@ -265,7 +267,7 @@ class Dispatcher:
         if FINALIZER not in aw.metadata.finalizers:
             obj = await self._add_finalizer(obj)
         priority, priority_error = self._priority(aw)
-        if status.condition(C.INIT) is None or status.condition(C.QUEUEING) is None:
+        if cond.is_new(status):
             await self._initialize(aw, obj, status, priority, priority_error, now)
             return
         if status.is_true(C.BACKOFF):
@@ -309,10 +311,10 @@ class Dispatcher:
         priority_error: str,
         now: float,
     ) -> None:
+        """A new AppWrapper: a spec error ends it at once; a valid one goes to the scheduler,
+        whose first decision (dispatch or wait) writes Init and Queueing with it, saving a
+        status write per AppWrapper."""
         moment = _utc(now)
-        transitions: list[Transition | None] = [
-            cond.initialize(status, priority=priority, now=moment)
-        ]
         problem = priority_error
         if not problem:
             workload = self.state.workload(
@@ -320,16 +322,20 @@ class Dispatcher:
             )
             if isinstance(workload, InvalidSpec):
                 problem = workload.message
-        if problem:
-            transitions.append(cond.mark_failed(status, Reason.INVALID_SPEC, problem, now=moment))
-            self.log.info(
-                "appwrapper_invalid",
-                appwrapper=aw.metadata.name,
-                namespace=aw.metadata.namespace,
-                reason=problem[:300],
-            )
+        if not problem:
+            self._kick.set()
+            return
+        transitions = [
+            cond.initialize(status, priority=priority, now=moment),
+            cond.mark_failed(status, Reason.INVALID_SPEC, problem, now=moment),
+        ]
+        self.log.info(
+            "appwrapper_invalid",
+            appwrapper=aw.metadata.name,
+            namespace=aw.metadata.namespace,
+            reason=problem[:300],
+        )
         await self._write_status(obj, status, transitions)
-        self._kick.set()
 
     async def _backoff(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, now: float
@@ -436,8 +442,18 @@ class Dispatcher:
             self.queue.add_after(key, 2.0)
         if verdict.recheck_after is not None:
             self.queue.add_after(key, max(verdict.recheck_after, 0.05))
-        if changed or any(t is not None for t in transitions):
+        if any(t is not None for t in transitions):
             await self._write_status(obj, status, transitions)
+            self.state.counts_written[key] = now
+        elif changed:
+            # Pod counts alone move often (every pod start); write them at most every few
+            # seconds so a large gang does not cost a status write per pod.
+            since = now - self.state.counts_written.get(key, 0.0)
+            if since >= COUNTS_INTERVAL:
+                await self._write_status(obj, status, [])
+                self.state.counts_written[key] = now
+            else:
+                self.queue.add_after(key, COUNTS_INTERVAL - since)
         if verdict.verdict is Verdict.FAILED:
             await delete_all(
                 member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
@@ -580,14 +596,13 @@ class Dispatcher:
                 if assumed.cluster in held:
                     held[assumed.cluster].append((assumed.workload, None, assumed.at))
                 continue
-            raw_status = obj.get("status")
-            if not raw_status:
-                continue  # not initialised yet
             try:
                 aw = AppWrapper.from_kube(obj)
             except ValidationError:
                 continue
             status = aw.status
+            if cond.is_new(status) and FINALIZER not in aw.metadata.finalizers:
+                continue  # the reconciler has not taken it in yet
             if cond.is_dispatched(status):
                 assert status is not None
                 workload = self.state.workload(
@@ -598,7 +613,9 @@ class Dispatcher:
                         status.lastDispatchedAt, now.timestamp()
                     )
                     held[status.clusterName].append((workload, status, dispatched))
-            elif cond.is_queued(status) and key not in self.state.dispatching:
+            elif (cond.is_queued(status) or cond.is_new(status)) and (
+                key not in self.state.dispatching
+            ):
                 priority, error = self._priority(aw)
                 if error:
                     continue
@@ -727,10 +744,13 @@ class Dispatcher:
         except ValidationError:
             return
         status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
-        if not cond.is_queued(status):
-            return
         moment = _utc(self.clock())
-        transitions = [cond.mark_waiting(status, message, now=moment)]
+        transitions: list[Transition | None] = []
+        if cond.is_new(status):
+            transitions.append(cond.initialize(status, priority=self._priority(aw)[0], now=moment))
+        elif not cond.is_queued(status):
+            return
+        transitions.append(cond.mark_waiting(status, message, now=moment))
         if head:
             transitions.append(cond.mark_head_of_line(status, now=moment))
         if all(t is None for t in transitions):
@@ -756,12 +776,18 @@ class Dispatcher:
                     return
                 aw = AppWrapper.from_kube(obj)
                 status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
-                if not cond.is_queued(status) or aw.metadata.deletionTimestamp:
+                new = cond.is_new(status)
+                if not (new or cond.is_queued(status)) or aw.metadata.deletionTimestamp:
                     return
                 now = self.clock()
-                transition = cond.mark_dispatched(status, cluster=cluster, now=_utc(now))
+                transitions: list[Transition | None] = []
+                if new:
+                    transitions.append(
+                        cond.initialize(status, priority=self._priority(aw)[0], now=_utc(now))
+                    )
+                transitions.append(cond.mark_dispatched(status, cluster=cluster, now=_utc(now)))
                 try:
-                    written = await self._write_status(obj, status, [transition])
+                    written = await self._write_status(obj, status, transitions)
                 except Conflict:
                     log.debug("dispatch_conflict")
                     return
@@ -815,8 +841,8 @@ class Dispatcher:
                 return
             if (status.lastDispatchedAt or "") != stamp:
                 return  # dispatched again since it was chosen: that is not the victim
-            by = self._current(preemptor)
-            by_priority = ((by or {}).get("status") or {}).get("priority")
+            entry = self.state.workloads.get(preemptor)
+            by_priority = entry[1].priority if entry and isinstance(entry[1], Workload) else "?"
             message = f"preempted by {preemptor}, priority {by_priority}"
             await delete_all(
                 member.client,

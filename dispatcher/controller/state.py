@@ -60,6 +60,8 @@ class ControllerState:
     evicted: dict[str, str] = field(default_factory=dict)
     """victim key -> lastDispatchedAt of the dispatch it was evicted from (never evict twice)."""
     waiting_written: dict[str, tuple[str, float]] = field(default_factory=dict)
+    counts_written: dict[str, float] = field(default_factory=dict)
+    """key -> when pod counts were last written (they are written at most every few s)."""
     """key -> (message, when) of the last "waiting because" status write."""
 
     def latest(self, key: str, watched: Obj | None) -> Obj | None:
@@ -105,3 +107,4 @@ class ControllerState:
         self.assumed.pop(key, None)
         self.workloads.pop(key, None)
         self.waiting_written.pop(key, None)
+        self.counts_written.pop(key, None)

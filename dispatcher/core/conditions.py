@@ -106,6 +106,11 @@ def is_dispatched(status: AppWrapperStatus | None) -> bool:
     return status is not None and status.is_true(C.DISPATCHED) and not is_terminal(status)
 
 
+def is_new(status: AppWrapperStatus | None) -> bool:
+    """Not yet given its first conditions: the scheduler's first decision writes them."""
+    return status is None or status.condition(C.INIT) is None
+
+
 def is_queued(status: AppWrapperStatus | None) -> bool:
     """Waiting for the scheduler: initialised, not dispatched, not backing off, not finished."""
     return (

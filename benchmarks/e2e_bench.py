@@ -1,0 +1,439 @@
+"""End-to-end dispatch benchmark on the local control plane (KWOK nodes, no kubelet).
+
+    python -m benchmarks.e2e_bench [--count 1000] [--churn 0] [--out benchmarks/results/e2e.json]
+
+1. Raw limit: a plain client creates N Deployments (1 small pod) + N Services directly, with
+   the dispatcher's dispatch concurrency.
+2. Burst: N AppWrappers, each that Deployment plus a Service, capacity for all, against the
+   dispatcher running as its own process. Measures time to all Dispatched / Running,
+   create->Dispatched latency percentiles, requests per dispatch (from its /metrics),
+   dispatcher CPU and peak RSS.
+3. Churn (--churn M): M AppWrappers wrapping one-pod Jobs (KWOK completes them) against
+   capacity for about a tenth of them at a time; the queue drains as Jobs complete. Checks
+   from the API server that no pod of ours was ever unschedulable (the dispatcher never
+   dispatched more than fits).
+
+The two phases run in one cluster, one after the other, on separate node pools, so their
+figures are comparable (same machine state, same API server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dispatcher.api.constants import API_VERSION, KIND, PLURAL
+from dispatcher.api.models import parse_time
+from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.informer import Informer
+from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
+
+DEPLOYMENTS = ResourceInfo("apps/v1", "Deployment", "deployments", True)
+SERVICES = ResourceInfo("v1", "Service", "services", True)
+APPWRAPPERS = ResourceInfo(API_VERSION, KIND, PLURAL, True)
+PODS = ResourceInfo("v1", "Pod", "pods", True)
+CONCURRENCY = 32
+
+
+def deployment(name: str, pool: str) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {"bench/pool": pool},
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "busybox",
+                            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def service(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [{"port": 80}]},
+    }
+
+
+def job(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": {"bench/pool": "churn"},
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "busybox",
+                            "resources": {"requests": {"cpu": "1", "memory": "64Mi"}},
+                        }
+                    ],
+                }
+            }
+        },
+    }
+
+
+def appwrapper(name: str, *items: dict[str, Any], completion: str | None = None) -> dict:
+    generic = [
+        {"generictemplate": item}
+        | ({"completionstatus": completion} if completion and item["kind"] == "Job" else {})
+        for item in items
+    ]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name},
+        "spec": {"resources": {"GenericItems": generic}},
+    }
+
+
+async def create_all(
+    client: KubeClient, jobs: list[tuple[ResourceInfo, str, dict]], concurrency: int = CONCURRENCY
+) -> dict[str, float]:
+    """Create everything with `concurrency` requests in flight; name -> completion time."""
+    done: dict[str, float] = {}
+    queue: asyncio.Queue[tuple[ResourceInfo, str, dict]] = asyncio.Queue()
+    for item in jobs:
+        queue.put_nowait(item)
+
+    async def worker() -> None:
+        while not queue.empty():
+            info, namespace, body = queue.get_nowait()
+            await client.create(info, namespace, body)
+            done[f"{info.plural}/{body['metadata']['name']}"] = time.time()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def proc_stats(pid: int) -> dict[str, float]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return {
+        "rss_mb": int(fields["VmRSS"].split()[0]) / 1024,
+        "peak_rss_mb": int(fields["VmHWM"].split()[0]) / 1024,
+        "cpu_seconds": (int(stat[11]) + int(stat[12])) / ticks,
+    }
+
+
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("appwrapper_dispatcher_api_requests_total{"):
+            labels, value = line.split("{", 1)[1].split("} ")
+            parts = dict(p.split("=") for p in labels.split(","))
+            counts[f"{parts['verb'].strip(chr(34))} {parts['resource'].strip(chr(34))}"] = float(
+                value
+            )
+    return counts
+
+
+class Watcher:
+    """Records, per AppWrapper, when Dispatched / Running / Completed first turned True."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self.informer = Informer(client, APPWRAPPERS)
+        self.first: dict[str, dict[str, float]] = {}
+        self.changed = asyncio.Event()
+        self.informer.add_handler(self._on)
+
+    def _on(self, kind: str, old: dict | None, new: dict | None) -> None:
+        if new is None:
+            return
+        name = new["metadata"]["name"]
+        seen = self.first.setdefault(name, {})
+        for condition in (new.get("status") or {}).get("conditions", []):
+            if condition["status"] == "True" and condition["type"] not in seen:
+                stamp = condition.get("lastTransitionMicroTime")
+                # The dispatcher stamps the decision time; same machine, same clock.
+                seen[condition["type"]] = parse_time(stamp).timestamp() if stamp else time.time()
+        self.changed.set()
+
+    def count(self, condition: str, names: set[str]) -> int:
+        return sum(1 for n in names if condition in self.first.get(n, {}))
+
+    async def wait(self, condition: str, names: set[str], timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while self.count(condition, names) < len(names):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.count(condition, names)}/{len(names)} {condition}")
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), 1.0)
+        return time.time()
+
+
+def start_dispatcher(
+    cluster: LocalCluster, workdir: Path, pools: dict[str, str], port: int
+) -> subprocess.Popen[bytes]:
+    config = workdir / "dispatcher.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "kubeconfig": str(cluster.kubeconfig),
+                "health_port": port,
+                "log_level": "warning",
+                "members": [{"name": "local", "node_selector": pools}],
+            }
+        )
+    )
+    log = (workdir / "dispatcher.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "dispatcher", "run", "--config", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def wait_ready(port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2).status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("dispatcher not ready")
+
+
+async def run(count: int, churn: int, workdir: Path) -> dict[str, Any]:
+    binaries = ensure_binaries()
+    cluster = LocalCluster.start("bench", workdir, binaries=binaries)
+    result: dict[str, Any] = {"count": count, "concurrency": CONCURRENCY}
+    try:
+        nodes_per_pool = max(2, count // 100 + 1)
+        names = []
+        for pool in ("raw", "aw"):
+            for index in range(nodes_per_pool):
+                name = f"{pool}-{index}"
+                cluster.add_node(
+                    name, cpu="32", memory="128Gi", pods=110, labels={"bench/pool": pool}
+                )
+                names.append(name)
+        if churn:
+            for index in range(4):
+                name = f"churn-{index}"
+                cluster.add_node(
+                    name,
+                    cpu=str(max(1, churn // 40)),
+                    memory="512Gi",
+                    pods=250,
+                    labels={"bench/pool": "churn"},
+                )
+                names.append(name)
+        cluster.wait_nodes_ready(names, timeout=120)
+        cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "appwrapper.yaml"))
+        for namespace in ("raw", "aw", "churn"):
+            cluster.kubectl("create", "namespace", namespace)
+        client = await KubeClient.connect(kubeconfig=str(cluster.kubeconfig), pool_size=64)
+        await asyncio.sleep(2)  # let the CRD's discovery settle before timing anything
+
+        # 1. The raw limit: the same objects, created directly.
+        jobs = []
+        for index in range(count):
+            jobs.append((DEPLOYMENTS, "raw", deployment(f"raw-{index}", "raw")))
+            jobs.append((SERVICES, "raw", service(f"raw-{index}")))
+        started = time.time()
+        await create_all(client, jobs)
+        raw_seconds = time.time() - started
+        result["raw"] = {
+            "seconds": raw_seconds,
+            "objects_per_second": 2 * count / raw_seconds,
+            "pairs_per_second": count / raw_seconds,
+        }
+        print(
+            f"raw: {2 * count} objects in {raw_seconds:.1f}s "
+            f"({count / raw_seconds:.1f} Deployment+Service pairs/s)",
+            flush=True,
+        )
+
+        # 2. The dispatcher: the same pairs wrapped in AppWrappers.
+        port = free_port()
+        # All nodes count; each workload's nodeSelector keeps it on its own pool.
+        process = start_dispatcher(cluster, workdir, {}, port)
+        try:
+            wait_ready(port)
+            watcher = Watcher(client)
+            watch_task = asyncio.create_task(watcher.informer.run())
+            await watcher.informer.synced.wait()
+            before = scrape(port)
+            cpu_before = proc_stats(process.pid)["cpu_seconds"]
+            aws = [
+                (
+                    APPWRAPPERS,
+                    "aw",
+                    appwrapper(f"aw-{i}", deployment(f"aw-{i}", "aw"), service(f"aw-{i}")),
+                )
+                for i in range(count)
+            ]
+            started = time.time()
+            created = await create_all(client, aws)
+            names_set = {f"aw-{i}" for i in range(count)}
+            await watcher.wait("Dispatched", names_set, timeout=600)
+            all_running = await watcher.wait("Running", names_set, timeout=600)
+            after = scrape(port)
+            cpu_after = proc_stats(process.pid)
+            latencies = [
+                watcher.first[n]["Dispatched"] - created[f"appwrappers/{n}"] for n in names_set
+            ]
+            last_dispatch = max(watcher.first[n]["Dispatched"] for n in names_set)
+            dispatch_seconds = last_dispatch - started
+            requests = {
+                k: (after.get(k, 0) - before.get(k, 0)) / count
+                for k in sorted(set(after) | set(before))
+                if after.get(k, 0) - before.get(k, 0)
+            }
+            result["dispatcher"] = {
+                "seconds_to_all_dispatched": dispatch_seconds,
+                "seconds_to_all_running": all_running - started,
+                "seconds_creating_appwrappers": max(created.values()) - started,
+                "dispatches_per_second": count / dispatch_seconds,
+                "latency_seconds": {
+                    "p50": percentile(latencies, 0.5),
+                    "p95": percentile(latencies, 0.95),
+                    "p99": percentile(latencies, 0.99),
+                    "max": max(latencies),
+                },
+                "requests_per_dispatch": requests,
+                "cpu_seconds": cpu_after["cpu_seconds"] - cpu_before,
+                "peak_rss_mb": cpu_after["peak_rss_mb"],
+                "latencies": sorted(latencies),
+            }
+            result["ratio_dispatch_to_raw"] = (count / dispatch_seconds) / (count / raw_seconds)
+            print(
+                f"dispatcher: {count} AppWrappers dispatched in {dispatch_seconds:.1f}s "
+                f"({count / dispatch_seconds:.1f}/s), all Running after "
+                f"{all_running - started:.1f}s; ratio to raw "
+                f"{result['ratio_dispatch_to_raw']:.2f}",
+                flush=True,
+            )
+            print(
+                "latency create->Dispatched p50/p95/p99: "
+                + " / ".join(
+                    f"{result['dispatcher']['latency_seconds'][q]:.3f}s"
+                    for q in ("p50", "p95", "p99")
+                )
+            )
+            print(
+                "requests per dispatch: " + ", ".join(f"{k}={v:.2f}" for k, v in requests.items())
+            )
+            if churn:
+                result["churn"] = await churn_phase(client, watcher, churn, process)
+            watch_task.cancel()
+        finally:
+            process.terminate()
+            process.wait(30)
+        await client.close()
+    finally:
+        cluster.stop()
+    return result
+
+
+async def churn_phase(
+    client: KubeClient, watcher: Watcher, total: int, process: subprocess.Popen[bytes]
+) -> dict[str, Any]:
+    """Many Job AppWrappers against capacity for a tenth of them; drain as Jobs complete."""
+    aws = [
+        (APPWRAPPERS, "churn", appwrapper(f"churn-{i}", job(f"churn-{i}"), completion="Complete"))
+        for i in range(total)
+    ]
+    names = {f"churn-{i}" for i in range(total)}
+    started = time.time()
+    await create_all(client, aws)
+    peak_rss = 0.0
+    done = asyncio.create_task(watcher.wait("Completed", names, timeout=3600))
+    while not done.done():
+        peak_rss = max(peak_rss, proc_stats(process.pid)["rss_mb"])
+        await asyncio.sleep(1)
+    finished = done.result()
+    pods = await client.list(PODS, "churn")
+    unschedulable = [
+        p["metadata"]["name"]
+        for p in pods.get("items", [])
+        if any(
+            c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in (p.get("status") or {}).get("conditions", [])
+        )
+    ]
+    stats = proc_stats(process.pid)
+    print(
+        f"churn: {total} Job AppWrappers drained in {finished - started:.1f}s "
+        f"({total / (finished - started):.1f}/s); unschedulable pods: {len(unschedulable)}; "
+        f"dispatcher peak RSS {stats['peak_rss_mb']:.0f} MB",
+        flush=True,
+    )
+    return {
+        "count": total,
+        "seconds": finished - started,
+        "drain_per_second": total / (finished - started),
+        "unschedulable_pods": len(unschedulable),
+        "peak_rss_mb": stats["peak_rss_mb"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--churn", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/e2e.json"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="aw-bench-") as tmp:
+        result = asyncio.run(run(args.count, args.churn, Path(tmp)))
+    result["machine"] = {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+    result["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    summary = {k: v for k, v in result.get("dispatcher", {}).items() if k != "latencies"}
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
