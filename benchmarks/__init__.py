@@ -1,1 +1,1 @@
-"""Benchmarks of the dispatcher's hot paths (run as modules, e.g. `python -m benchmarks.core_bench`)."""
+"""Benchmarks of the dispatcher's hot paths (`python -m benchmarks.core_bench`)."""

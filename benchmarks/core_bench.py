@@ -33,6 +33,7 @@ from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE
 from dispatcher.api.resources import EMPTY, Resources
 from dispatcher.capacity.cache import CapacityCache, slim_pod
 from dispatcher.core.cycle import CycleResult, schedule
+from dispatcher.core.fit import ClusterState
 from dispatcher.core.model import (
     AdmittedWorkload,
     ClusterSnapshot,
@@ -109,7 +110,12 @@ def _split(rng: random.Random, used: dict[str, int]) -> tuple[dict[str, int], di
 
 
 def build_cluster(name: str, nodes: int, rng: random.Random) -> ClusterSnapshot:
-    """A mostly full member cluster: nodes, running AppWrappers, reservations."""
+    """A mostly full member cluster: nodes, running AppWrappers, reservations.
+
+    Running pods take 80-90% of each node's cpu and memory and 5-8 of a GPU node's 8 GPUs;
+    AppWrappers dispatched in the last minute, whose pods are not bound yet, take most of
+    the rest (each one was dispatched because it fitted then, as the dispatcher does).
+    """
     admitted_count = max(1, nodes // 2)
     usage: list[dict[str, Resources]] = [{} for _ in range(admitted_count)]
     node_states = []
@@ -119,15 +125,15 @@ def build_cluster(name: str, nodes: int, rng: random.Random) -> ClusterSnapshot:
         if gpu_node:
             allocatable = _resources(96, 1024, 8)
             used = {
-                "cpu": int(96_000 * rng.uniform(0.85, 0.95)),
-                "memory": int(1024 * GI * rng.uniform(0.85, 0.95)),
-                GPU: rng.choice([6, 7, 7, 8, 8]) * 1000,
+                "cpu": int(96_000 * rng.uniform(0.8, 0.9)),
+                "memory": int(1024 * GI * rng.uniform(0.8, 0.9)),
+                GPU: rng.choice([5, 6, 6, 7, 7, 8]) * 1000,
             }
         else:
             allocatable = _resources(64, 256)
             used = {
-                "cpu": int(64_000 * rng.uniform(0.85, 0.95)),
-                "memory": int(256 * GI * rng.uniform(0.85, 0.95)),
+                "cpu": int(64_000 * rng.uniform(0.8, 0.9)),
+                "memory": int(256 * GI * rng.uniform(0.8, 0.9)),
             }
         # Most of it belongs to dispatched AppWrappers (preemption candidates), the rest to
         # pods the dispatcher does not manage.
@@ -154,18 +160,21 @@ def build_cluster(name: str, nodes: int, rng: random.Random) -> ClusterSnapshot:
         for index, used_by in enumerate(usage)
         if used_by
     ]
+    # Dispatch AppWrappers, oldest first, while they fit (as the dispatcher did).
+    state = ClusterState(ClusterSnapshot(name=name, nodes=tuple(node_states)))
     reservations = []
-    for index in range(min(300, max(10, nodes // 3))):
-        key = f"starting/{name}-{index:04d}"
+    wanted = min(300, max(10, nodes // 3))
+    for attempt in range(wanted * 4):
+        if len(reservations) == wanted:
+            break
+        key = f"starting/{name}-{attempt:04d}"
+        pod_sets = _pod_sets(rng.choice(SHAPES), key)
+        if not state.try_place(pod_sets).ok:
+            continue
         priority = rng.choice([0, 0, 1])
-        dispatched_at = NOW - rng.uniform(0, 60)
+        dispatched_at = NOW - 60 + attempt * 60 / (wanted * 4)
         reservations.append(
-            Reservation(
-                key=key,
-                pod_sets=_pod_sets(rng.choice(SHAPES), key),
-                priority=priority,
-                dispatched_at=dispatched_at,
-            )
+            Reservation(key=key, pod_sets=pod_sets, priority=priority, dispatched_at=dispatched_at)
         )
         admitted.append(AdmittedWorkload(key=key, priority=priority, dispatched_at=dispatched_at))
     return ClusterSnapshot(

@@ -6,22 +6,26 @@ Side effects: network connections; `running` starts background tasks.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import signal
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import structlog
+import yaml
 
 from dispatcher import health, metrics
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.dispatcher import Dispatcher
 from dispatcher.controller.members import Member
-from dispatcher.kube.client import KubeClient
+from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.leader import LeaderElector
 
 LOCAL_MEMBER = "local"
+SECRETS = ResourceInfo("v1", "Secret", "secrets", namespaced=True)
 
 
 async def build(config: Config) -> Dispatcher:
@@ -36,9 +40,16 @@ async def build(config: Config) -> Dispatcher:
     member_configs = config.members or [MemberConfig(name=LOCAL_MEMBER)]
     members = []
     for member in member_configs:
-        if member.kubeconfig is None:
-            client = hub
-        else:
+        if member.kubeconfig_secret:
+            kubeconfig_dict = await _kubeconfig_from_secret(hub, member.kubeconfig_secret)
+            client = await KubeClient.connect(
+                kubeconfig_dict=kubeconfig_dict,
+                context=member.context,
+                name=member.name,
+                qps=config.qps,
+                burst=config.burst,
+            )
+        elif member.kubeconfig:
             client = await KubeClient.connect(
                 kubeconfig=member.kubeconfig,
                 context=member.context,
@@ -46,8 +57,22 @@ async def build(config: Config) -> Dispatcher:
                 qps=config.qps,
                 burst=config.burst,
             )
-        members.append(Member.build(member, client, is_hub=member.kubeconfig is None))
+        else:
+            client = hub
+        members.append(Member.build(member, client, is_hub=client is hub))
     return Dispatcher(config=config, hub=hub, members=members)
+
+
+async def _kubeconfig_from_secret(hub: KubeClient, ref: str) -> dict[str, Any]:
+    namespace, name = ref.split("/", 1)
+    secret = await hub.get(SECRETS, namespace, name)
+    data = (secret.get("data") or {}).get("kubeconfig")
+    if not data:
+        raise ValueError(f"Secret {ref} has no 'kubeconfig' key")
+    loaded = yaml.safe_load(base64.b64decode(data))
+    if not isinstance(loaded, dict):
+        raise ValueError(f"Secret {ref}: 'kubeconfig' is not a kubeconfig document")
+    return loaded
 
 
 async def close(dispatcher: Dispatcher) -> None:
@@ -75,6 +100,8 @@ async def running(config: Config, *, ready_timeout: float = 60) -> AsyncIterator
             ready.cancel()
             raise TimeoutError(f"dispatcher not ready after {ready_timeout}s")
         yield dispatcher
+        if task.done():
+            task.result()  # it stopped on its own: that is a crash, and the caller must know
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -21,7 +21,10 @@ class MemberConfig(BaseModel):
 
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
     kubeconfig: str | None = None
-    """Path of its kubeconfig; None means the hub's own connection (the hub is a member)."""
+    """Path of its kubeconfig; with neither this nor kubeconfig_secret, the member is the
+    hub itself (its own connection)."""
+    kubeconfig_secret: str | None = Field(default=None, pattern=r"^[a-z0-9-.]+/[a-z0-9-.]+$")
+    """"namespace/name" of a Secret in the hub whose `kubeconfig` key holds the kubeconfig."""
     context: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     """Matched by an AppWrapper's schedulingSpec.clusterScheduling.clusterSelector."""

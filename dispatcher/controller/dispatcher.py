@@ -33,6 +33,7 @@ from dispatcher.api.constants import (
 )
 from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, parse_time, status_to_kube
 from dispatcher.config import Config
+from dispatcher.controller.collector import KNOWN_KINDS, collect
 from dispatcher.controller.members import Member
 from dispatcher.controller.objects import (
     DispatchError,
@@ -68,6 +69,9 @@ PRIORITY_CLASSES = ResourceInfo(
     "scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False
 )
 C = cond.C
+CYCLE_BATCH_SECONDS = 0.005
+COLLECT_EVERY = 60.0
+"""Seconds between sweeps of a member for objects no hub AppWrapper places there."""
 COUNTS_INTERVAL = 5.0
 """Seconds between status writes that only update pod counts."""
 CLAIM_TIMEOUT = 120.0
@@ -112,6 +116,7 @@ class Dispatcher:
         self._kick = asyncio.Event()
         self._dispatch_slots = asyncio.Semaphore(config.dispatch_concurrency)
         self._background: set[asyncio.Task[None]] = set()
+        self._collecting: set[str] = set()
         self.cycles = 0
         self.preemptions = 0
         self.ready = asyncio.Event()
@@ -144,6 +149,7 @@ class Dispatcher:
             for index in range(self.config.workers):
                 group.create_task(self._worker(), name=f"worker-{index}")
             group.create_task(self._scheduler(), name="scheduler")
+            group.create_task(self._upkeep(), name="members-upkeep")
             self.ready.set()
             self._kick.set()
 
@@ -253,7 +259,7 @@ class Dispatcher:
             return
         now = self.clock()
         try:
-            aw = AppWrapper.from_kube(obj)
+            aw = self.state.parse(obj)
         except ValidationError as exc:
             await self._fail_unreadable(obj, exc, now)
             return
@@ -546,6 +552,9 @@ class Dispatcher:
     async def _scheduler(self) -> None:
         while True:
             await self._kick.wait()
+            # Gather the burst of changes that usually follows one (a batch of applies, a
+            # gang's pods starting) into one cycle instead of one cycle per change.
+            await asyncio.sleep(CYCLE_BATCH_SECONDS)
             self._kick.clear()
             started = time.perf_counter()
             pending, snapshots = self._snapshot()
@@ -597,7 +606,7 @@ class Dispatcher:
                     held[assumed.cluster].append((assumed.workload, None, assumed.at))
                 continue
             try:
-                aw = AppWrapper.from_kube(obj)
+                aw = self.state.parse(obj)
             except ValidationError:
                 continue
             status = aw.status
@@ -629,7 +638,7 @@ class Dispatcher:
             reservations, admitted = self._holdings(member, held[name])
             snapshot = member.capacity.snapshot(
                 tuple(reservations),
-                reachable=member.reachable(timeout=self.config.member_timeout_seconds),
+                reachable=member.reachable(),
             )
             snapshots.append(
                 ClusterSnapshot(
@@ -740,7 +749,7 @@ class Dispatcher:
         if obj is None:
             return
         try:
-            aw = AppWrapper.from_kube(obj)
+            aw = self.state.parse(obj)
         except ValidationError:
             return
         status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
@@ -774,7 +783,7 @@ class Dispatcher:
                 obj = self._current(key)
                 if obj is None:
                     return
-                aw = AppWrapper.from_kube(obj)
+                aw = self.state.parse(obj)
                 status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
                 new = cond.is_new(status)
                 if not (new or cond.is_queued(status)) or aw.metadata.deletionTimestamp:
@@ -797,7 +806,7 @@ class Dispatcher:
                 self.state.waiting_written.pop(key, None)
                 log.info("dispatched", priority=status.priority)
                 member = self.members[cluster]
-                aw = AppWrapper.from_kube(written)
+                aw = self.state.parse(written)
                 try:
                     if self.config.create_namespaces and not member.is_hub:
                         await ensure_namespace(member.client, aw.metadata.namespace)
@@ -815,9 +824,7 @@ class Dispatcher:
                         else DispatchError(str(exc), permanent=False)
                     )
                     fresh = self._current(key) or written
-                    fresh_status = (AppWrapper.from_kube(fresh).status or status).model_copy(
-                        deep=True
-                    )
+                    fresh_status = (self.state.parse(fresh).status or status).model_copy(deep=True)
                     with contextlib.suppress(KubeError):
                         await self._dispatch_failed(aw, fresh, fresh_status, error, self.clock())
         finally:
@@ -834,7 +841,7 @@ class Dispatcher:
             obj = self._current(key)
             if obj is None:
                 return
-            aw = AppWrapper.from_kube(obj)
+            aw = self.state.parse(obj)
             status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
             member = self._member_of(status)
             if member is None or not cond.is_dispatched(status):
@@ -872,6 +879,103 @@ class Dispatcher:
             self.state.dispatching.discard(key)
             self.queue.add(key)
             self._kick.set()
+
+    # -- member upkeep ---------------------------------------------------------------
+
+    async def _upkeep(self, every: float = 2.0) -> None:
+        """Requeue work stranded on a silent member; collect objects left in members."""
+        last_collected: dict[str, float] = {}
+        lost: set[str] = set()
+        while True:
+            await asyncio.sleep(every)
+            for member in self.members.values():
+                if member.is_hub:
+                    continue  # objects there are owned by their AppWrapper (garbage collector)
+                silent = member.silent_for()
+                if silent > self.config.member_timeout_seconds:
+                    lost.add(member.name)
+                    await self._requeue_stranded(member, silent)
+                    continue
+                if not member.reachable():
+                    continue
+                came_back = member.name in lost
+                due = time.monotonic() - last_collected.get(member.name, 0.0) > COLLECT_EVERY
+                if (came_back or due) and member.name not in self._collecting:
+                    lost.discard(member.name)
+                    last_collected[member.name] = time.monotonic()
+                    # In the background: a member that stops answering mid-sweep must not
+                    # hold up requeueing the work stranded on it.
+                    self._collecting.add(member.name)
+                    self._spawn(self._collect(member), name=f"collect-{member.name}")
+
+    async def _requeue_stranded(self, member: Member, silent: float) -> None:
+        message = (
+            f"cluster {member.name} has not answered for {int(silent)}s; requeued "
+            "(its copies are removed when it answers again)"
+        )
+        for key in list(self.appwrappers.store):
+            obj = self._current(key)
+            if obj is None or key in self.state.dispatching:
+                continue
+            status_raw = obj.get("status") or {}
+            if status_raw.get("clusterName") != member.name:
+                continue
+            try:
+                aw = self.state.parse(obj)
+            except ValidationError:
+                continue
+            status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
+            if not cond.is_dispatched(status):
+                continue
+            transition = cond.mark_requeued(
+                status, Reason.CLUSTER_UNREACHABLE, message, now=_utc(self.clock()), backoff=False
+            )
+            try:
+                await self._write_status(obj, status, [transition])
+            except KubeError as exc:
+                self.log.warning(
+                    "requeue_failed",
+                    appwrapper=aw.metadata.name,
+                    namespace=aw.metadata.namespace,
+                    error=str(exc)[:200],
+                )
+                continue
+            self.log.warning(
+                "requeued_from_silent_cluster",
+                appwrapper=aw.metadata.name,
+                namespace=aw.metadata.namespace,
+                cluster=member.name,
+                reason=message,
+            )
+        self._kick.set()
+
+    async def _collect(self, member: Member) -> None:
+        """Remove copies in `member` that no hub AppWrapper places there any more."""
+        if not self.appwrappers.synced.is_set():
+            self._collecting.discard(member.name)
+            return
+        keep: dict[str, tuple[str, str]] = {}
+        kinds: set[tuple[str, str]] = set(KNOWN_KINDS)
+        for key, watched in self.appwrappers.store.items():
+            obj = self.state.latest(key, watched) or watched
+            meta = obj["metadata"]
+            for item in ((obj.get("spec") or {}).get("resources") or {}).get("GenericItems") or []:
+                template = item.get("generictemplate") or {}
+                if template.get("apiVersion") and template.get("kind"):
+                    kinds.add((str(template["apiVersion"]), str(template["kind"])))
+            assumed = self.state.assumed.get(key)
+            cluster = assumed.cluster if assumed else (obj.get("status") or {}).get("clusterName")
+            if cluster and not meta.get("deletionTimestamp"):
+                keep[key] = (meta.get("uid", ""), cluster)
+        try:
+            deleted = await collect(member.client, member=member.name, kinds=kinds, keep=keep)
+        except KubeError as exc:
+            self.log.warning("collection_failed", cluster=member.name, error=str(exc)[:200])
+            return
+        finally:
+            self._collecting.discard(member.name)
+        for what in deleted:
+            self.log.info("collected_orphan", cluster=member.name, object=what)
 
     async def drain(self, timeout: float = 10) -> None:
         """Let in-flight dispatches finish (bounded) before shutdown."""

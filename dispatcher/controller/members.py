@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from dispatcher.capacity.cache import CapacityCache, slim_pod
 from dispatcher.config import MemberConfig
 from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.errors import KubeError
 from dispatcher.kube.informer import Informer
 
 NODES = ResourceInfo("v1", "Node", "nodes", namespaced=False)
@@ -34,6 +35,7 @@ class Member:
     capacity: CapacityCache
     nodes: Informer = field(init=False)
     pods: Informer = field(init=False)
+    last_answer: float = 0.0  # monotonic time of the last successful probe
 
     def __post_init__(self) -> None:
         self.nodes = Informer(self.client, NODES, transform=_slim_node)
@@ -54,14 +56,30 @@ class Member:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.nodes.run(), name=f"{self.name}-nodes")
             group.create_task(self.pods.run(), name=f"{self.name}-pods")
+            group.create_task(self._probe(), name=f"{self.name}-probe")
+
+    async def _probe(self, every: float = 2.0) -> None:
+        """A watch on a server that stopped answering can stay silent for minutes; a short
+        request every few seconds tells an outage from a quiet cluster."""
+        while True:
+            try:
+                await self.client.ping(timeout=every * 2)
+                self.last_answer = time.monotonic()
+            except KubeError:
+                pass
+            await asyncio.sleep(every)
 
     async def wait_synced(self) -> None:
         await self.nodes.synced.wait()
         await self.pods.synced.wait()
 
-    def reachable(self, *, timeout: float) -> bool:
-        """Healthy watches, or a silence shorter than `timeout` (a brief blip is not an outage)."""
-        if self.nodes.healthy and self.pods.healthy:
-            return True
-        last = min(self.nodes.last_contact, self.pods.last_contact)
-        return last > 0 and time.monotonic() - last < timeout
+    def silent_for(self) -> float:
+        """Seconds since the member last answered (0 while it answers)."""
+        last = max(self.last_answer, min(self.nodes.last_contact, self.pods.last_contact))
+        if last == 0:
+            return 0.0
+        return max(0.0, time.monotonic() - last)
+
+    def reachable(self, *, grace: float = 6.0) -> bool:
+        """Answering within `grace` seconds: a member past that gets no new dispatches."""
+        return self.silent_for() < grace

@@ -64,6 +64,25 @@ class ControllerState:
     """key -> when pod counts were last written (they are written at most every few s)."""
     """key -> (message, when) of the last "waiting because" status write."""
 
+    parsed: dict[str, tuple[str, AppWrapper]] = field(default_factory=dict)
+    """key -> (resourceVersion, model): validating a whole AppWrapper is costly, and a cycle
+    reads every queued one."""
+
+    def parse(self, obj: Obj) -> AppWrapper:
+        """The model of `obj`, validated once per resourceVersion (ValidationError if bad).
+
+        The returned model is shared: callers copy the status before changing it.
+        """
+        meta = obj.get("metadata", {})
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        version = str(meta.get("resourceVersion", ""))
+        cached = self.parsed.get(key)
+        if cached is not None and cached[0] == version and version:
+            return cached[1]
+        model = AppWrapper.from_kube(obj)
+        self.parsed[key] = (version, model)
+        return model
+
     def latest(self, key: str, watched: Obj | None) -> Obj | None:
         mine = self.written.get(key)
         if watched is None:
@@ -101,6 +120,7 @@ class ControllerState:
         return result
 
     def forget(self, key: str) -> None:
+        self.parsed.pop(key, None)
         self.claims.pop(key, None)
         self.evicted.pop(key, None)
         self.written.pop(key, None)

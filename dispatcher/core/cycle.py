@@ -10,11 +10,18 @@ comes in addition to the `Wait` of the workload that asked for it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from dispatcher.core.fit import ClusterState, Demand, NodeAssignment, PlaceResult
-from dispatcher.core.model import ClusterSnapshot, QueueMode, Reservation, Workload
+from dispatcher.core.fit import (
+    ClusterState,
+    Demand,
+    NodeAssignment,
+    PlaceResult,
+    reason_for,
+    shape_of,
+)
+from dispatcher.core.model import ClusterSnapshot, Placement, QueueMode, Reservation, Workload
 from dispatcher.core.preemption import PreemptionPolicy
 
 __all__ = ["Admit", "CycleResult", "Preempt", "Wait", "queue_order_key", "schedule"]
@@ -62,18 +69,28 @@ def queue_order_key(workload: Workload) -> tuple[int, float, str]:
 class _Cycle:
     """The state one `schedule` call carries from one workload to the next."""
 
-    def __init__(self, clusters: Sequence[ClusterSnapshot]) -> None:
-        self.clusters = sorted(clusters, key=lambda c: c.name)
+    def __init__(self, clusters: Sequence[ClusterSnapshot], now: float) -> None:
+        self.clusters = tuple(sorted(clusters, key=lambda c: c.name))
+        self.names = tuple(c.name for c in self.clusters)
         self.single = len(self.clusters) == 1
+        self.now = now
         self._states: dict[str, ClusterState] = {}
         self._empty: dict[str, ClusterState] = {}
-        self._ever: dict[tuple[str, tuple[object, ...]], bool] = {}
+        self._ever: dict[tuple[str, object], bool] = {}
+        self._usable: dict[Placement, tuple[tuple[ClusterSnapshot, ...], tuple[str, ...]]] = {}
+        self._scarcest: dict[tuple[object, tuple[str, ...]], str | None] = {}
+        self._uniform: dict[tuple[object, tuple[str, ...]], bool] = {}
         # Clusters later workloads may not use this cycle, and why (a preemptor's claim, a
         # starving head's reservation).
         self.held: dict[str, str] = {}
-        self.admitted: dict[str, list[Reservation]] = {}
+        self.admitted: dict[str, list[Workload]] = {}
         # (cluster, gang shape) -> highest priority for which the policy found no victims.
-        self.no_victims: dict[tuple[str, tuple[object, ...]], int] = {}
+        self.no_victims: dict[tuple[str, object], int] = {}
+        # Bumped on every admission and every new hold: while it stands, a workload of a
+        # shape that found no room gets the same answer as the last one of that shape.
+        self.version = 0
+        self.demands: dict[tuple[object, ...], Demand] = {}
+        self.verdicts: dict[tuple[object, ...], tuple[int, str]] = {}
 
     def state(self, cluster: ClusterSnapshot) -> ClusterState:
         state = self._states.get(cluster.name)
@@ -81,11 +98,29 @@ class _Cycle:
             state = self._states[cluster.name] = ClusterState(cluster)
         return state
 
+    def demand(self, workload: Workload) -> Demand:
+        """One `Demand` per gang shape: it stands for every workload of that shape."""
+        shape = shape_of(workload.pod_sets)
+        demand = self.demands.get(shape)
+        if demand is None:
+            demand = self.demands[shape] = Demand(workload.pod_sets, shape)
+        return demand
+
+    def usable(self, placement: Placement) -> tuple[tuple[ClusterSnapshot, ...], tuple[str, ...]]:
+        """The clusters the placement allows, and their names."""
+        if placement.clusters is None and not placement.match_labels:
+            return self.clusters, self.names
+        known = self._usable.get(placement)
+        if known is None:
+            clusters = tuple(c for c in self.clusters if placement.allows(c))
+            known = self._usable[placement] = (clusters, tuple(c.name for c in clusters))
+        return known
+
     def could_ever_fit(self, demand: Demand, cluster: ClusterSnapshot) -> bool:
         """Whether it fits the cluster emptied; an unreachable cluster may (we cannot tell)."""
         if not cluster.reachable:
             return True
-        shape = (cluster.name, demand.shape)
+        shape = (cluster.name, demand.key)
         answer = self._ever.get(shape)
         if answer is None:
             empty = self._empty.get(cluster.name)
@@ -94,19 +129,70 @@ class _Cycle:
             answer = self._ever[shape] = empty.fits(demand) is None
         return answer
 
+    def hold(self, cluster: str, why: str) -> None:
+        """Hold `cluster` for the rest of the cycle (it must not be held already)."""
+        self.held[cluster] = why
+        self.version += 1
+
     def with_admitted(self, cluster: ClusterSnapshot) -> ClusterSnapshot:
         """The snapshot plus this cycle's admissions to it, as reservations."""
         extra = self.admitted.get(cluster.name)
         if not extra:
             return cluster
-        return replace(cluster, reservations=cluster.reservations + tuple(extra))
+        return replace(
+            cluster,
+            reservations=cluster.reservations
+            + tuple(
+                Reservation(
+                    key=w.key,
+                    pod_sets=w.pod_sets,
+                    priority=w.priority,
+                    dispatched_at=self.now,
+                    preemptible=w.preemptible,
+                )
+                for w in extra
+            ),
+        )
 
-    def wait_message(self, reasons: list[tuple[str, str]]) -> str:
+    def wait_message(self, reasons: Sequence[tuple[str, str]]) -> str:
         if not reasons:
             return "no member cluster matches the placement (clusterScheduling)"
         if self.single:
             return reasons[0][1]
         return "no cluster fits: " + "; ".join(f"{name}: {why}" for name, why in reasons)
+
+    def scarcest(self, demand: Demand, states: Sequence[ClusterState]) -> str | None:
+        """The requested resource the workload takes the largest share of, over `states`."""
+        names = tuple(s.name for s in states)
+        key = (demand.key, names)
+        if key not in self._scarcest:
+            self._scarcest[key] = _scarcest(demand, states)
+        return self._scarcest[key]
+
+    def uniform(self, demand: Demand, states: Sequence[ClusterState]) -> bool:
+        """Whether every subset of `states` has the same scarcest resource for `demand`."""
+        names = tuple(s.name for s in states)
+        key = (demand.key, names)
+        answer = self._uniform.get(key)
+        if answer is None:
+            if len(states) > _MAX_SUBSETS_OF:
+                answer = False
+            else:
+                first = self.scarcest(demand, states)
+                answer = all(self.scarcest(demand, subset) == first for subset in _subsets(states))
+            self._uniform[key] = answer
+        return answer
+
+
+# Beyond this many candidate clusters, `_best_fit` tries them all rather than reasoning
+# over every subset of them.
+_MAX_SUBSETS_OF = 6
+
+
+def _subsets(items: Sequence[ClusterState]) -> Iterator[list[ClusterState]]:
+    """The non-empty subsets of `items`, each in the order of `items`."""
+    for mask in range(1, 1 << len(items)):
+        yield [item for bit, item in enumerate(items) if mask >> bit & 1]
 
 
 def _scarcest(demand: Demand, states: Sequence[ClusterState]) -> str | None:
@@ -122,53 +208,116 @@ def _scarcest(demand: Demand, states: Sequence[ClusterState]) -> str | None:
     return None if best is None else best[1]
 
 
+def _choice(
+    demand: Demand, cycle: _Cycle, states: Sequence[ClusterState], placed: ClusterState | None
+) -> ClusterState:
+    """The best-fit cluster among `states` if the gang fits each of them (see `_best_fit`).
+
+    `placed` is the one among them where the gang is placed already (its free room shows
+    the placement); for the others, the room left is what would be left after it.
+    """
+    resource = cycle.scarcest(demand, states)
+    best: tuple[int, str] | None = None
+    chosen = states[0]
+    for state in states:
+        if resource is None:
+            left = 0
+        else:
+            left = state.free_of(resource)
+            if state is not placed:
+                left -= demand.totals.get(resource, 0)
+        if best is None or (left, state.name) < best:
+            best, chosen = (left, state.name), state
+    return chosen
+
+
+def _certain(
+    demand: Demand, cycle: _Cycle, chosen: ClusterState, others: Sequence[ClusterState]
+) -> bool:
+    """Whether `chosen` (the gang placed there) is the best fit whichever of `others` fit.
+
+    It was the best fit assuming all of them do; if the scarcest resource is the same for
+    every subset of them, it still is for any subset, else every subset is checked.
+    """
+    together = [chosen, *others]
+    if cycle.uniform(demand, together):
+        return True
+    if len(others) > _MAX_SUBSETS_OF:
+        return False
+    return all(
+        _choice(demand, cycle, [chosen, *subset], chosen) is chosen
+        for subset in [[], *_subsets(others)]
+    )
+
+
 def _best_fit(
-    demand: Demand, cycle: _Cycle, usable: list[ClusterSnapshot]
+    demand: Demand, cycle: _Cycle, usable: Sequence[ClusterSnapshot]
 ) -> tuple[ClusterSnapshot, PlaceResult] | list[tuple[str, str]]:
     """Place the workload in the best cluster that fits, or say why none does.
 
     Best fit: among the clusters where the whole gang fits, the one left with the least
     free of the workload's scarcest resource (the requested resource the workload takes the
-    largest share of, over the usable clusters), absolute milli-units, after placement;
-    ties by cluster name. Packing the tightest cluster keeps larger holes elsewhere for
-    larger workloads, and the same inputs always give the same choice.
+    largest share of, over the clusters where it fits), absolute milli-units, after
+    placement; ties by cluster name. Packing the tightest cluster keeps larger holes
+    elsewhere for larger workloads, and the same inputs always give the same choice.
+
+    The room left after placement is known from the aggregate alone, so the clusters are
+    tried best first and the first that fits is taken whenever the choice could not have
+    been different (see `_certain`); only otherwise is the gang placed in every cluster
+    where it may fit and the placements not chosen undone. Reasons are templates naming no
+    pod (see `reason_for`).
     """
-    reasons: list[tuple[str, str]] = []
-    fitting: list[tuple[ClusterSnapshot, PlaceResult]] = []
+    reasons: dict[str, str] = {}
+    candidates: list[ClusterState] = []
+    by_name: dict[str, ClusterSnapshot] = {}
     for cluster in usable:
         if not cluster.reachable:
-            reasons.append((cluster.name, "unreachable"))
+            reasons[cluster.name] = "unreachable"
             continue
         held = cycle.held.get(cluster.name)
         if held is not None:
-            reasons.append((cluster.name, held))
+            reasons[cluster.name] = held
             continue
-        result = cycle.state(cluster).try_place(demand)
-        if result.ok:
-            fitting.append((cluster, result))  # applied for now; undone unless chosen
+        state = cycle.state(cluster)
+        refused = state.refusal(demand)
+        if refused is not None:
+            reasons[cluster.name] = refused
         else:
-            reasons.append((cluster.name, result.reason))
-    if not fitting:
-        return reasons
-    chosen = fitting[0]
-    if len(fitting) > 1:
-        resource = _scarcest(demand, [cycle.state(c) for c, _ in fitting])
-        best: tuple[int, str] | None = None
-        for cluster, result in fitting:
-            left = 0 if resource is None else cycle.state(cluster).free_of(resource)
-            if best is None or (left, cluster.name) < best:
-                best, chosen = (left, cluster.name), (cluster, result)
-        for cluster, result in fitting:
-            if cluster is not chosen[0]:
+            candidates.append(state)
+            by_name[cluster.name] = cluster
+    while candidates:
+        guess = candidates[0] if len(candidates) == 1 else _choice(demand, cycle, candidates, None)
+        outcome = guess.place(demand)
+        if isinstance(outcome, str):
+            reasons[guess.name] = outcome
+            candidates.remove(guess)
+            continue
+        others = [s for s in candidates if s is not guess]
+        if not others or _certain(demand, cycle, guess, others):
+            return by_name[guess.name], outcome
+        fitting = [(guess, outcome)]
+        for state in others:
+            tried = state.place(demand)
+            if isinstance(tried, str):
+                reasons[state.name] = tried
+            else:
+                fitting.append((state, tried))
+        chosen = _choice(demand, cycle, [s for s, _ in fitting], None)
+        chosen_result = outcome
+        for state, result in fitting:
+            if state is chosen:
+                chosen_result = result
+            else:
                 result.undo()
-    return chosen
+        return by_name[chosen.name], chosen_result
+    return [(cluster.name, reasons[cluster.name]) for cluster in usable]
 
 
 def _preempt(
     workload: Workload,
     demand: Demand,
     cycle: _Cycle,
-    usable: list[ClusterSnapshot],
+    usable: Sequence[ClusterSnapshot],
     policy: PreemptionPolicy,
 ) -> Preempt | None:
     """Ask the policy in every usable cluster; take the fewest victims, then cluster name."""
@@ -178,17 +327,30 @@ def _preempt(
             continue
         # Within a cycle room only shrinks, and a lower priority has fewer candidates: a
         # gang of the same shape that could not preempt here will not do better.
-        failed_at = cycle.no_victims.get((cluster.name, demand.shape))
+        failed_at = cycle.no_victims.get((cluster.name, demand.key))
         if failed_at is not None and workload.priority <= failed_at:
             continue
         victims = policy.choose_victims(workload, cycle.with_admitted(cluster))
         if not victims:  # None: cannot make room; (): fits there by the policy's own check
             if victims is None:
-                cycle.no_victims[(cluster.name, demand.shape)] = workload.priority
+                cycle.no_victims[(cluster.name, demand.key)] = workload.priority
             continue
         if best is None or len(victims) < len(best.victims):
             best = Preempt(key=workload.key, cluster=cluster.name, victims=victims)
     return best
+
+
+def _policy_settled(
+    workload: Workload, demand: Demand, cycle: _Cycle, usable: Sequence[ClusterSnapshot]
+) -> bool:
+    """Whether `_preempt` would ask the policy nothing for this workload now."""
+    for cluster in usable:
+        if not cluster.reachable or cluster.name in cycle.held:
+            continue
+        failed_at = cycle.no_victims.get((cluster.name, demand.key))
+        if failed_at is None or workload.priority > failed_at:
+            return False
+    return True
 
 
 def schedule(
@@ -223,60 +385,66 @@ def schedule(
     ordered = sorted(pending, key=queue_order_key)
 
     # 2. Snapshot: one mutable simulation per cluster, built on first use.
-    cycle = _Cycle(clusters)
+    cycle = _Cycle(clusters, now)
     admits: list[Admit] = []
     waits: list[Wait] = []
     preemptions: list[Preempt] = []
     head_key: str | None = None
-    blocked_behind: str | None = None
+    blocked_message: str | None = None
+    strict = mode is QueueMode.STRICT_FIFO
+    verdicts = cycle.verdicts
 
     # 3. Fit, or preempt, each workload in order.
     for workload in ordered:
-        if blocked_behind is not None:
-            waits.append(Wait(workload.key, f"waiting behind {blocked_behind} (head of line)"))
+        if blocked_message is not None:
+            waits.append(Wait(workload.key, blocked_message))
             continue
-        usable = [c for c in cycle.clusters if workload.placement.allows(c)]
-        demand = Demand(workload.pod_sets)
-        outcome = _best_fit(demand, cycle, usable)
-        if isinstance(outcome, tuple):
-            cluster, result = outcome
-            admits.append(Admit(workload.key, cluster.name, result.assignments))
-            cycle.admitted.setdefault(cluster.name, []).append(
-                Reservation(
-                    key=workload.key,
-                    pod_sets=workload.pod_sets,
-                    priority=workload.priority,
-                    dispatched_at=now,
-                    preemptible=workload.preemptible,
-                )
-            )
-            continue
+        demand = cycle.demand(workload)
+        usable, names = cycle.usable(workload.placement)
+        # A workload of a shape that found no room since the last admission or hold gets
+        # the same answer (and the policy, asked already, would find no victims either).
+        memo = (demand, names, None if preemption is None else workload.priority)
+        known = verdicts.get(memo)
+        chosen: Preempt | None = None
+        if known is not None and known[0] == cycle.version:
+            template = known[1]
+        else:
+            outcome = _best_fit(demand, cycle, usable)
+            if isinstance(outcome, tuple):
+                cluster, result = outcome
+                admits.append(Admit(workload.key, cluster.name, result.assignments))
+                cycle.admitted.setdefault(cluster.name, []).append(workload)
+                cycle.version += 1
+                continue
+            template = cycle.wait_message(outcome)
+            if preemption is not None:
+                chosen = _preempt(workload, demand, cycle, usable, preemption)
+            if chosen is None and (
+                preemption is None or _policy_settled(workload, demand, cycle, usable)
+            ):
+                verdicts[memo] = (cycle.version, template)
 
         # 4. It fits nowhere: say why, maybe preempt, and hold what it is owed.
         if head_key is None:
             head_key = workload.key
-        message = cycle.wait_message(outcome)
-        chosen = (
-            None if preemption is None else _preempt(workload, demand, cycle, usable, preemption)
-        )
+        message = reason_for(template, workload.pod_sets)
         if chosen is not None:
             preemptions.append(chosen)
-            cycle.held[chosen.cluster] = f"held for {workload.key}, which is preempting"
+            cycle.hold(chosen.cluster, f"held for {workload.key}, which is preempting")
             where = "" if cycle.single else f" in {chosen.cluster}"
             message += f"; preempting {', '.join(chosen.victims)}{where}"
         waits.append(Wait(workload.key, message))
-        if mode is QueueMode.STRICT_FIFO:
+        if strict:
             if any(cycle.could_ever_fit(demand, c) for c in usable):
-                blocked_behind = workload.key
+                blocked_message = f"waiting behind {workload.key} (head of line)"
         elif now - workload.queued_since > starvation_after:
             for cluster in usable:
-                if not cycle.could_ever_fit(demand, cluster):
-                    continue
-                cycle.held.setdefault(
-                    cluster.name,
-                    f"held for {workload.key}, queued longer than {starvation_after:g}s"
-                    " (starvation guard)",
-                )
+                if cluster.name not in cycle.held and cycle.could_ever_fit(demand, cluster):
+                    cycle.hold(
+                        cluster.name,
+                        f"held for {workload.key}, queued longer than {starvation_after:g}s"
+                        " (starvation guard)",
+                    )
 
     # 5. Hand the decisions to the shell.
     return CycleResult(

@@ -16,42 +16,51 @@ never double-booked, at the price of sometimes being a little pessimistic.
 
 `try_place` places a gang: all pods or none. It checks the aggregate first (a few dict
 lookups), and only when that fits places pods one pod set at a time, larger pods first,
-each pod on the node with the least room left after it that still holds it (best fit;
-room = sum over the pod's resources of leftover / cluster capacity). On success the
-placement stays applied and the result carries an `undo` that restores the state exactly,
-so a caller can try, compare and roll back (as Kueue does with its snapshot). On failure
-nothing changes and `reason` says why, with numbers, in one line.
+each pod on the node with the least room left (best fit; room = sum over the pod's
+resources of free / cluster capacity), filling that node before going to the next. On
+success the placement stays applied and the result carries an `undo` that restores the
+state exactly, so a caller can try, compare and roll back (as Kueue does with its
+snapshot). On failure nothing changes and `reason` says why, with numbers, in one line.
 
-Speed (one cycle tries thousands of gangs against clusters of a thousand nodes): free
-room is kept as plain `dict[str, int]` of milli-units; a gang whose totals exceed the
-aggregate costs a few dict lookups; per-node placement scans only nodes that still have
-room of the pod's requested resources, and sorts only as many as it may use; and answers
-that cannot change until room comes back (a gang shape's aggregate shortfall at the current
-state, a shape that found no room per node) are remembered and replayed for the next
-workload of the same shape.
+Speed (one cycle tries thousands of gangs against clusters of thousands of nodes):
+
+- free room is kept per resource as a list of integer milli-units indexed by node;
+- for each set of requested resources (and each set of nodes that pods' selector and
+  tolerations allow), the nodes are kept sorted by room. A pod can only fit a node whose
+  room is at least its own request's, so placement starts there and walks up, stopping as
+  soon as every pod has a node. The order is kept up to date lazily: every change of a
+  node's room is logged, and an order catches up with the log when next used;
+- answers that cannot change until room comes back are remembered by gang shape (counts,
+  requests, constraints; not names): an aggregate shortfall while the aggregate is
+  unchanged, a per-node failure until a placement made before it is undone (placements
+  only take room away). Reasons are kept with a token standing for the failing pod's name,
+  so every workload of the shape gets a reason naming its own pod.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from bisect import bisect_left, insort
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dispatcher.api.quantity import format_milli
 from dispatcher.api.resources import Resources
-from dispatcher.core.model import ClusterSnapshot, NodeState, PodSet, Toleration
+from dispatcher.core.model import ClusterSnapshot, NodeState, PodSet
 
-__all__ = ["ClusterState", "Demand", "NodeAssignment", "PlaceResult", "fits_ever"]
+__all__ = ["ClusterState", "Demand", "NodeAssignment", "PlaceResult", "fits_ever", "shape_of"]
 
 _Free = dict[str, int]
-_Shape = tuple[tuple[tuple[str, str], ...], tuple[Toleration, ...]]
-# Stands for the failing pod's name in cached reasons, so a workload of the same shape gets
-# a reason naming its own pod.
-_POD = "\x00pod\x00"
-# (resource name, milli-units per pod, weight = 1 / cluster capacity) for one pod shape.
-_Request = list[tuple[str, int, float]]
-_NONE: frozenset[int] = frozenset()
+# (node, pod set index, pairs of (free column, milli-units per pod), pods) for one node.
+_Applied = list[tuple[int, list[tuple[list[int], int]], int, int]]
+# An order of nodes by room must catch up with more logged changes than this share of its
+# nodes: rebuilding it is then cheaper.
+_REBUILD_SHARE = 4
+
+
+def _token(index: int) -> str:
+    """Stands for the name of pod set `index` in remembered reasons."""
+    return f"\x00pod{index}\x00"
 
 
 def _noop() -> None:
@@ -81,22 +90,71 @@ class PlaceResult:
     undo: Callable[[], None] = _noop
 
 
+def shape_of(pod_sets: Sequence[PodSet]) -> tuple[object, ...]:
+    """What the fit of these pod sets depends on: counts, requests, constraints; not names.
+
+    Two gangs of equal shape fit the same clusters the same way.
+    """
+    if len(pod_sets) == 1:
+        p = pod_sets[0]
+        return (p.count, p.requests, p.node_selector, p.tolerations)
+    return tuple([(p.count, p.requests, p.node_selector, p.tolerations) for p in pod_sets])
+
+
+class _Key:
+    """A gang shape as a dict key whose hash is computed once."""
+
+    __slots__ = ("hash", "value")
+
+    def __init__(self, value: tuple[object, ...]) -> None:
+        self.value = value
+        self.hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, _Key):
+            return NotImplemented
+        return self.hash == other.hash and self.value == other.value
+
+
 class Demand:
     """What a gang asks for, worked out once and then tried against any number of clusters.
 
     `try_place` accepts the pod sets themselves too; a caller that tries the same gang in
-    several clusters (the scheduling cycle) saves the repeated sums by passing a `Demand`.
+    several clusters (the scheduling cycle) saves the repeated work by passing a `Demand`.
+    The pod sets' names are only read for messages; a `Demand` may stand for every gang of
+    its shape (see `reason_for`).
     """
 
-    __slots__ = ("pod_sets", "shape", "totals")
+    __slots__ = ("key", "pod_sets", "requests", "shape", "totals")
 
-    def __init__(self, pod_sets: Sequence[PodSet]) -> None:
+    def __init__(self, pod_sets: Sequence[PodSet], shape: tuple[object, ...] | None = None) -> None:
         self.pod_sets: tuple[PodSet, ...] = tuple(pod_sets)
-        self.totals: dict[str, int] = _totals(self.pod_sets)
-        # What the fit depends on (counts, requests, constraints; not names).
-        self.shape: tuple[object, ...] = tuple(
-            (p.count, p.requests, p.node_selector, p.tolerations) for p in self.pod_sets
+        self.shape: tuple[object, ...] = shape_of(self.pod_sets) if shape is None else shape
+        self.key = _Key(self.shape)
+        # Per pod set, the requested resources with a positive amount, by name.
+        self.requests: tuple[tuple[tuple[str, int], ...], ...] = tuple(
+            tuple(sorted((r, v) for r, v in p.requests.items() if v > 0)) for p in self.pod_sets
         )
+        totals: _Free = {}
+        for pod_set, requests in zip(self.pod_sets, self.requests, strict=True):
+            if pod_set.count > 0:
+                for resource, value in requests:
+                    totals[resource] = totals.get(resource, 0) + value * pod_set.count
+        self.totals: _Free = totals
+
+
+def reason_for(template: str, pod_sets: Sequence[PodSet]) -> str:
+    """A remembered reason with the tokens replaced by these pod sets' names."""
+    if "\x00" not in template:
+        return template
+    for index, pod_set in enumerate(pod_sets):
+        template = template.replace(_token(index), _pod_name(pod_set, index))
+    return template
 
 
 def _fmt(resource: str, milli: int) -> str:
@@ -107,23 +165,146 @@ def _pod_name(pod_set: PodSet, index: int) -> str:
     return pod_set.name or f"pod set {index}"
 
 
+class _Order:
+    """Nodes that may take pods asking for `resources`, sorted by their room for them.
+
+    `items` holds (room, node) ascending, room = sum over `resources` of free * weight;
+    `rooms` the same by node. Up to date with the state's change log up to `seen`.
+    """
+
+    __slots__ = ("columns", "items", "nodes", "rooms", "seen", "weights")
+
+    def __init__(
+        self, nodes: frozenset[int], columns: list[list[int]], weights: list[float]
+    ) -> None:
+        self.nodes = nodes
+        self.columns = columns
+        self.weights = weights
+        self.items: list[tuple[float, int]] = []
+        self.rooms: dict[int, float] = {}
+        self.seen = -1  # never built
+
+    def room(self, node: int) -> float:
+        total = 0.0
+        for column, weight in zip(self.columns, self.weights, strict=True):
+            total += column[node] * weight
+        return total
+
+    def rebuild(self, seen: int) -> None:
+        pairs = list(zip(self.columns, self.weights, strict=True))
+        items = []
+        for node in self.nodes:
+            total = 0.0
+            for column, weight in pairs:
+                total += column[node] * weight
+            items.append((total, node))
+        items.sort()
+        self.items = items
+        self.rooms = {node: total for total, node in items}
+        self.seen = seen
+
+    def catch_up(self, log: list[int]) -> None:
+        seen = self.seen
+        end = len(log)
+        if seen == end:
+            return
+        if seen < 0 or (end - seen) * _REBUILD_SHARE > len(self.nodes):
+            self.rebuild(end)
+            return
+        nodes = self.nodes
+        items = self.items
+        rooms = self.rooms
+        for node in set(log[seen:end]):
+            if node not in nodes:
+                continue
+            old = rooms[node]
+            new = self.room(node)
+            if new != old:
+                del items[bisect_left(items, (old, node))]
+                insort(items, (new, node))
+                rooms[node] = new
+        self.seen = end
+
+
+class _Request:
+    """Pods of one size and constraints in one cluster: where to look for room for them.
+
+    Nodes of `order` from `floor` (the least room a node that holds one such pod can have)
+    up to `start` held none of these pods when last looked at (`seen`, a position in the
+    state's change log). Room only shrinks as pods are placed, so they still hold none
+    unless their room changed since: a walk for these pods begins at `start` once the
+    changes since `seen` are checked, instead of stepping over the same full nodes again.
+    """
+
+    __slots__ = ("floor", "order", "pairs", "seen", "start")
+
+    def __init__(self, order: _Order, pairs: list[tuple[list[int], int]], floor: float) -> None:
+        self.order = order
+        self.pairs = pairs  # (free column, milli-units per pod) for each requested resource
+        self.floor = floor
+        self.start: tuple[float, int] = (floor, -1)
+        self.seen = 0
+
+    def holds_one(self, node: int) -> bool:
+        return all(column[node] >= value for column, value in self.pairs)
+
+    def catch_up(self, log: list[int]) -> None:
+        """Move `start` back to any node whose room changed and now holds one pod."""
+        seen = self.seen
+        end = len(log)
+        if seen == end:
+            return
+        self.seen = end
+        if (end - seen) * _REBUILD_SHARE > len(self.order.nodes):
+            self.start = (self.floor, -1)
+            return
+        rooms = self.order.rooms
+        start = self.start
+        floor = self.floor
+        for node in log[seen:end]:
+            room = rooms.get(node)
+            if room is not None and floor <= room and (room, node) < start and self.holds_one(node):
+                start = (room, node)
+        self.start = start
+
+
+class _Step:
+    """How one pod set of a gang is placed in one cluster (precomputed per gang shape)."""
+
+    __slots__ = ("admitting", "count", "index", "request")
+
+    def __init__(
+        self, index: int, count: int, request: _Request, admitting: frozenset[int]
+    ) -> None:
+        self.index = index
+        self.count = count
+        self.request = request
+        self.admitting = admitting  # the nodes the pods' selector and tolerations allow
+
+
 class ClusterState:
     """A mutable simulation of one cluster's free capacity for one scheduling cycle."""
 
     __slots__ = (
         "_admitting",
+        "_allocatable",
         "_capacity",
+        "_columns",
         "_empty",
         "_failures",
-        "_free",
         "_free_total",
+        "_log",
         "_names",
         "_nodes",
+        "_orders",
         "_overflow",
-        "_positive",
+        "_plans",
+        "_requests",
         "_seq",
         "_short",
         "_version",
+        "_weights",
+        "_zeros",
         "name",
         "snapshot",
         "unschedulable_nodes",
@@ -138,43 +319,56 @@ class ClusterState:
         self.unschedulable_nodes = len(snapshot.nodes) - len(nodes)
         self._nodes: list[NodeState] = nodes
         self._names: list[str] = [n.name for n in nodes]
-        self._free: list[_Free] = []
-        self._capacity: _Free = {}
-        self._free_total: _Free = {}
-        for node in nodes:
-            free = dict(node.allocatable.items())
-            for resource, value in free.items():
-                self._capacity[resource] = self._capacity.get(resource, 0) + value
-            if not empty:
+        count = len(nodes)
+        allocatable: dict[str, list[int]] = {}
+        for index, node in enumerate(nodes):
+            for resource, value in node.allocatable.items():
+                column = allocatable.get(resource)
+                if column is None:
+                    column = allocatable[resource] = [0] * count
+                column[index] = value
+        self._allocatable = allocatable
+        self._capacity: _Free = {r: sum(column) for r, column in allocatable.items()}
+        self._weights: dict[str, float] = {
+            r: 1.0 / value if value else 1.0 for r, value in self._capacity.items()
+        }
+        columns = {r: list(column) for r, column in allocatable.items()}
+        if not empty:
+            for index, node in enumerate(nodes):
                 for resource, value in node.requested.items():
-                    free[resource] = free.get(resource, 0) - value
-            for resource, value in free.items():
-                self._free_total[resource] = self._free_total.get(resource, 0) + value
-            self._free.append(free)
-        # Nodes with some room left of each resource: a pod asking for a resource need
-        # only look at those, and in a busy cluster they are few.
-        self._positive: dict[str, set[int]] = {}
-        for index, free in enumerate(self._free):
-            for resource, value in free.items():
-                if value > 0:
-                    self._positive.setdefault(resource, set()).add(index)
-        self._admitting: dict[_Shape, tuple[list[int], frozenset[int]]] = {}
-        # Gang shapes that found no room per node -> (reason with _POD for the pod's name,
-        # index of the pod set that failed, placement seq when it failed). Placements only
-        # take room away, so the answer stands until a placement made before it is undone.
-        self._failures: dict[tuple[object, ...], tuple[str, int, int]] = {}
+                    column = columns.get(resource)
+                    if column is None:
+                        column = columns[resource] = [0] * count
+                    column[index] -= value
+        self._columns = columns
+        self._zeros = [0] * count
+        self._free_total: _Free = {r: sum(column) for r, column in columns.items()}
+        self._overflow: _Free = {}
+        self._log: list[int] = []  # nodes whose free room changed, in order
+        self._orders: dict[tuple[tuple[str, ...], object], _Order] = {}
+        self._admitting: dict[object, frozenset[int]] = {}
+        self._requests: dict[tuple[object, ...], _Request] = {}
+        self._plans: dict[_Key, list[_Step]] = {}
+        # Gang shapes that found no room per node -> (reason with tokens for pod names,
+        # placement seq when it failed). Placements only take room away, so the answer
+        # stands until a placement made before it is undone.
+        self._failures: dict[_Key, tuple[str, int]] = {}
         self._seq = 0
         # Aggregate shortfall reasons by gang shape, valid while `_version` (bumped on every
         # change of the aggregate) is unchanged: a full cluster answers thousands of
         # workloads of a few shapes without formatting the same numbers again.
-        self._short: dict[tuple[object, ...], tuple[int, str]] = {}
+        self._short: dict[_Key, tuple[int, str]] = {}
         self._version = 0
-        self._overflow: _Free = {}
         if not empty:
+            demands: dict[tuple[object, ...], Demand] = {}
             for reservation in sorted(
                 snapshot.reservations, key=lambda r: (r.dispatched_at, r.key)
             ):
-                self._reserve(reservation.pod_sets)
+                shape = shape_of(reservation.pod_sets)
+                demand = demands.get(shape)
+                if demand is None:
+                    demand = demands[shape] = Demand(reservation.pod_sets, shape)
+                self._reserve(demand)
 
     # -- read-only views ---------------------------------------------------------------
 
@@ -193,6 +387,11 @@ class ClusterState:
         """Reserved pods that fit on no node, charged against the aggregate only."""
         return Resources(self._overflow)
 
+    @property
+    def version(self) -> int:
+        """Changes whenever the aggregate free changes."""
+        return self._version
+
     def capacity_of(self, resource: str) -> int:
         return self._capacity.get(resource, 0)
 
@@ -201,7 +400,11 @@ class ClusterState:
 
     def node_free(self, node: str) -> Resources:
         """Free room on a schedulable node (KeyError for other nodes)."""
-        return Resources(self._free[self._names.index(node)])
+        try:
+            index = self._names.index(node)
+        except ValueError:
+            raise KeyError(node) from None
+        return Resources({r: column[index] for r, column in self._columns.items()})
 
     def node_names(self) -> tuple[str, ...]:
         """The schedulable nodes, in snapshot order."""
@@ -220,62 +423,74 @@ class ClusterState:
     def try_place(self, pod_sets: Sequence[PodSet] | Demand) -> PlaceResult:
         """Place all pods of all pod sets (a gang) or none; see the module docstring."""
         demand = pod_sets if isinstance(pod_sets, Demand) else Demand(pod_sets)
-        pod_sets = demand.pod_sets
-        totals = demand.totals
+        outcome = self.place(demand)
+        if isinstance(outcome, str):
+            return PlaceResult(ok=False, reason=reason_for(outcome, demand.pod_sets))
+        return outcome
+
+    def refusal(self, demand: Demand) -> str | None:
+        """A reason known without placing pods (aggregate short, or a remembered per-node
+        failure), with tokens for pod names (see `reason_for`); None when it may fit."""
         free_total = self._free_total
-        for resource, value in totals.items():
+        for resource, value in demand.totals.items():
             if value > free_total.get(resource, 0):
-                known = self._short.get(demand.shape)
+                known = self._short.get(demand.key)
                 if known is None or known[0] != self._version:
-                    known = self._short[demand.shape] = (
+                    known = self._short[demand.key] = (
                         self._version,
-                        self._aggregate_shortfall(totals),
+                        self._aggregate_shortfall(demand.totals),
                     )
-                return PlaceResult(ok=False, reason=known[1])
-        if not self._names and totals:
-            return PlaceResult(ok=False, reason=self._no_nodes_reason())
-        key = demand.shape
-        cached = self._failures.get(key)
-        if cached is not None:
-            template, failed, _ = cached
-            return PlaceResult(ok=False, reason=_name_pod(template, pod_sets, failed))
-        applied: list[tuple[int, _Request, int, int]] = []  # (node, request, count, pod set)
-        for index in self._largest_first(pod_sets):
-            pod_set = pod_sets[index]
-            if pod_set.count <= 0:
-                continue
-            request = self._request(pod_set.requests)
-            nodes = self._admitting_nodes(pod_set)
-            if nodes[0]:
-                remaining = self._fill(request, nodes, pod_set.count, applied, index)
-                if not remaining:
-                    continue
+                return known[1]
+        if not self._names and demand.totals:
+            return self._no_nodes_reason()
+        failed = self._failures.get(demand.key)
+        if failed is not None:
+            return failed[0]
+        return None
+
+    def place(self, demand: Demand) -> PlaceResult | str:
+        """`try_place` for callers that name pods themselves: on failure, the reason with
+        tokens for pod names (see `reason_for`)."""
+        refused = self.refusal(demand)
+        if refused is not None:
+            return refused
+        applied: _Applied = []
+        for step in self._plan(demand):
+            if not step.admitting:
+                self._unapply(applied)
+                template = self._no_match_reason(step.index)
+                self._failures[demand.key] = (template, self._seq)
+                return template
+            remaining = self._fill(step, applied)
+            if remaining:
                 placed = sum(count for _, _, count, _ in applied)
-                template = self._per_node_reason(pod_set, request, nodes[0], placed, pod_sets)
+                template = self._per_node_reason(demand, step, placed)
                 self._unapply(applied)
                 # When the nodes these pods may use (selector, taints) lack the room in total,
                 # that is the clearer answer: the aggregate counted nodes they cannot go to.
-                template = self._usable_shortfall(pod_set, nodes[0], pod_sets) or template
-            else:
-                self._unapply(applied)
-                template = self._no_match_reason()
-            self._failures[key] = (template, index, self._seq)
-            return PlaceResult(ok=False, reason=_name_pod(template, pod_sets, index))
+                template = self._usable_shortfall(demand, step) or template
+                self._failures[demand.key] = (template, self._seq)
+                return template
+        totals = demand.totals
+        free_total = self._free_total
         for resource, value in totals.items():
-            self._free_total[resource] = self._free_total.get(resource, 0) - value
+            free_total[resource] = free_total.get(resource, 0) - value
         self._seq += 1
         self._version += 1
+        names = self._names
         return PlaceResult(
             ok=True,
             assignments=tuple(
-                NodeAssignment(pod_set=ps, node=self._names[node], count=count)
-                for node, _, count, ps in applied
+                [
+                    NodeAssignment(pod_set=pod_set, node=names[node], count=count)
+                    for node, _, count, pod_set in applied
+                ]
             ),
             undo=self._undo_for(applied, totals, self._seq),
         )
 
     def _undo_for(
-        self, applied: list[tuple[int, _Request, int, int]], totals: Mapping[str, int], seq: int
+        self, applied: _Applied, totals: Mapping[str, int], seq: int
     ) -> Callable[[], None]:
         done = False
 
@@ -289,120 +504,136 @@ class ClusterState:
                 self._free_total[resource] += value
             self._version += 1
             # Room came back: failures recorded while this placement was applied may fit now.
-            self._failures = {k: v for k, v in self._failures.items() if v[2] < seq}
+            self._failures = {k: v for k, v in self._failures.items() if v[1] < seq}
 
         return undo
 
-    def _unapply(self, applied: list[tuple[int, _Request, int, int]]) -> None:
-        positive = self._positive
-        for node, request, count, _ in applied:
-            free = self._free[node]
-            for resource, value, _weight in request:
-                free[resource] += value * count
-                if free[resource] > 0:
-                    positive.setdefault(resource, set()).add(node)
+    def _unapply(self, applied: _Applied) -> None:
+        log = self._log
+        for node, pairs, count, _ in applied:
+            for column, value in pairs:
+                column[node] += value * count
+            log.append(node)
         applied.clear()
 
-    def _reserve(self, pod_sets: Sequence[PodSet]) -> None:
+    def _reserve(self, demand: Demand) -> None:
         """Charge a reservation: per node where its pods fit, aggregate always."""
-        applied: list[tuple[int, _Request, int, int]] = []
-        for index in self._largest_first(pod_sets):
-            pod_set = pod_sets[index]
-            if pod_set.count <= 0:
-                continue
-            request = self._request(pod_set.requests)
-            remaining = self._fill(
-                request, self._admitting_nodes(pod_set), pod_set.count, applied, index
-            )
-            for resource, value in pod_set.requests.items():
-                self._free_total[resource] = self._free_total.get(resource, 0) - value * (
-                    pod_set.count
-                )
-                if remaining:
-                    self._overflow[resource] = self._overflow.get(resource, 0) + value * remaining
+        applied: _Applied = []
+        overflow = self._overflow
+        for step in self._plan(demand):
+            remaining = self._fill(step, applied)
+            if remaining:
+                for resource, value in demand.requests[step.index]:
+                    overflow[resource] = overflow.get(resource, 0) + value * remaining
+        free_total = self._free_total
+        for resource, value in demand.totals.items():
+            free_total[resource] = free_total.get(resource, 0) - value
 
-    def _fill(
-        self,
-        request: _Request,
-        nodes: tuple[list[int], frozenset[int]],
-        count: int,
-        applied: list[tuple[int, _Request, int, int]],
-        pod_set: int,
-    ) -> int:
-        """Best-fit `count` identical pods onto `nodes`; returns how many found no room.
+    def _fill(self, step: _Step, applied: _Applied) -> int:
+        """Best-fit the step's pods; returns how many found no room.
 
-        Putting one pod on the best node lowers only that node's score, so it stays the best
-        while it still holds a pod: fill it, then go to the next best. One sort per pod set.
+        Putting pods on a node lowers only that node's room, so the next best node is the
+        next one in the order: one walk per pod set, from the first node that may hold one.
         """
-        candidates: list[tuple[float, int]] = []
-        free_list = self._free
-        admitting, admitting_set = nodes
-        scan: Iterable[int] = admitting
-        if request:
-            with_room = [self._positive.get(resource, _NONE) for resource, _, _ in request]
-            fewest = min(with_room, key=len)
-            if len(fewest) < len(admitting):
-                scan = [n for n in fewest if n in admitting_set]
-        for node in scan:
-            free = free_list[node]
-            score = 0.0
-            for resource, value, weight in request:
-                left = free.get(resource, 0) - value
-                if left < 0:
-                    break
-                score += left * weight
-            else:
-                candidates.append((score, node))
-        # At most `count` nodes get pods: no need to sort them all.
-        ordered = (
-            sorted(candidates) if count >= len(candidates) else heapq.nsmallest(count, candidates)
-        )
-        remaining = count
-        for _, node in ordered:
+        request = step.request
+        log = self._log
+        order = request.order
+        order.catch_up(log)
+        request.catch_up(log)
+        items = order.items
+        pairs = request.pairs
+        remaining = step.count
+        position = bisect_left(items, request.start)
+        end = len(items)
+        first: tuple[float, int] | None = None
+        while position < end:
+            item = items[position]
+            position += 1
+            node = item[1]
+            room = remaining
+            for column, value in pairs:
+                fit = column[node] // value
+                if fit < room:
+                    room = fit
+                    if fit <= 0:
+                        break
+            if room <= 0:
+                continue
+            if first is None:
+                first = item
+            for column, value in pairs:
+                column[node] -= value * room
+            log.append(node)
+            applied.append((node, pairs, room, step.index))
+            remaining -= room
             if not remaining:
                 break
-            free = free_list[node]
-            room = remaining
-            for resource, value, _weight in request:
-                room = min(room, free.get(resource, 0) // value)
-            for resource, value, _weight in request:
-                free[resource] = left = free.get(resource, 0) - value * room
-                if left <= 0:
-                    self._positive[resource].discard(node)
-            applied.append((node, request, room, pod_set))
-            remaining -= room
+        request.start = (math.inf, -1) if first is None else first
         return remaining
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _request(self, requests: Resources) -> _Request:
-        capacity = self._capacity
-        return [
-            (resource, value, 1.0 / capacity[resource] if capacity.get(resource) else 1.0)
-            for resource, value in requests.items()
-            if value > 0
-        ]
+    def _plan(self, demand: Demand) -> list[_Step]:
+        plan = self._plans.get(demand.key)
+        if plan is None:
+            plan = self._plans[demand.key] = [
+                self._step(demand, index) for index in self._largest_first(demand)
+            ]
+        return plan
 
-    def _largest_first(self, pod_sets: Sequence[PodSet]) -> list[int]:
+    def _step(self, demand: Demand, index: int) -> _Step:
+        pod_set = demand.pod_sets[index]
+        requests = demand.requests[index]
+        constraint = (pod_set.node_selector, pod_set.tolerations)
+        admitting = self._admitting_nodes(pod_set)
+        request = self._requests.get((requests, constraint))
+        if request is None:
+            resources = tuple(r for r, _ in requests)
+            order = self._orders.get((resources, constraint))
+            if order is None:
+                # Nodes without any of a requested resource can never hold these pods.
+                usable = admitting
+                for resource in resources:
+                    column = self._allocatable.get(resource, self._zeros)
+                    usable = frozenset(n for n in usable if column[n] > 0)
+                order = self._orders[(resources, constraint)] = _Order(
+                    usable,
+                    [self._columns.get(r, self._zeros) for r in resources],
+                    [self._weights.get(r, 1.0) for r in resources],
+                )
+            floor = 0.0
+            for (_, value), weight in zip(requests, order.weights, strict=True):
+                floor += value * weight
+            request = self._requests[(requests, constraint)] = _Request(
+                order, [(self._columns.get(r, self._zeros), v) for r, v in requests], floor
+            )
+            request.seen = len(self._log)
+        return _Step(index, max(pod_set.count, 0), request, admitting)
+
+    def _largest_first(self, demand: Demand) -> list[int]:
         """Pod set indices, the pods with the largest dominant share of the cluster first."""
         capacity = self._capacity
 
         def share(index: int) -> float:
             largest = 0.0
-            for resource, value in pod_sets[index].requests.items():
+            for resource, value in demand.requests[index]:
                 cap = capacity.get(resource, 0)
                 largest = max(largest, value / cap if cap > 0 else math.inf)
             return largest
 
-        return sorted(range(len(pod_sets)), key=lambda i: (-share(i), i))
+        return sorted(
+            (i for i, p in enumerate(demand.pod_sets) if p.count > 0),
+            key=lambda i: (-share(i), i),
+        )
 
-    def _admitting_nodes(self, pod_set: PodSet) -> tuple[list[int], frozenset[int]]:
-        """The nodes whose labels and taints let these pods on, as a list and as a set."""
+    def _admitting_nodes(self, pod_set: PodSet) -> frozenset[int]:
+        """The nodes whose labels and taints let these pods on."""
         shape = (pod_set.node_selector, pod_set.tolerations)
         nodes = self._admitting.get(shape)
         if nodes is None:
-            listed = [i for i, node in enumerate(self._nodes) if node.admits(pod_set)]
-            nodes = self._admitting[shape] = (listed, frozenset(listed))
+            nodes = self._admitting[shape] = frozenset(
+                i for i, node in enumerate(self._nodes) if node.admits(pod_set)
+            )
         return nodes
 
     def _aggregate_shortfall(self, totals: Mapping[str, int]) -> str:
@@ -426,31 +657,26 @@ class ClusterState:
             )
         return "no schedulable node (the cluster has no nodes)"
 
-    def _no_match_reason(self) -> str:
+    def _no_match_reason(self, index: int) -> str:
         if not self._names:
             return self._no_nodes_reason()
-        return f"no schedulable node matches pod {_POD} (nodeSelector/taints)"
+        return f"no schedulable node matches pod {_token(index)} (nodeSelector/taints)"
 
-    def _per_node_reason(
-        self,
-        pod_set: PodSet,
-        request: _Request,
-        nodes: list[int],
-        placed: int,
-        pod_sets: Sequence[PodSet],
-    ) -> str:
+    def _per_node_reason(self, demand: Demand, step: _Step, placed: int) -> str:
         """Why the gang found no room, naming the pod and the roomiest node it could use."""
+        requests = demand.requests[step.index]
+        columns = {r: self._columns.get(r, self._zeros) for r, _ in requests}
+        nodes = sorted(step.admitting)
         best_node = nodes[0]
         best_ratio = -math.inf
         for node in nodes:
-            free = self._free[node]
-            ratio = min(free.get(r, 0) / v for r, v, _ in request)
+            ratio = min(columns[r][node] / v for r, v in requests)
             if ratio > best_ratio:
                 best_node, best_ratio = node, ratio
-        free = self._free[best_node]
-        room = ", ".join(_fmt(r, free.get(r, 0)) for r, _, _ in sorted(request))
-        pod = f"pod {_POD} ({pod_set.requests.describe()})"
-        total = sum(max(p.count, 0) for p in pod_sets)
+        room = ", ".join(_fmt(r, columns[r][best_node]) for r, _ in requests)
+        pod_set = demand.pod_sets[step.index]
+        pod = f"pod {_token(step.index)} ({pod_set.requests.describe()})"
+        total = sum(max(p.count, 0) for p in demand.pod_sets)
         after = f" after placing {placed} of {total} pods" if placed else ""
         where = f"{room} ({self._names[best_node]})"
         if self._empty:
@@ -460,21 +686,23 @@ class ClusterState:
             f"largest free on a node is {where}"
         )
 
-    def _usable_shortfall(
-        self, pod_set: PodSet, nodes: list[int], pod_sets: Sequence[PodSet]
-    ) -> str | None:
+    def _usable_shortfall(self, demand: Demand, step: _Step) -> str | None:
+        pod_set = demand.pod_sets[step.index]
+        nodes = self._admitting_nodes(pod_set)
         if len(nodes) == len(self._nodes):
             return None  # the cluster-wide aggregate already covered these nodes
         shape = (pod_set.node_selector, pod_set.tolerations)
         needed: _Free = {}
-        for other in pod_sets:
+        for other in demand.pod_sets:
             if (other.node_selector, other.tolerations) == shape:
                 for resource, value in other.requests.items():
                     needed[resource] = needed.get(resource, 0) + value * max(other.count, 0)
         clauses = []
         for resource in sorted(needed):
-            capacity = sum(self._nodes[n].allocatable.get(resource, 0) for n in nodes)
-            free = sum(self._free[n].get(resource, 0) for n in nodes)
+            allocatable = self._allocatable.get(resource, self._zeros)
+            column = self._columns.get(resource, self._zeros)
+            capacity = sum(allocatable[n] for n in nodes)
+            free = sum(column[n] for n in nodes)
             if needed[resource] <= (capacity if self._empty else free):
                 continue
             if self._empty:
@@ -488,20 +716,6 @@ class ClusterState:
         if not clauses:
             return None
         return "; ".join(clauses) + f" on the {len(nodes)} nodes its pods may use"
-
-
-def _name_pod(template: str, pod_sets: Sequence[PodSet], index: int) -> str:
-    return template.replace(_POD, _pod_name(pod_sets[index], index))
-
-
-def _totals(pod_sets: Iterable[PodSet]) -> _Free:
-    totals: _Free = {}
-    for pod_set in pod_sets:
-        if pod_set.count <= 0:
-            continue
-        for resource, value in pod_set.requests.items():
-            totals[resource] = totals.get(resource, 0) + value * pod_set.count
-    return {r: v for r, v in totals.items() if v > 0}
 
 
 def fits_ever(pod_sets: Sequence[PodSet] | Demand, snapshot: ClusterSnapshot) -> str | None:

@@ -132,15 +132,20 @@ class KubeClient:
         cls,
         *,
         kubeconfig: str | None = None,
+        kubeconfig_dict: dict[str, Any] | None = None,
         context: str | None = None,
         name: str = "",
         qps: float = 0,
         burst: int = 0,
         pool_size: int = 64,
     ) -> KubeClient:
-        """From a kubeconfig file, or from the pod's service account when none is given."""
+        """From a kubeconfig (file or parsed), or the pod's service account when none given."""
         configuration = k8s_client.Configuration()
-        if kubeconfig:
+        if kubeconfig_dict is not None:
+            await k8s_config.load_kube_config_from_dict(
+                kubeconfig_dict, context=context, client_configuration=configuration
+            )
+        elif kubeconfig:
             await k8s_config.load_kube_config(
                 config_file=kubeconfig, context=context, client_configuration=configuration
             )
@@ -219,6 +224,18 @@ class KubeClient:
                 continue
             raise error
         raise error
+
+    async def ping(self, timeout: float = 5.0) -> None:
+        """A cheap request (GET /version) that must answer within `timeout` seconds."""
+        response = await self._send("GET", "/version", timeout=timeout)
+        try:
+            await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise Unreachable(f"{self.name or self._host}: {exc!r}") from exc
+        finally:
+            response.release()
+        if response.status != 200:
+            raise Unreachable(f"{self.name or self._host}: /version answered {response.status}")
 
     # -- discovery --------------------------------------------------------------------
 

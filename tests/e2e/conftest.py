@@ -55,8 +55,13 @@ async def run_dispatcher(
 ) -> AsyncIterator[StartDispatcher]:
     stack = AsyncExitStack()
     started: list[Dispatcher] = []
+    current: list[AsyncExitStack] = []
 
-    async def start(**overrides: Any) -> Dispatcher:
+    async def start(*, restart: bool = False, **overrides: Any) -> Dispatcher:
+        """Start a dispatcher; with restart=True, stop the running one first."""
+        if restart:
+            while current:
+                await current.pop().aclose()
         settings: dict[str, Any] = {
             "kubeconfig": str(cluster.kubeconfig),
             "members": [MemberConfig(name="local", node_selector=fake_nodes.pool)],
@@ -65,13 +70,18 @@ async def run_dispatcher(
             "log_level": "warning",
         }
         settings.update(overrides)
-        dispatcher = await stack.enter_async_context(running(Config(**settings)))
+        own = AsyncExitStack()
+        dispatcher = await own.enter_async_context(running(Config(**settings)))
+        current.append(own)
+        stack.push_async_callback(own.aclose)
         started.append(dispatcher)
         return dispatcher
 
     try:
         yield start
     finally:
+        if started and not current:
+            await start()  # someone must remove the finalizers
         if started:
             await cluster.akubectl(
                 "delete",

@@ -137,17 +137,23 @@ async def test_schema_errors_are_rejected_at_apply(
     assert expected in error.value.stderr
 
 
-async def test_object_of_someone_else_is_never_touched(cluster, namespace, fake_nodes,
-                                                       run_dispatcher):
+async def test_object_of_someone_else_is_never_touched(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
     await run_dispatcher()
-    theirs = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken"},
-              "data": {"owner": "someone else"}}
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "taken"},
+        "data": {"owner": "someone else"},
+    }
     await apply(cluster, namespace, theirs)
     await apply(cluster, namespace, appwrapper("grabber", dict(theirs, data={"owner": "me"})))
     await wait_condition(cluster, namespace, "grabber", "Failed")
     status = (await get_aw(cluster, namespace, "grabber"))["status"]
     assert "does not belong to this AppWrapper" in status["message"]
     await cluster.akubectl("delete", "aw", "grabber", "-n", namespace, "--timeout=60s")
-    out = await cluster.akubectl("get", "configmap", "taken", "-n", namespace, "-o",
-                                 "jsonpath={.data.owner}")
+    out = await cluster.akubectl(
+        "get", "configmap", "taken", "-n", namespace, "-o", "jsonpath={.data.owner}"
+    )
     assert out.stdout == "someone else"

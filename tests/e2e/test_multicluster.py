@@ -1,0 +1,249 @@
+"""Multi-cluster dispatch: a hub holding AppWrappers, two member control planes of its own."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatcher.config import MemberConfig
+from dispatcher.testing.localcluster import LocalCluster, ensure_binaries
+from dispatcher.testing.waits import async_wait_until
+from tests.e2e.conftest import (
+    apply,
+    appwrapper,
+    deployment,
+    get_aw,
+    wait_condition,
+)
+
+pytestmark = [pytest.mark.cluster]
+
+
+@pytest.fixture(scope="module")
+def members(cluster_workdir: Path) -> Iterator[dict[str, LocalCluster]]:
+    binaries = ensure_binaries()
+    started: dict[str, LocalCluster] = {}
+    try:
+        for name in ("east", "west"):
+            started[name] = LocalCluster.start(name, cluster_workdir, binaries=binaries)
+        yield started
+    finally:
+        for member in started.values():
+            member.stop()
+
+
+class MemberNodes:
+    def __init__(self, members: dict[str, LocalCluster], pool: str) -> None:
+        self.members = members
+        self.pool = pool
+        self.made: list[tuple[str, str]] = []
+
+    def add(self, member: str, suffix: str, **kwargs: Any) -> str:
+        name = f"{self.pool}-{suffix}"[:63]
+        self.members[member].add_node(name, labels={"appwrapper.test/pool": self.pool}, **kwargs)
+        self.members[member].wait_nodes_ready([name])
+        self.made.append((member, name))
+        return name
+
+    def cleanup(self) -> None:
+        for member, name in self.made:
+            self.members[member].kubectl("delete", "node", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def member_nodes(members, namespace) -> Iterator[MemberNodes]:
+    nodes = MemberNodes(members, namespace)
+    yield nodes
+    nodes.cleanup()
+
+
+def member_configs(members, namespace, **extra: dict[str, Any]) -> list[MemberConfig]:
+    pool = {"appwrapper.test/pool": namespace}
+    return [
+        MemberConfig(
+            name=name,
+            kubeconfig=str(cluster.kubeconfig),
+            node_selector=pool,
+            labels={"region": name},
+            **extra.get(name, {}),
+        )
+        for name, cluster in members.items()
+    ]
+
+
+def gpu_deployment(name: str, replicas: int, gpus: int) -> dict[str, Any]:
+    return deployment(name, replicas, {"cpu": "1", "nvidia.com/gpu": str(gpus)})
+
+
+async def member_objects(member: LocalCluster, namespace: str, kind: str = "deployments"):
+    out = await member.akubectl("get", kind, "-n", namespace, "-o", "json", check=False)
+    if out.returncode != 0:
+        return []
+    return [i["metadata"]["name"] for i in json.loads(out.stdout)["items"]]
+
+
+async def test_lands_where_it_fits_and_reports_back(
+    cluster, namespace, members, member_nodes, run_dispatcher
+):
+    member_nodes.add("west", "gpu", gpu=4)
+    member_nodes.add("east", "cpu", gpu=0)
+    await run_dispatcher(members=member_configs(members, namespace))
+    await apply(cluster, namespace, appwrapper("train", gpu_deployment("train", 2, 2)))
+    await wait_condition(cluster, namespace, "train", "Running", timeout=90)
+    status = (await get_aw(cluster, namespace, "train"))["status"]
+    assert status["clusterName"] == "west"
+    assert status["running"] == 2
+    assert await member_objects(members["west"], namespace) == ["train"]
+    assert await member_objects(members["east"], namespace) == []
+    assert await member_objects(cluster, namespace) == []  # the hub runs nothing itself
+    table = (await cluster.akubectl("get", "aw", "-n", namespace)).stdout
+    assert "west" in table
+
+
+async def test_gang_stays_within_one_cluster(
+    cluster, namespace, members, member_nodes, run_dispatcher
+):
+    member_nodes.add("east", "a", gpu=2)
+    member_nodes.add("west", "a", gpu=2)
+    await run_dispatcher(members=member_configs(members, namespace))
+    await apply(cluster, namespace, appwrapper("four", gpu_deployment("four", 4, 1)))
+
+    async def waits_everywhere() -> str | None:
+        message = ((await get_aw(cluster, namespace, "four")).get("status") or {}).get(
+            "message"
+        ) or ""
+        return message if "east" in message and "west" in message else None
+
+    message = await async_wait_until(waits_everywhere, timeout=30, what="per-member message")
+    assert "nvidia.com/gpu 4" in message
+    member_nodes.add("east", "b", gpu=2)
+    await wait_condition(cluster, namespace, "four", "Running", timeout=90)
+    assert (await get_aw(cluster, namespace, "four"))["status"]["clusterName"] == "east"
+
+
+@pytest.mark.parametrize(
+    ("scheduling", "want"),
+    [
+        pytest.param({"clusters": [{"name": "east"}]}, "east", id="clusters"),
+        pytest.param(
+            {"clusterSelector": {"matchLabels": {"region": "west"}}}, "west", id="cluster-selector"
+        ),
+    ],
+)
+async def test_cluster_scheduling_is_honoured(
+    cluster, namespace, members, member_nodes, run_dispatcher, scheduling, want
+):
+    member_nodes.add("east", "n", cpu="8")
+    member_nodes.add("west", "n", cpu="8")
+    await run_dispatcher(members=member_configs(members, namespace))
+    for index in range(3):
+        await apply(
+            cluster,
+            namespace,
+            appwrapper(
+                f"pinned-{index}",
+                deployment(f"pinned-{index}", 1, {"cpu": "1"}),
+                scheduling={"clusterScheduling": scheduling},
+            ),
+        )
+    for index in range(3):
+        await wait_condition(cluster, namespace, f"pinned-{index}", "Running", timeout=60)
+        status = (await get_aw(cluster, namespace, f"pinned-{index}"))["status"]
+        assert status["clusterName"] == want
+
+
+async def test_deletion_and_orphans_are_cleaned_in_members(
+    cluster, namespace, members, member_nodes, run_dispatcher
+):
+    member_nodes.add("east", "n", cpu="8")
+    configs = member_configs(members, namespace)
+    await run_dispatcher(members=configs)
+    await apply(cluster, namespace, appwrapper("gone", deployment("gone", 1, {"cpu": "1"})))
+    await wait_condition(cluster, namespace, "gone", "Running", timeout=60)
+    await cluster.akubectl("delete", "aw", "gone", "-n", namespace, "--timeout=60s")
+    assert await member_objects(members["east"], namespace) == []
+
+    # An orphan: objects in a member labelled for a hub AppWrapper that no longer exists
+    # (as if it was deleted while the dispatcher was down and its finalizer forced off).
+    orphan = deployment("orphan", 1, {"cpu": "1"})
+    orphan["metadata"]["labels"] = {
+        "workload.codeflare.dev/appwrapper": "vanished",
+        "workload.codeflare.dev/appwrapper-namespace": namespace,
+        "workload.codeflare.dev/appwrapper-uid": "0000-gone",
+    }
+    await members["east"].akubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(orphan))
+    # A restarted dispatcher sweeps members once they answer.
+    await run_dispatcher(restart=True, members=configs)
+
+    async def collected() -> bool:
+        return "orphan" not in await member_objects(members["east"], namespace)
+
+    await async_wait_until(collected, timeout=30, what="orphan collected")
+
+
+async def test_silent_member_work_moves_elsewhere(
+    cluster, namespace, members, member_nodes, run_dispatcher
+):
+    member_nodes.add("east", "n", cpu="4")
+    configs = member_configs(members, namespace)
+    await run_dispatcher(members=configs, member_timeout_seconds=5)
+    pinned = {"clusterScheduling": {"clusters": [{"name": "east"}, {"name": "west"}]}}
+    await apply(
+        cluster,
+        namespace,
+        appwrapper("mover", deployment("mover", 1, {"cpu": "2"}), scheduling=pinned),
+    )
+    await wait_condition(cluster, namespace, "mover", "Running", timeout=60)
+    assert (await get_aw(cluster, namespace, "mover"))["status"]["clusterName"] == "east"
+    member_nodes.add("west", "n", cpu="4")
+    members["east"].pause_api()
+    try:
+
+        async def moved_west() -> bool:
+            status = (await get_aw(cluster, namespace, "mover")).get("status") or {}
+            return status.get("clusterName") == "west" and status.get("state") == "Running"
+
+        await async_wait_until(moved_west, timeout=90, what="requeued to west")
+        status = (await get_aw(cluster, namespace, "mover"))["status"]
+        requeued = next(c for c in status["conditions"] if c["type"] == "Requeued")
+        assert requeued["reason"] == "ClusterUnreachable"
+    finally:
+        members["east"].resume_api()
+
+    async def east_cleaned() -> bool:
+        return await member_objects(members["east"], namespace) == []
+
+    await async_wait_until(east_cleaned, timeout=60, what="stale copy removed from east")
+    assert await member_objects(members["west"], namespace) == ["mover"]
+
+
+async def test_many_appwrappers_never_overcommit_a_member(
+    cluster, namespace, members, member_nodes, run_dispatcher
+):
+    member_nodes.add("east", "n", cpu="6", memory="64Gi")
+    member_nodes.add("west", "n", cpu="4", memory="64Gi")
+    await run_dispatcher(members=member_configs(members, namespace))
+    for index in range(16):
+        await apply(
+            cluster, namespace, appwrapper(f"w{index}", deployment(f"w{index}", 1, {"cpu": "1"}))
+        )
+
+    async def ten_running() -> bool:
+        out = await cluster.akubectl("get", "aw", "-n", namespace, "-o", "json")
+        items = json.loads(out.stdout)["items"]
+        return sum(1 for i in items if (i.get("status") or {}).get("state") == "Running") == 10
+
+    await async_wait_until(ten_running, timeout=90, what="10 of 16 running (all that fit)")
+    for name, limit in (("east", 6), ("west", 4)):
+        out = await members[name].akubectl("get", "pods", "-n", namespace, "-o", "json")
+        pods = [
+            p
+            for p in json.loads(out.stdout)["items"]
+            if p["status"].get("phase") in ("Pending", "Running")
+        ]
+        assert len(pods) == limit
+        assert all(p["status"]["phase"] == "Running" for p in pods)
