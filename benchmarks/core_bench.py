@@ -112,9 +112,10 @@ def _split(rng: random.Random, used: dict[str, int]) -> tuple[dict[str, int], di
 def build_cluster(name: str, nodes: int, rng: random.Random) -> ClusterSnapshot:
     """A mostly full member cluster: nodes, running AppWrappers, reservations.
 
-    Running pods take 80-90% of each node's cpu and memory and 5-8 of a GPU node's 8 GPUs;
-    AppWrappers dispatched in the last minute, whose pods are not bound yet, take most of
-    the rest (each one was dispatched because it fitted then, as the dispatcher does).
+    Running pods take 86-94% of each node's cpu and memory and 6-8 of a GPU node's 8 GPUs
+    (90% on average); AppWrappers dispatched in the last minute, whose pods are not bound
+    yet, take some of the rest (each one was dispatched because it fitted then, as the
+    dispatcher does).
     """
     admitted_count = max(1, nodes // 2)
     usage: list[dict[str, Resources]] = [{} for _ in range(admitted_count)]
@@ -125,15 +126,15 @@ def build_cluster(name: str, nodes: int, rng: random.Random) -> ClusterSnapshot:
         if gpu_node:
             allocatable = _resources(96, 1024, 8)
             used = {
-                "cpu": int(96_000 * rng.uniform(0.8, 0.9)),
-                "memory": int(1024 * GI * rng.uniform(0.8, 0.9)),
-                GPU: rng.choice([5, 6, 6, 7, 7, 8]) * 1000,
+                "cpu": int(96_000 * rng.uniform(0.86, 0.94)),
+                "memory": int(1024 * GI * rng.uniform(0.86, 0.94)),
+                GPU: rng.choice([6, 7, 7, 8, 8]) * 1000,
             }
         else:
             allocatable = _resources(64, 256)
             used = {
-                "cpu": int(64_000 * rng.uniform(0.8, 0.9)),
-                "memory": int(256 * GI * rng.uniform(0.8, 0.9)),
+                "cpu": int(64_000 * rng.uniform(0.86, 0.94)),
+                "memory": int(256 * GI * rng.uniform(0.86, 0.94)),
             }
         # Most of it belongs to dispatched AppWrappers (preemption candidates), the rest to
         # pods the dispatcher does not manage.

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from dispatcher.app import running
-from dispatcher.config import Config
+from dispatcher.config import Config, MemberConfig
 from dispatcher.logs import configure_logging
 from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries
 
@@ -120,14 +120,77 @@ async def demo(workdir: Path, keep: bool) -> int:
         cluster.stop()
 
 
+async def demo_members(workdir: Path, members: int, keep: bool) -> int:
+    """A hub holding AppWrappers and `members` member clusters; work lands where it fits."""
+    _say(f"Starting a hub and {members} member clusters")
+    binaries = ensure_binaries()
+    hub = LocalCluster.start("hub", workdir, binaries=binaries)
+    clusters: list[LocalCluster] = []
+    try:
+        names = [f"member-{chr(ord('a') + i)}" for i in range(members)]
+        for index, name in enumerate(names):
+            cluster = LocalCluster.start(name, workdir, binaries=binaries)
+            clusters.append(cluster)
+            # Only the last member has GPUs: GPU work must land there.
+            cluster.add_node(
+                f"{name}-node", cpu="8", memory="32Gi", gpu=4 if index == members - 1 else 0
+            )
+            cluster.wait_nodes_ready([f"{name}-node"])
+        hub.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "appwrapper.yaml"))
+        hub.kubectl("create", "namespace", NAMESPACE)
+        config = Config(
+            kubeconfig=str(hub.kubeconfig),
+            health_port=0,
+            log_level="warning",
+            members=[
+                MemberConfig(name=n, kubeconfig=str(c.kubeconfig), labels={"demo": n})
+                for n, c in zip(names, clusters, strict=True)
+            ],
+        )
+        async with running(config):
+            _say("Applying a GPU job and a CPU service on the hub")
+            await _show(
+                hub, "apply", "-n", NAMESPACE, "-f", str(REPO_ROOT / "samples" / "mcad-legacy.yaml")
+            )
+            await _show(
+                hub,
+                "apply",
+                "-n",
+                NAMESPACE,
+                "-f",
+                str(REPO_ROOT / "samples" / "service-deployment.yaml"),
+            )
+            ok = await _wait_for(hub, "mcad-legacy", "Dispatched", 60)
+            ok = await _wait_for(hub, "service-deployment", "Running", 60) and ok
+            await _show(hub, "get", "aw", "-n", NAMESPACE)
+            for name, cluster in zip(names, clusters, strict=True):
+                _say(f"In {name}")
+                await _show(cluster, "get", "deployments,jobs,pods", "-n", NAMESPACE)
+            if keep:
+                _say(f"Still running. Hub: kubectl --kubeconfig {hub.kubeconfig} get aw -A")
+                await asyncio.Event().wait()
+            return 0 if ok else 1
+    finally:
+        for cluster in clusters:
+            cluster.stop()
+        hub.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keep", action="store_true", help="keep running until Ctrl-C")
-    parser.add_argument("--members", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--members",
+        type=int,
+        default=1,
+        help="member clusters besides the hub (default: the hub alone)",
+    )
     args = parser.parse_args()
     configure_logging(level="warning")
     with tempfile.TemporaryDirectory(prefix="aw-demo-") as tmp:
         try:
+            if args.members > 1:
+                raise SystemExit(asyncio.run(demo_members(Path(tmp), args.members, args.keep)))
             raise SystemExit(asyncio.run(demo(Path(tmp), args.keep)))
         except KeyboardInterrupt:
             raise SystemExit(130) from None

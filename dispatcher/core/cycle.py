@@ -78,8 +78,8 @@ class _Cycle:
         self._empty: dict[str, ClusterState] = {}
         self._ever: dict[tuple[str, object], bool] = {}
         self._usable: dict[Placement, tuple[tuple[ClusterSnapshot, ...], tuple[str, ...]]] = {}
-        self._scarcest: dict[tuple[object, tuple[str, ...]], str | None] = {}
-        self._uniform: dict[tuple[object, tuple[str, ...]], bool] = {}
+        self._scarcest: dict[tuple[Demand, tuple[str, ...]], str | None] = {}
+        self._settled: dict[tuple[Demand, tuple[str, ...]], tuple[bool, str | None]] = {}
         # Clusters later workloads may not use this cycle, and why (a preemptor's claim, a
         # starving head's reservation).
         self.held: dict[str, str] = {}
@@ -163,24 +163,24 @@ class _Cycle:
 
     def scarcest(self, demand: Demand, states: Sequence[ClusterState]) -> str | None:
         """The requested resource the workload takes the largest share of, over `states`."""
-        names = tuple(s.name for s in states)
-        key = (demand.key, names)
+        key = (demand, tuple([s.name for s in states]))
         if key not in self._scarcest:
             self._scarcest[key] = _scarcest(demand, states)
         return self._scarcest[key]
 
-    def uniform(self, demand: Demand, states: Sequence[ClusterState]) -> bool:
-        """Whether every subset of `states` has the same scarcest resource for `demand`."""
-        names = tuple(s.name for s in states)
-        key = (demand.key, names)
-        answer = self._uniform.get(key)
+    def settled(self, demand: Demand, states: Sequence[ClusterState]) -> tuple[bool, str | None]:
+        """(True, resource) when every subset of `states` has `resource` as its scarcest
+        for `demand` (so it is the scarcest wherever the gang turns out to fit), else
+        (False, None)."""
+        key = (demand, tuple([s.name for s in states]))
+        answer = self._settled.get(key)
         if answer is None:
-            if len(states) > _MAX_SUBSETS_OF:
-                answer = False
-            else:
+            answer = (False, None)
+            if len(states) <= _MAX_SUBSETS_OF:
                 first = self.scarcest(demand, states)
-                answer = all(self.scarcest(demand, subset) == first for subset in _subsets(states))
-            self._uniform[key] = answer
+                if all(_scarcest(demand, subset) == first for subset in _subsets(states)):
+                    answer = (True, first)
+            self._settled[key] = answer
         return answer
 
 
@@ -236,12 +236,8 @@ def _certain(
 ) -> bool:
     """Whether `chosen` (the gang placed there) is the best fit whichever of `others` fit.
 
-    It was the best fit assuming all of them do; if the scarcest resource is the same for
-    every subset of them, it still is for any subset, else every subset is checked.
+    It was the best fit assuming all of them do; every subset of them is checked.
     """
-    together = [chosen, *others]
-    if cycle.uniform(demand, together):
-        return True
     if len(others) > _MAX_SUBSETS_OF:
         return False
     return all(
@@ -286,14 +282,28 @@ def _best_fit(
             candidates.append(state)
             by_name[cluster.name] = cluster
     while candidates:
-        guess = candidates[0] if len(candidates) == 1 else _choice(demand, cycle, candidates, None)
+        if len(candidates) == 1:
+            guess = candidates[0]
+            settled = True
+        else:
+            settled, resource = cycle.settled(demand, candidates)
+            if settled:
+                # The scarcest resource is this one wherever it fits: the best fit is the
+                # cluster left with the least of it, known before placing anything.
+                need = 0 if resource is None else demand.totals[resource]
+                guess = min(
+                    candidates,
+                    key=lambda s: (0 if resource is None else s.free_of(resource) - need, s.name),
+                )
+            else:
+                guess = _choice(demand, cycle, candidates, None)
         outcome = guess.place(demand)
         if isinstance(outcome, str):
             reasons[guess.name] = outcome
             candidates.remove(guess)
             continue
         others = [s for s in candidates if s is not guess]
-        if not others or _certain(demand, cycle, guess, others):
+        if settled or _certain(demand, cycle, guess, others):
             return by_name[guess.name], outcome
         fitting = [(guess, outcome)]
         for state in others:
@@ -302,6 +312,8 @@ def _best_fit(
                 reasons[state.name] = tried
             else:
                 fitting.append((state, tried))
+        # Placed everywhere: each one's room left is its free room now (taking the gang's
+        # totals off all of them alike, as `_choice` does, keeps the order).
         chosen = _choice(demand, cycle, [s for s, _ in fitting], None)
         chosen_result = outcome
         for state, result in fitting:

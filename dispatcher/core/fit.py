@@ -41,14 +41,23 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dispatcher.api.quantity import format_milli
 from dispatcher.api.resources import Resources
-from dispatcher.core.model import ClusterSnapshot, NodeState, PodSet
+from dispatcher.core.model import ClusterSnapshot, NodeState, PodSet, Taint
 
-__all__ = ["ClusterState", "Demand", "NodeAssignment", "PlaceResult", "fits_ever", "shape_of"]
+__all__ = [
+    "ClusterState",
+    "Demand",
+    "Evictions",
+    "NodeAssignment",
+    "PlaceResult",
+    "fits_ever",
+    "reason_for",
+    "shape_of",
+]
 
 _Free = dict[str, int]
 # (node, pod set index, pairs of (free column, milli-units per pod), pods) for one node.
@@ -166,32 +175,24 @@ def _pod_name(pod_set: PodSet, index: int) -> str:
 
 
 class _Order:
-    """Nodes that may take pods asking for `resources`, sorted by their room for them.
+    """Nodes that may take pods asking for some resources, sorted by their room for them.
 
-    `items` holds (room, node) ascending, room = sum over `resources` of free * weight;
-    `rooms` the same by node. Up to date with the state's change log up to `seen`.
+    `items` holds (room, node) ascending, room = sum over the resources of free * weight
+    (weight = 1 / cluster capacity); `rooms` the same by node. Up to date with the state's
+    change log up to position `seen`.
     """
 
-    __slots__ = ("columns", "items", "nodes", "rooms", "seen", "weights")
+    __slots__ = ("items", "nodes", "pairs", "rooms", "seen")
 
-    def __init__(
-        self, nodes: frozenset[int], columns: list[list[int]], weights: list[float]
-    ) -> None:
+    def __init__(self, nodes: frozenset[int], pairs: list[tuple[list[int], float]]) -> None:
         self.nodes = nodes
-        self.columns = columns
-        self.weights = weights
+        self.pairs = pairs  # (free column, weight) for each resource
         self.items: list[tuple[float, int]] = []
         self.rooms: dict[int, float] = {}
         self.seen = -1  # never built
 
-    def room(self, node: int) -> float:
-        total = 0.0
-        for column, weight in zip(self.columns, self.weights, strict=True):
-            total += column[node] * weight
-        return total
-
     def rebuild(self, seen: int) -> None:
-        pairs = list(zip(self.columns, self.weights, strict=True))
+        pairs = self.pairs
         items = []
         for node in self.nodes:
             total = 0.0
@@ -208,64 +209,93 @@ class _Order:
         end = len(log)
         if seen == end:
             return
-        if seen < 0 or (end - seen) * _REBUILD_SHARE > len(self.nodes):
+        nodes = self.nodes
+        if seen < 0:
             self.rebuild(end)
             return
-        nodes = self.nodes
+        changed = {node for node in log[seen:end] if node in nodes}
+        if len(changed) * _REBUILD_SHARE > len(nodes):
+            self.rebuild(end)
+            return
         items = self.items
         rooms = self.rooms
-        for node in set(log[seen:end]):
-            if node not in nodes:
-                continue
+        pairs = self.pairs
+        for node in changed:
+            new = 0.0
+            for column, weight in pairs:
+                new += column[node] * weight
             old = rooms[node]
-            new = self.room(node)
             if new != old:
                 del items[bisect_left(items, (old, node))]
                 insort(items, (new, node))
                 rooms[node] = new
         self.seen = end
 
+    def clone(self, columns: Mapping[int, list[int]], *, contents: bool) -> _Order:
+        """A copy over the state copy whose columns `columns` maps (by the originals' id);
+        without `contents` (or if this one was never built), one that builds on first use.
+        Must be caught up with the log first."""
+        copy = _Order(self.nodes, [(columns[id(c)], w) for c, w in self.pairs])
+        if contents and self.seen >= 0:
+            copy.items = list(self.items)
+            copy.rooms = dict(self.rooms)
+            copy.seen = 0
+        return copy
+
 
 class _Request:
     """Pods of one size and constraints in one cluster: where to look for room for them.
 
-    Nodes of `order` from `floor` (the least room a node that holds one such pod can have)
-    up to `start` held none of these pods when last looked at (`seen`, a position in the
-    state's change log). Room only shrinks as pods are placed, so they still hold none
-    unless their room changed since: a walk for these pods begins at `start` once the
-    changes since `seen` are checked, instead of stepping over the same full nodes again.
+    Walks for these pods skip nodes known to hold none of them: those of `order` from
+    `floor` (the least room a node that holds one such pod can have) up to `start`, and
+    those in `full`, as last looked at (`seen`, a position in the state's change log). Room
+    only shrinks as pods are placed, so such nodes still hold none unless their room
+    changed since: the changes since `seen` are checked before each walk.
     """
 
-    __slots__ = ("floor", "order", "pairs", "seen", "start")
+    __slots__ = ("floor", "full", "order", "pairs", "seen", "start")
 
     def __init__(self, order: _Order, pairs: list[tuple[list[int], int]], floor: float) -> None:
         self.order = order
         self.pairs = pairs  # (free column, milli-units per pod) for each requested resource
         self.floor = floor
         self.start: tuple[float, int] = (floor, -1)
+        self.full: set[int] = set()
         self.seen = 0
 
-    def holds_one(self, node: int) -> bool:
-        return all(column[node] >= value for column, value in self.pairs)
-
     def catch_up(self, log: list[int]) -> None:
-        """Move `start` back to any node whose room changed and now holds one pod."""
+        """Forget what changed nodes could not hold, where they now hold one pod."""
         seen = self.seen
         end = len(log)
         if seen == end:
             return
         self.seen = end
-        if (end - seen) * _REBUILD_SHARE > len(self.order.nodes):
-            self.start = (self.floor, -1)
-            return
         rooms = self.order.rooms
         start = self.start
         floor = self.floor
+        pairs = self.pairs
+        full = self.full
         for node in log[seen:end]:
             room = rooms.get(node)
-            if room is not None and floor <= room and (room, node) < start and self.holds_one(node):
-                start = (room, node)
+            if room is None or room < floor:
+                continue
+            before = (room, node) < start
+            if not before and node not in full:
+                continue
+            for column, value in pairs:
+                if column[node] < value:
+                    break
+            else:
+                full.discard(node)
+                if before:
+                    start = (room, node)
         self.start = start
+
+    def clone(self, order: _Order, columns: Mapping[int, list[int]]) -> _Request:
+        copy = _Request(order, [(columns[id(c)], v) for c, v in self.pairs], self.floor)
+        copy.start = self.start
+        copy.full = set(self.full)
+        return copy
 
 
 class _Step:
@@ -312,21 +342,42 @@ class ClusterState:
 
     def __init__(self, snapshot: ClusterSnapshot, *, empty: bool = False) -> None:
         """Build from `snapshot`; with `empty`, as if no pod ran and nothing was reserved."""
+        self._setup(snapshot, empty=empty)
+        if not empty:
+            demands: dict[tuple[object, ...], Demand] = {}
+            for reservation in sorted(
+                snapshot.reservations, key=lambda r: (r.dispatched_at, r.key)
+            ):
+                shape = shape_of(reservation.pod_sets)
+                demand = demands.get(shape)
+                if demand is None:
+                    demand = demands[shape] = Demand(reservation.pod_sets, shape)
+                self._reserve(demand)
+
+    @classmethod
+    def _unreserved(cls, snapshot: ClusterSnapshot) -> ClusterState:
+        """The cluster with its bound pods but none of its reservations applied."""
+        state = cls.__new__(cls)
+        state._setup(snapshot, empty=False)
+        return state
+
+    def _setup(self, snapshot: ClusterSnapshot, *, empty: bool) -> None:
         self.name = snapshot.name
         self.snapshot = snapshot
         self._empty = empty
-        nodes = [n for n in snapshot.nodes if n.schedulable]
+        nodes = [n for n in snapshot.nodes if n.ready and not n.unschedulable]
         self.unschedulable_nodes = len(snapshot.nodes) - len(nodes)
         self._nodes: list[NodeState] = nodes
         self._names: list[str] = [n.name for n in nodes]
         count = len(nodes)
         allocatable: dict[str, list[int]] = {}
         for index, node in enumerate(nodes):
-            for resource, value in node.allocatable.items():
+            amounts = node.allocatable
+            for resource in amounts:
                 column = allocatable.get(resource)
                 if column is None:
                     column = allocatable[resource] = [0] * count
-                column[index] = value
+                column[index] = amounts[resource]
         self._allocatable = allocatable
         self._capacity: _Free = {r: sum(column) for r, column in allocatable.items()}
         self._weights: dict[str, float] = {
@@ -335,11 +386,12 @@ class ClusterState:
         columns = {r: list(column) for r, column in allocatable.items()}
         if not empty:
             for index, node in enumerate(nodes):
-                for resource, value in node.requested.items():
+                amounts = node.requested
+                for resource in amounts:
                     column = columns.get(resource)
                     if column is None:
                         column = columns[resource] = [0] * count
-                    column[index] -= value
+                    column[index] -= amounts[resource]
         self._columns = columns
         self._zeros = [0] * count
         self._free_total: _Free = {r: sum(column) for r, column in columns.items()}
@@ -359,16 +411,64 @@ class ClusterState:
         # workloads of a few shapes without formatting the same numbers again.
         self._short: dict[_Key, tuple[int, str]] = {}
         self._version = 0
-        if not empty:
-            demands: dict[tuple[object, ...], Demand] = {}
-            for reservation in sorted(
-                snapshot.reservations, key=lambda r: (r.dispatched_at, r.key)
-            ):
-                shape = shape_of(reservation.pod_sets)
-                demand = demands.get(shape)
-                if demand is None:
-                    demand = demands[shape] = Demand(reservation.pod_sets, shape)
-                self._reserve(demand)
+
+    def _clone(self, keep: Container[frozenset[int]] | None = None) -> ClusterState:
+        """An independent copy of this state (its answers are the same, its caches empty).
+
+        With `keep`, only the node orders over node sets in `keep` are copied (others are
+        rebuilt if ever used): for copies that only place pods on those nodes.
+        """
+        log = self._log
+
+        def kept(order: _Order) -> bool:
+            return order.seen >= 0 and (keep is None or order.nodes in keep)
+
+        for order in self._orders.values():
+            if kept(order):
+                order.catch_up(log)
+        for request in self._requests.values():
+            if kept(request.order):
+                request.catch_up(log)
+        copy = ClusterState.__new__(ClusterState)
+        copy.name = self.name
+        copy.snapshot = self.snapshot
+        copy._empty = self._empty
+        copy.unschedulable_nodes = self.unschedulable_nodes
+        copy._nodes = self._nodes
+        copy._names = self._names
+        copy._allocatable = self._allocatable
+        copy._capacity = self._capacity
+        copy._weights = self._weights
+        copy._zeros = self._zeros
+        copy._admitting = self._admitting
+        copy._columns = {r: list(column) for r, column in self._columns.items()}
+        by_id = {id(self._columns[r]): copy._columns[r] for r in self._columns}
+        by_id[id(self._zeros)] = self._zeros
+        copy._free_total = dict(self._free_total)
+        copy._overflow = dict(self._overflow)
+        copy._log = []
+        copy._orders = {}
+        orders: dict[int, _Order] = {}
+        for key, order in self._orders.items():
+            orders[id(order)] = copy._orders[key] = order.clone(by_id, contents=kept(order))
+        copy._requests = {}
+        requests: dict[int, _Request] = {}
+        for request_key, request in self._requests.items():
+            copied = request.clone(orders[id(request.order)], by_id)
+            if not kept(request.order):
+                # Not caught up with the log: start over.
+                copied.start = (copied.floor, -1)
+                copied.full = set()
+            requests[id(request)] = copy._requests[request_key] = copied
+        copy._plans = {
+            shape: [_Step(s.index, s.count, requests[id(s.request)], s.admitting) for s in plan]
+            for shape, plan in self._plans.items()
+        }
+        copy._failures = {}
+        copy._seq = self._seq
+        copy._short = {}
+        copy._version = self._version
+        return copy
 
     # -- read-only views ---------------------------------------------------------------
 
@@ -489,6 +589,19 @@ class ClusterState:
             undo=self._undo_for(applied, totals, self._seq),
         )
 
+    def _holds(self, demand: Demand) -> bool:
+        """Whether the gang fits now, for a state that is thrown away after: the placement
+        stays applied, no reason is worked out, nothing is remembered."""
+        free_total = self._free_total
+        for resource, value in demand.totals.items():
+            if value > free_total.get(resource, 0):
+                return False
+        applied: _Applied = []
+        for step in self._plan(demand):
+            if not step.admitting or self._fill(step, applied):
+                return False
+        return True
+
     def _undo_for(
         self, applied: _Applied, totals: Mapping[str, int], seq: int
     ) -> Callable[[], None]:
@@ -529,6 +642,17 @@ class ClusterState:
         for resource, value in demand.totals.items():
             free_total[resource] = free_total.get(resource, 0) - value
 
+    def _reserve_within(self, demand: Demand, orders: Container[frozenset[int]]) -> None:
+        """Place a reservation's pods that may use the node sets in `orders`, nothing else.
+
+        Pods of other node sets never touch those nodes, and the aggregate is not kept:
+        only for states that answer about gangs using those nodes, with the aggregate set.
+        """
+        applied: _Applied = []
+        for step in self._plan(demand):
+            if step.request.order.nodes in orders:
+                self._fill(step, applied)
+
     def _fill(self, step: _Step, applied: _Applied) -> int:
         """Best-fit the step's pods; returns how many found no room.
 
@@ -545,11 +669,14 @@ class ClusterState:
         remaining = step.count
         position = bisect_left(items, request.start)
         end = len(items)
+        full = request.full
         first: tuple[float, int] | None = None
         while position < end:
             item = items[position]
             position += 1
             node = item[1]
+            if node in full:
+                continue
             room = remaining
             for column, value in pairs:
                 fit = column[node] // value
@@ -558,6 +685,7 @@ class ClusterState:
                     if fit <= 0:
                         break
             if room <= 0:
+                full.add(node)
                 continue
             if first is None:
                 first = item
@@ -595,14 +723,16 @@ class ClusterState:
                 usable = admitting
                 for resource in resources:
                     column = self._allocatable.get(resource, self._zeros)
-                    usable = frozenset(n for n in usable if column[n] > 0)
+                    usable = frozenset([n for n in usable if column[n] > 0])
                 order = self._orders[(resources, constraint)] = _Order(
                     usable,
-                    [self._columns.get(r, self._zeros) for r in resources],
-                    [self._weights.get(r, 1.0) for r in resources],
+                    [
+                        (self._columns.get(r, self._zeros), self._weights.get(r, 1.0))
+                        for r in resources
+                    ],
                 )
             floor = 0.0
-            for (_, value), weight in zip(requests, order.weights, strict=True):
+            for (_, value), (_, weight) in zip(requests, order.pairs, strict=True):
                 floor += value * weight
             request = self._requests[(requests, constraint)] = _Request(
                 order, [(self._columns.get(r, self._zeros), v) for r, v in requests], floor
@@ -631,9 +761,29 @@ class ClusterState:
         shape = (pod_set.node_selector, pod_set.tolerations)
         nodes = self._admitting.get(shape)
         if nodes is None:
-            nodes = self._admitting[shape] = frozenset(
-                i for i, node in enumerate(self._nodes) if node.admits(pod_set)
-            )
+            # The same test as `NodeState.admits` (every node here is schedulable), with the
+            # verdict on a set of taints worked out once: nodes mostly share a few.
+            selector, tolerations = shape
+            tolerated: dict[tuple[Taint, ...], bool] = {}
+            chosen = []
+            for index, node in enumerate(self._nodes):
+                taints = node.taints
+                if taints:
+                    verdict = tolerated.get(taints)
+                    if verdict is None:
+                        verdict = tolerated[taints] = all(
+                            any(t.tolerates(taint) for t in tolerations)
+                            for taint in taints
+                            if taint.repels
+                        )
+                    if not verdict:
+                        continue
+                if selector:
+                    labels = node.labels
+                    if any(labels.get(key) != value for key, value in selector):
+                        continue
+                chosen.append(index)
+            nodes = self._admitting[shape] = frozenset(chosen)
         return nodes
 
     def _aggregate_shortfall(self, totals: Mapping[str, int]) -> str:
@@ -666,11 +816,16 @@ class ClusterState:
         """Why the gang found no room, naming the pod and the roomiest node it could use."""
         requests = demand.requests[step.index]
         columns = {r: self._columns.get(r, self._zeros) for r, _ in requests}
+        pairs = [(columns[r], v) for r, v in requests]
         nodes = sorted(step.admitting)
         best_node = nodes[0]
         best_ratio = -math.inf
         for node in nodes:
-            ratio = min(columns[r][node] / v for r, v in requests)
+            ratio = math.inf
+            for column, value in pairs:
+                share = column[node] / value
+                if share < ratio:
+                    ratio = share
             if ratio > best_ratio:
                 best_node, best_ratio = node, ratio
         room = ", ".join(_fmt(r, columns[r][best_node]) for r, _ in requests)
@@ -716,6 +871,299 @@ class ClusterState:
         if not clauses:
             return None
         return "; ".join(clauses) + f" on the {len(nodes)} nodes its pods may use"
+
+
+# A replay of reservations is saved every this many of them (see `Evictions`).
+_STOP_EVERY = 16
+
+
+class _Tape:
+    """Fresh-state replays of the reservations over one starting state, saved as they go.
+
+    `at(position)` is a copy of the state once the first `position` reservations (of those
+    the owner replays) were placed; the tape moves forward on demand and keeps a copy every
+    `_STOP_EVERY` reservations, so going back costs a copy and a few reservations.
+    """
+
+    __slots__ = ("_cursor", "_keep", "_position", "_steps", "_stops")
+
+    def __init__(
+        self, start: ClusterState, steps: Sequence[Demand], keep: frozenset[frozenset[int]]
+    ) -> None:
+        self._cursor = start
+        self._steps = steps
+        self._keep = keep
+        self._position = 0
+        self._stops: list[tuple[int, ClusterState]] = [(0, start._clone(keep))]
+
+    def at(self, position: int) -> ClusterState:
+        keep = self._keep
+        if position >= self._position:
+            cursor = self._cursor
+            while self._position < position:
+                cursor._reserve_within(self._steps[self._position], keep)
+                self._position += 1
+                if self._position % _STOP_EVERY == 0:
+                    self._stops.append((self._position, cursor._clone(keep)))
+            return cursor._clone(keep)
+        stop = bisect_left(self._stops, position + 1, key=lambda s: s[0]) - 1
+        at, saved = self._stops[stop]
+        state = saved._clone(keep)
+        for index in range(at, position):
+            state._reserve_within(self._steps[index], keep)
+        return state
+
+
+class _PodRoom:
+    """For each pod set of a gang: how many of its pods the nodes it may use could hold,
+    one node at a time, with no pod reserved (reservations only take room away), as
+    bound pods are freed node by node."""
+
+    __slots__ = ("_base", "_sets")
+
+    def __init__(self, base: ClusterState, demand: Demand, plan: Sequence[_Step]) -> None:
+        self._base = base._columns
+        # (pods needed, resources and amounts per pod, usable nodes, pods per node, total)
+        self._sets: list[tuple[int, list[tuple[str, int]], frozenset[int], dict[int, int], int]]
+        self._sets = []
+        for step in plan:
+            if not step.request.pairs:
+                continue
+            pairs = step.request.pairs
+            counts = {}
+            for node in step.request.order.nodes:
+                pods = min(column[node] // value for column, value in pairs)
+                if pods > 0:
+                    counts[node] = pods
+            self._sets.append(
+                (
+                    step.count,
+                    list(demand.requests[step.index]),
+                    step.request.order.nodes,
+                    counts,
+                    sum(counts.values()),
+                )
+            )
+
+    def fresh(self) -> list[tuple[dict[int, int], int]]:
+        """Mutable running counts (per node, total) for `free`, one entry per pod set."""
+        return [(dict(counts), total) for _, _, _, counts, total in self._sets]
+
+    def free(
+        self, running: list[tuple[dict[int, int], int]], node: int, room: Mapping[str, int]
+    ) -> None:
+        """Count in that `node` has `room` more than with its bound pods."""
+        base = self._base
+        for index, (_, requests, nodes, _, _) in enumerate(self._sets):
+            if node not in nodes:
+                continue
+            counts, total = running[index]
+            pods = min((base[r][node] + room.get(r, 0)) // value for r, value in requests)
+            pods = max(pods, 0)
+            running[index] = (counts, total + pods - counts.get(node, 0))
+            counts[node] = pods
+
+    def enough(self, running: list[tuple[dict[int, int], int]]) -> bool:
+        return all(
+            total >= needed
+            for (needed, _, _, _, _), (_, total) in zip(self._sets, running, strict=True)
+        )
+
+
+class Evictions:
+    """Would one gang fit one cluster once some of its dispatched AppWrappers were evicted?
+
+    `fits(keys)` answers exactly as `ClusterState(snapshot.without(keys)).fits(demand)`
+    (None or not) would, for as many sets of keys as a preemption policy cares to ask
+    about, without building each of those states from nothing:
+
+    - the aggregate free is summed from what each evicted AppWrapper holds (bound pods on
+      schedulable nodes, reservations); when it is short, the gang does not fit;
+    - a pod set that finds too few places even on nodes freed of every reservation (and of
+      the evicted AppWrappers' bound pods) does not fit either: reservations only take room;
+    - otherwise reservations are replayed as a fresh state would place them, but only pods
+      that may use the nodes the gang may use (nodes are connected through the node sets
+      pods may use: a GPU gang's replay skips pods that cannot go on GPU nodes, which never
+      touch them), and from a saved replay with the same bound pods evicted, taken before the
+      first evicted reservation.
+
+    `first_fit(keys)` is the shortest prefix of `keys` that fits, found the same way with
+    the aggregate and the room per pod set summed as the prefix grows.
+    """
+
+    def __init__(self, snapshot: ClusterSnapshot, demand: Demand) -> None:
+        self._demand = demand
+        base = ClusterState._unreserved(snapshot)
+        self._base = base
+        demands: dict[tuple[object, ...], Demand] = {}
+        ordered: list[tuple[str, Demand]] = []
+        for reservation in sorted(snapshot.reservations, key=lambda r: (r.dispatched_at, r.key)):
+            shape = shape_of(reservation.pod_sets)
+            known = demands.get(shape)
+            if known is None:
+                known = demands[shape] = Demand(reservation.pod_sets, shape)
+            ordered.append((reservation.key, known))
+        # Node sets the gang's pods may use, and every node set sharing a node with one of
+        # those, transitively: only pods that may use them change the nodes the gang may use.
+        gang_plan = base._plan(demand)
+        keep = {step.request.order.nodes for step in gang_plan}
+        others = {step.request.order.nodes for d in demands.values() for step in base._plan(d)}
+        others -= keep
+        grown = True
+        while grown:
+            grown = False
+            for nodes in list(others):
+                if any(not nodes.isdisjoint(kept) for kept in keep):
+                    keep.add(nodes)
+                    others.discard(nodes)
+                    grown = True
+        self._keep = frozenset(keep)
+        self._nodes: frozenset[int] = frozenset().union(*keep) if keep else frozenset()
+        relevant = {
+            id(d): any(step.request.order.nodes in self._keep for step in base._plan(d))
+            for d in demands.values()
+        }
+        self._steps: list[Demand] = []
+        self._positions: dict[str, list[int]] = {}
+        # The aggregate free of the gang's resources with every reservation applied, and
+        # what each AppWrapper holds of them.
+        resources = tuple(demand.totals)
+        self._free = {r: base._free_total.get(r, 0) for r in resources}
+        self._held: dict[str, _Free] = {}
+        for key, known in ordered:
+            if relevant[id(known)]:
+                self._positions.setdefault(key, []).append(len(self._steps))
+                self._steps.append(known)
+            held = self._held.setdefault(key, {})
+            for resource in resources:
+                value = known.totals.get(resource, 0)
+                if value:
+                    self._free[resource] -= value
+                    held[resource] = held.get(resource, 0) + value
+        # What each AppWrapper's bound pods use on the nodes the gang may come to depend on.
+        index = {name: i for i, name in enumerate(base._names)}
+        nodes = self._nodes
+        self._usage: dict[str, list[tuple[int, dict[str, int]]]] = {}
+        for admitted in snapshot.admitted:
+            held = self._held.setdefault(admitted.key, {})
+            for node_name, used in admitted.usage:
+                node = index.get(node_name)
+                if node is None:
+                    continue  # not schedulable: a fresh state does not count it either
+                for resource in resources:
+                    if resource in used:
+                        held[resource] = held.get(resource, 0) + used[resource]
+                if node in nodes:
+                    amounts = {r: used[r] for r in used}
+                    self._usage.setdefault(admitted.key, []).append((node, amounts))
+        self._room = _PodRoom(base, demand, gang_plan)
+        self._tapes: dict[frozenset[str], _Tape] = {}
+
+    def fits(self, keys: Iterable[str]) -> bool:
+        """Whether the gang fits once the AppWrappers named by `keys` are gone."""
+        victims = list(dict.fromkeys(keys))
+        free = dict(self._free)
+        freed: dict[int, dict[str, int]] = {}
+        held_by = self._held
+        usage_by = self._usage
+        for key in victims:
+            held = held_by.get(key)
+            if held:
+                for resource, value in held.items():
+                    free[resource] += value
+            for node, amounts in usage_by.get(key, ()):
+                room = freed.setdefault(node, {})
+                for resource, value in amounts.items():
+                    room[resource] = room.get(resource, 0) + value
+        if not self._enough(free):
+            return False
+        running = self._room.fresh()
+        for node, room in freed.items():
+            self._room.free(running, node, room)
+        if not self._room.enough(running):
+            return False
+        return self._replay(victims, free)
+
+    def first_fit(self, keys: Sequence[str]) -> int | None:
+        """The length of the shortest prefix of `keys` whose eviction makes the gang fit.
+
+        Prefixes are checked cheaply (aggregate, room per pod set) one by one; from the
+        first that passes, the full check gallops (1, 2, 4... further) to a prefix that
+        fits, then halves the gap. That finds the same prefix as checking each in turn
+        whenever evicting more never makes the gang fit worse, which is the usual case
+        (greedy placement can, rarely, do worse with more room; then a longer prefix that
+        fits, with a shorter one before it that does not, is the answer).
+        """
+        free = dict(self._free)
+        freed: dict[int, dict[str, int]] = {}
+        running = self._room.fresh()
+        length = 0
+        for key in keys:
+            length += 1
+            held = self._held.get(key)
+            if held:
+                for resource, value in held.items():
+                    free[resource] += value
+            for node, amounts in self._usage.get(key, ()):
+                room = freed.setdefault(node, {})
+                for resource, value in amounts.items():
+                    room[resource] = room.get(resource, 0) + value
+                self._room.free(running, node, room)
+            if self._enough(free) and self._room.enough(running):
+                break
+        else:
+            return None
+        failed = length - 1  # the longest prefix known not to fit
+        step = 1
+        while True:
+            if self.fits(keys[:length]):
+                break
+            failed = length
+            if length == len(keys):
+                return None
+            length = min(length + step, len(keys))
+            step *= 2
+        while length - failed > 1:
+            middle = (failed + length) // 2
+            if self.fits(keys[:middle]):
+                length = middle
+            else:
+                failed = middle
+        return length
+
+    def _enough(self, free: Mapping[str, int]) -> bool:
+        return all(value <= free[r] for r, value in self._demand.totals.items())
+
+    def _replay(self, victims: Sequence[str], free: _Free) -> bool:
+        usage = self._usage
+        bound = frozenset([key for key in victims if key in usage])
+        tape = self._tapes.get(bound)
+        if tape is None:
+            tape = self._tapes[bound] = self._tape(bound)
+        positions = self._positions
+        evicted = sorted([p for key in victims if key in positions for p in positions[key]])
+        first = evicted[0] if evicted else len(self._steps)
+        state = tape.at(first)
+        skip = set(evicted)
+        keep = self._keep
+        steps = self._steps
+        for position in range(first, len(steps)):
+            if position not in skip:
+                state._reserve_within(steps[position], keep)
+        state._free_total = free
+        return state._holds(self._demand)
+
+    def _tape(self, bound: Iterable[str]) -> _Tape:
+        start = self._base._clone(self._keep)
+        columns = start._columns
+        for key in bound:
+            for node, amounts in self._usage[key]:
+                for resource, value in amounts.items():
+                    column = columns.get(resource)
+                    if column is not None:
+                        column[node] += value
+                start._log.append(node)
+        return _Tape(start, self._steps, self._keep)
 
 
 def fits_ever(pod_sets: Sequence[PodSet] | Demand, snapshot: ClusterSnapshot) -> str | None:

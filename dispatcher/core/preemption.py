@@ -7,12 +7,12 @@ default policy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from dispatcher.core.fit import ClusterState, Demand
-from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, PodSet, Workload
+from dispatcher.core.fit import Demand, Evictions
+from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, Workload
 
 __all__ = ["Claim", "HonourClaims", "LowestPriorityFirst", "PreemptionPolicy"]
 
@@ -29,14 +29,6 @@ class PreemptionPolicy(Protocol):
         ...
 
 
-def _fits(workload: Workload, cluster: ClusterSnapshot, victims: Sequence[str]) -> bool:
-    # The check the next cycle will make once the victims are gone: a fresh state built from
-    # the snapshot without them. Answering from the same construction keeps the promise
-    # "evicting these makes it fit" (and so avoids evicting, then evicting again).
-    state = ClusterState(cluster.without(frozenset(victims)))
-    return state.fits(workload.pod_sets) is None
-
-
 @dataclass(frozen=True, slots=True)
 class LowestPriorityFirst:
     """Evict the fewest, least important AppWrappers that make room.
@@ -48,8 +40,18 @@ class LowestPriorityFirst:
     then every victim whose eviction turns out unnecessary is given back, last taken first,
     until each remaining victim is needed: sparing any one of them would leave the workload
     short. The set is minimal in that sense, not necessarily the smallest possible (finding
-    that is a knapsack problem). Each "fits" is answered by the aggregate when that is
-    already short, else by a fresh `ClusterState` of the cluster without the victims.
+    that is a knapsack problem).
+
+    "Fits" is the check the next cycle will make once the victims are gone: a fresh state
+    built from the snapshot without them (`Evictions` answers it without building each
+    state). Answering from the same construction keeps the promise "evicting these makes
+    it fit" (and so avoids evicting, then evicting again).
+
+    Giving back goes by blocks: a run of victims, last taken first, that can all be given
+    back at once is, else the run is halved. When giving back one victim never makes
+    another one needed (the usual case) that ends where giving them back one at a time
+    would, with far fewer checks; a last pass one at a time makes sure every victim left is
+    needed whatever the case.
     """
 
     def choose_victims(
@@ -61,70 +63,40 @@ class LowestPriorityFirst:
         )
         if not candidates:
             return None
-        demand = Demand(workload.pod_sets)
-        now = ClusterState(cluster)
-        if now.fits(demand) is None:
+        check = Evictions(cluster, Demand(workload.pod_sets))
+        if check.fits(()):
             return ()
-        short = _Shortfall(now, demand, candidates, cluster)
-
-        def fits(victims: Sequence[str]) -> bool:
-            # The aggregate first (cheap), then the full check on a fresh state.
-            return not short.after_evicting(victims) and _fits(workload, cluster, victims)
-
         keys = [c.key for c in candidates]
-        if not fits(keys):
+        taken = check.first_fit(keys)  # None: evicting them all leaves it short
+        if taken is None:
             return None
-        victims: list[str] = []
-        for key in keys:
-            victims.append(key)
-            if fits(victims):
-                break
-        # Give back victims that are not needed, last taken first, until each one left is.
+        victims = keys[:taken]
+        # Give back victims that are not needed, last taken first, a block at a time.
+        kept = list(victims)
+
+        def give_back(block: list[str]) -> None:
+            if not block:
+                return
+            given = set(block)
+            rest = [v for v in kept if v not in given]
+            if check.fits(rest):
+                kept[:] = rest
+                return
+            if len(block) > 1:
+                half = len(block) // 2
+                give_back(block[:half])
+                give_back(block[half:])
+
+        give_back(victims[::-1])
+        # Then one at a time, last taken first, until each one left is needed.
         while True:
-            for key in reversed(victims):
-                rest = [v for v in victims if v != key]
-                if fits(rest):
-                    victims = rest
+            for key in reversed(kept):
+                rest = [v for v in kept if v != key]
+                if check.fits(rest):
+                    kept = rest
                     break
             else:
-                return tuple(victims)
-
-
-class _Shortfall:
-    """How far the aggregate falls short of a demand once some candidates are evicted."""
-
-    def __init__(
-        self,
-        now: ClusterState,
-        demand: Demand,
-        candidates: Sequence[AdmittedWorkload],
-        cluster: ClusterSnapshot,
-    ) -> None:
-        self._missing = {r: v - now.free_of(r) for r, v in demand.totals.items()}
-        schedulable = {n.name for n in cluster.nodes if n.schedulable}
-        reserved: dict[str, list[PodSet]] = {}
-        for reservation in cluster.reservations:
-            reserved.setdefault(reservation.key, []).extend(reservation.pod_sets)
-        self._frees: dict[str, dict[str, int]] = {}
-        for candidate in candidates:
-            frees: dict[str, int] = {}
-            for node_name, used in candidate.usage:
-                if node_name in schedulable:
-                    for resource in self._missing:
-                        frees[resource] = frees.get(resource, 0) + used[resource]
-            for pod_set in reserved.get(candidate.key, ()):
-                for resource in self._missing:
-                    frees[resource] = (
-                        frees.get(resource, 0) + pod_set.requests[resource] * pod_set.count
-                    )
-            self._frees[candidate.key] = frees
-
-    def after_evicting(self, victims: Sequence[str]) -> bool:
-        """True when the aggregate would still be short with these victims gone."""
-        for resource, missing in self._missing.items():
-            if missing > 0 and sum(self._frees[v].get(resource, 0) for v in victims) < missing:
-                return True
-        return False
+                return tuple(kept)
 
 
 @dataclass(frozen=True, slots=True)
