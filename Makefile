@@ -51,6 +51,7 @@ demo-multi: venv testenv
 
 bench: venv testenv
 	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m benchmarks.controlplane_bench --out benchmarks/results/controlplane.json
 	$(PY) -m benchmarks.core_bench --out benchmarks/results/core.json
 	$(PY) -m benchmarks.e2e_bench --out benchmarks/results/e2e.json
 	$(PY) -m benchmarks.plot benchmarks/results

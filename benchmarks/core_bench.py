@@ -109,7 +109,9 @@ def _split(rng: random.Random, used: dict[str, int]) -> tuple[dict[str, int], di
     return first, {r: v - first[r] for r, v in used.items()}
 
 
-def build_cluster(name: str, nodes: int, rng: random.Random) -> ClusterSnapshot:
+def build_cluster(
+    name: str, nodes: int, rng: random.Random, *, busy: tuple[float, float], reserved: int
+) -> ClusterSnapshot:
     """A mostly full member cluster: nodes, running AppWrappers, reservations.
 
     Running pods take 86-94% of each node's cpu and memory and 6-8 of a GPU node's 8 GPUs
@@ -126,15 +128,15 @@ def build_cluster(name: str, nodes: int, rng: random.Random) -> ClusterSnapshot:
         if gpu_node:
             allocatable = _resources(96, 1024, 8)
             used = {
-                "cpu": int(96_000 * rng.uniform(0.86, 0.94)),
-                "memory": int(1024 * GI * rng.uniform(0.86, 0.94)),
+                "cpu": int(96_000 * rng.uniform(*busy)),
+                "memory": int(1024 * GI * rng.uniform(*busy)),
                 GPU: rng.choice([6, 7, 7, 8, 8]) * 1000,
             }
         else:
             allocatable = _resources(64, 256)
             used = {
-                "cpu": int(64_000 * rng.uniform(0.86, 0.94)),
-                "memory": int(256 * GI * rng.uniform(0.86, 0.94)),
+                "cpu": int(64_000 * rng.uniform(*busy)),
+                "memory": int(256 * GI * rng.uniform(*busy)),
             }
         # Most of it belongs to dispatched AppWrappers (preemption candidates), the rest to
         # pods the dispatcher does not manage.
@@ -164,7 +166,7 @@ def build_cluster(name: str, nodes: int, rng: random.Random) -> ClusterSnapshot:
     # Dispatch AppWrappers, oldest first, while they fit (as the dispatcher did).
     state = ClusterState(ClusterSnapshot(name=name, nodes=tuple(node_states)))
     reservations = []
-    wanted = min(300, max(10, nodes // 3))
+    wanted = min(reserved, max(10, nodes * reserved // 1000))
     for attempt in range(wanted * 4):
         if len(reservations) == wanted:
             break
@@ -215,10 +217,18 @@ class Scenario:
     clusters: list[ClusterSnapshot]
 
 
-def build_scenario(pending: int, nodes: int, clusters: int, *, seed: int = 7) -> Scenario:
+def build_scenario(
+    pending: int,
+    nodes: int,
+    clusters: int,
+    *,
+    seed: int = 7,
+    busy: tuple[float, float] = (0.86, 0.94),
+    reserved: int = 300,
+) -> Scenario:
     rng = random.Random(seed)
     names = [f"member-{chr(ord('a') + i)}" for i in range(clusters)]
-    snapshots = [build_cluster(name, nodes, rng) for name in names]
+    snapshots = [build_cluster(name, nodes, rng, busy=busy, reserved=reserved) for name in names]
     return Scenario(pending=build_pending(pending, names, rng), clusters=snapshots)
 
 

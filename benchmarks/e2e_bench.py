@@ -359,6 +359,7 @@ async def run(count: int, churn: int, workdir: Path) -> dict[str, Any]:
             print(
                 "requests per dispatch: " + ", ".join(f"{k}={v:.2f}" for k, v in requests.items())
             )
+            result["trickle"] = await trickle_phase(client, watcher)
             if churn:
                 result["churn"] = await churn_phase(client, watcher, churn, process)
             watch_task.cancel()
@@ -369,6 +370,37 @@ async def run(count: int, churn: int, workdir: Path) -> dict[str, Any]:
     finally:
         cluster.stop()
     return result
+
+
+async def trickle_phase(
+    client: KubeClient, watcher: Watcher, total: int = 50, every: float = 0.25
+) -> dict[str, Any]:
+    """Latency when capacity is free and no backlog: one AppWrapper every `every` seconds
+    (arrivals are paced on purpose: this is the workload, not a wait for a result)."""
+    created: dict[str, float] = {}
+    for index in range(total):
+        name = f"trickle-{index}"
+        await client.create(
+            APPWRAPPERS, "aw", appwrapper(name, deployment(name, "aw"), service(name))
+        )
+        created[name] = time.time()
+        await asyncio.sleep(every)
+    await watcher.wait("Dispatched", set(created), timeout=120)
+    latencies = [watcher.first[n]["Dispatched"] - t for n, t in created.items()]
+    figures = {
+        "count": total,
+        "interval_seconds": every,
+        "p50": percentile(latencies, 0.5),
+        "p95": percentile(latencies, 0.95),
+        "p99": percentile(latencies, 0.99),
+        "max": max(latencies),
+    }
+    print(
+        f"trickle: {total} AppWrappers, one every {every}s: create->Dispatched "
+        f"p50 {figures['p50'] * 1000:.0f} ms, p99 {figures['p99'] * 1000:.0f} ms",
+        flush=True,
+    )
+    return figures
 
 
 async def churn_phase(

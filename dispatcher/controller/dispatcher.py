@@ -161,10 +161,16 @@ class Dispatcher:
         key = f"{meta['namespace']}/{meta['name']}"
         if new is None:
             self.state.forget(key)
+            self.state.phases.pop(key, None)
             self._kick.set()
             return
         self.queue.add(key)
-        self._kick.set()
+        phase = (_phase_of(new), new["metadata"].get("generation"))
+        if self.state.phases.get(key) != phase:
+            # Only a change of phase (or of spec) can change a decision; our own status
+            # writes on a waiting AppWrapper must not trigger cycle after cycle.
+            self.state.phases[key] = phase
+            self._kick.set()
 
     def _on_capacity(self, reason: str) -> None:
         if reason != "pod-changed":
@@ -596,8 +602,11 @@ class Dispatcher:
         held: dict[str, list[tuple[Workload, AppWrapperStatus | None, float]]] = {
             name: [] for name in self.members
         }
-        for key, watched in self.appwrappers.store.items():
-            obj = self.state.latest(key, watched)
+        store = self.appwrappers.store
+        for key, (phase, _) in self.state.phases.items():
+            if phase not in SCHEDULED_PHASES and key not in self.state.written:
+                continue  # finished, backing off or going away: holds nothing, wants nothing
+            obj = self.state.latest(key, store.get(key))
             if obj is None or obj["metadata"].get("deletionTimestamp"):
                 continue
             assumed = self.state.assumed.get(key)
@@ -982,6 +991,27 @@ class Dispatcher:
         if self._background:
             await asyncio.wait(list(self._background), timeout=timeout)
         await self.events.flush(timeout=timeout)
+
+
+SCHEDULED_PHASES = frozenset({"queued", "dispatched"})
+
+
+def _phase_of(obj: Obj) -> str:
+    """A cheap classification of a raw AppWrapper for the scheduler's bookkeeping."""
+    if obj["metadata"].get("deletionTimestamp"):
+        return "deleting"
+    true = {
+        c.get("type")
+        for c in (obj.get("status") or {}).get("conditions") or []
+        if c.get("status") == "True"
+    }
+    if "Completed" in true or "Failed" in true:
+        return "finished"
+    if "Dispatched" in true:
+        return "dispatched"
+    if "Backoff" in true:
+        return "backoff"
+    return "queued"
 
 
 def _unplaced(pod_sets: tuple[PodSet, ...], placed: list[Any]) -> tuple[PodSet, ...]:

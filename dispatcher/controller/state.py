@@ -64,6 +64,8 @@ class ControllerState:
     """key -> when pod counts were last written (they are written at most every few s)."""
     """key -> (message, when) of the last "waiting because" status write."""
 
+    phases: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+    """key -> (phase, generation) as last seen by the watch; the scheduler's index."""
     parsed: dict[str, tuple[str, AppWrapper]] = field(default_factory=dict)
     """key -> (resourceVersion, model): validating a whole AppWrapper is costly, and a cycle
     reads every queued one."""

@@ -91,6 +91,8 @@ class _Cycle:
         self.version = 0
         self.demands: dict[tuple[object, ...], Demand] = {}
         self.verdicts: dict[tuple[object, ...], tuple[int, str]] = {}
+        # The same reasons give the same message (one string for all the workloads it is for).
+        self._messages: dict[tuple[tuple[str, str], ...], str] = {}
 
     def state(self, cluster: ClusterSnapshot) -> ClusterState:
         state = self._states.get(cluster.name)
@@ -159,7 +161,13 @@ class _Cycle:
             return "no member cluster matches the placement (clusterScheduling)"
         if self.single:
             return reasons[0][1]
-        return "no cluster fits: " + "; ".join(f"{name}: {why}" for name, why in reasons)
+        key = tuple(reasons)
+        message = self._messages.get(key)
+        if message is None:
+            message = self._messages[key] = "no cluster fits: " + "; ".join(
+                f"{name}: {why}" for name, why in reasons
+            )
+        return message
 
     def scarcest(self, demand: Demand, states: Sequence[ClusterState]) -> str | None:
         """The requested resource the workload takes the largest share of, over `states`."""
@@ -297,7 +305,7 @@ def _best_fit(
                 )
             else:
                 guess = _choice(demand, cycle, candidates, None)
-        outcome = guess.place(demand)
+        outcome = guess.place(demand, checked=True)
         if isinstance(outcome, str):
             reasons[guess.name] = outcome
             candidates.remove(guess)

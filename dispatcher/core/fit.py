@@ -16,8 +16,9 @@ never double-booked, at the price of sometimes being a little pessimistic.
 
 `try_place` places a gang: all pods or none. It checks the aggregate first (a few dict
 lookups), and only when that fits places pods one pod set at a time, larger pods first,
-each pod on the node with the least room left (best fit; room = sum over the pod's
-resources of free / cluster capacity), filling that node before going to the next. On
+each pod on the node with the least room (best fit; room = sum over the pod's resources
+of free / cluster capacity, exactly, ties by node order), filling that node before going
+to the next. On
 success the placement stays applied and the result carries an `undo` that restores the
 state exactly, so a caller can try, compare and roll back (as Kueue does with its
 snapshot). On failure nothing changes and `reason` says why, with numbers, in one line.
@@ -65,6 +66,8 @@ _Applied = list[tuple[int, list[tuple[list[int], int]], int, int]]
 # An order of nodes by room must catch up with more logged changes than this share of its
 # nodes: rebuilding it is then cheaper.
 _REBUILD_SHARE = 4
+# A `_Request` that missed more changes than this forgets where its walks start.
+_FRONTIER_CHANGES = 64
 
 
 def _token(index: int) -> str:
@@ -162,7 +165,9 @@ def reason_for(template: str, pod_sets: Sequence[PodSet]) -> str:
     if "\x00" not in template:
         return template
     for index, pod_set in enumerate(pod_sets):
-        template = template.replace(_token(index), _pod_name(pod_set, index))
+        token = _token(index)
+        if token in template:
+            template = template.replace(token, pod_set.name or f"pod set {index}")
     return template
 
 
@@ -177,31 +182,47 @@ def _pod_name(pod_set: PodSet, index: int) -> str:
 class _Order:
     """Nodes that may take pods asking for some resources, sorted by their room for them.
 
-    `items` holds (room, node) ascending, room = sum over the resources of free * weight
-    (weight = 1 / cluster capacity); `rooms` the same by node. Up to date with the state's
-    change log up to position `seen`.
+    A node's room is the sum over the resources of free / cluster capacity. It is kept
+    exactly, as the integer sum of free * (product of the other resources' capacities),
+    and with the node's index in the low `shift` bits, so that one integer orders nodes by
+    room, then index: `items` holds those keys ascending, `rooms` the key by node. Up to
+    date with the state's change log up to position `seen`. Once built, the new key of
+    every node found changed is also added to `changes` and, unless it lost room, the node
+    to `raised`: what the `_Request`s over this order catch up with.
     """
 
-    __slots__ = ("items", "nodes", "pairs", "rooms", "seen")
+    __slots__ = ("changes", "items", "mask", "nodes", "pairs", "raised", "rooms", "seen", "shift")
 
-    def __init__(self, nodes: frozenset[int], pairs: list[tuple[list[int], float]]) -> None:
+    def __init__(
+        self, nodes: frozenset[int], pairs: list[tuple[list[int], int]], shift: int
+    ) -> None:
         self.nodes = nodes
-        self.pairs = pairs  # (free column, weight) for each resource
-        self.items: list[tuple[float, int]] = []
-        self.rooms: dict[int, float] = {}
+        self.pairs = pairs  # (free column, multiplier) for each resource
+        self.shift = shift
+        self.mask = (1 << shift) - 1
+        self.items: list[int] = []
+        self.rooms: dict[int, int] = {}
         self.seen = -1  # never built
+        self.changes: list[int] = []
+        self.raised: list[int] = []
+
+    def key(self, node: int) -> int:
+        total = 0
+        for column, multiplier in self.pairs:
+            total += column[node] * multiplier
+        return (total << self.shift) + node
 
     def rebuild(self, seen: int) -> None:
         pairs = self.pairs
-        items = []
+        shift = self.shift
+        rooms = {}
         for node in self.nodes:
-            total = 0.0
-            for column, weight in pairs:
-                total += column[node] * weight
-            items.append((total, node))
-        items.sort()
-        self.items = items
-        self.rooms = {node: total for total, node in items}
+            total = 0
+            for column, multiplier in pairs:
+                total += column[node] * multiplier
+            rooms[node] = (total << shift) + node
+        self.rooms = rooms
+        self.items = sorted(rooms.values())
         self.seen = seen
 
     def catch_up(self, log: list[int]) -> None:
@@ -209,33 +230,48 @@ class _Order:
         end = len(log)
         if seen == end:
             return
-        nodes = self.nodes
         if seen < 0:
             self.rebuild(end)
             return
-        changed = {node for node in log[seen:end] if node in nodes}
+        nodes = self.nodes
+        logged = log[seen:end]
+        changed = [node for node in (set(logged) if len(logged) > 1 else logged) if node in nodes]
+        rooms = self.rooms
+        changes = self.changes
+        raised = self.raised
         if len(changed) * _REBUILD_SHARE > len(nodes):
+            before = {node: rooms[node] for node in changed}
             self.rebuild(end)
+            rooms = self.rooms
+            for node, old in before.items():
+                new = rooms[node]
+                changes.append(new)
+                if new >= old:
+                    raised.append(node)
             return
         items = self.items
-        rooms = self.rooms
         pairs = self.pairs
+        shift = self.shift
         for node in changed:
-            new = 0.0
-            for column, weight in pairs:
-                new += column[node] * weight
+            total = 0
+            for column, multiplier in pairs:
+                total += column[node] * multiplier
+            new = (total << shift) + node
             old = rooms[node]
             if new != old:
-                del items[bisect_left(items, (old, node))]
-                insort(items, (new, node))
+                del items[bisect_left(items, old)]
+                insort(items, new)
                 rooms[node] = new
+            changes.append(new)
+            if new >= old:
+                raised.append(node)
         self.seen = end
 
     def clone(self, columns: Mapping[int, list[int]], *, contents: bool) -> _Order:
         """A copy over the state copy whose columns `columns` maps (by the originals' id);
         without `contents` (or if this one was never built), one that builds on first use.
         Must be caught up with the log first."""
-        copy = _Order(self.nodes, [(columns[id(c)], w) for c, w in self.pairs])
+        copy = _Order(self.nodes, [(columns[id(c)], m) for c, m in self.pairs], self.shift)
         if contents and self.seen >= 0:
             copy.items = list(self.items)
             copy.rooms = dict(self.rooms)
@@ -247,49 +283,59 @@ class _Request:
     """Pods of one size and constraints in one cluster: where to look for room for them.
 
     Walks for these pods skip nodes known to hold none of them: those of `order` from
-    `floor` (the least room a node that holds one such pod can have) up to `start`, and
-    those in `full`, as last looked at (`seen`, a position in the state's change log). Room
-    only shrinks as pods are placed, so such nodes still hold none unless their room
-    changed since: the changes since `seen` are checked before each walk.
+    `floor` (the least key a node that holds one such pod can have) up to `start`, and
+    those in `full`. Room only shrinks as pods are placed, so such nodes still hold none
+    unless their room changed: before each walk, the order's `changes` since `changes_seen`
+    that fall below `start`, and its `raised` nodes since `raised_seen` that are in `full`,
+    are checked.
     """
 
-    __slots__ = ("floor", "full", "order", "pairs", "seen", "start")
+    __slots__ = ("changes_seen", "floor", "full", "order", "pairs", "raised_seen", "start")
 
-    def __init__(self, order: _Order, pairs: list[tuple[list[int], int]], floor: float) -> None:
+    def __init__(self, order: _Order, pairs: list[tuple[list[int], int]], floor: int) -> None:
         self.order = order
         self.pairs = pairs  # (free column, milli-units per pod) for each requested resource
         self.floor = floor
-        self.start: tuple[float, int] = (floor, -1)
+        self.start: float = floor
         self.full: set[int] = set()
-        self.seen = 0
+        self.changes_seen = len(order.changes)
+        self.raised_seen = len(order.raised)
 
-    def catch_up(self, log: list[int]) -> None:
+    def holds_one(self, node: int) -> bool:
+        return all(column[node] >= value for column, value in self.pairs)
+
+    def catch_up(self) -> None:
         """Forget what changed nodes could not hold, where they now hold one pod."""
-        seen = self.seen
-        end = len(log)
-        if seen == end:
-            return
-        self.seen = end
-        rooms = self.order.rooms
-        start = self.start
-        floor = self.floor
-        pairs = self.pairs
-        full = self.full
-        for node in log[seen:end]:
-            room = rooms.get(node)
-            if room is None or room < floor:
-                continue
-            before = (room, node) < start
-            if not before and node not in full:
-                continue
-            for column, value in pairs:
-                if column[node] < value:
-                    break
-            else:
-                full.discard(node)
-                if before:
-                    start = (room, node)
-        self.start = start
+        order = self.order
+        changes = order.changes
+        seen = self.changes_seen
+        if seen != len(changes):
+            self.changes_seen = len(changes)
+            start = self.start
+            floor = self.floor
+            if len(changes) - seen > _FRONTIER_CHANGES:
+                # Cheaper to walk from the floor again (past nodes known full) than to
+                # check them all.
+                self.start = floor
+            elif start > floor:
+                pairs = self.pairs
+                mask = order.mask
+                for key in changes[seen:]:
+                    if floor <= key < start:
+                        node = key & mask
+                        for column, value in pairs:
+                            if column[node] < value:
+                                break
+                        else:
+                            start = key
+                self.start = start
+        raised = order.raised
+        if self.raised_seen != len(raised):
+            full = self.full
+            for node in raised[self.raised_seen :]:
+                if node in full and self.holds_one(node):
+                    full.discard(node)
+            self.raised_seen = len(raised)
 
     def clone(self, order: _Order, columns: Mapping[int, list[int]]) -> _Request:
         copy = _Request(order, [(columns[id(c)], v) for c, v in self.pairs], self.floor)
@@ -323,6 +369,7 @@ class ClusterState:
         "_empty",
         "_failures",
         "_free_total",
+        "_listed",
         "_log",
         "_names",
         "_nodes",
@@ -332,8 +379,6 @@ class ClusterState:
         "_requests",
         "_seq",
         "_short",
-        "_version",
-        "_weights",
         "_zeros",
         "name",
         "snapshot",
@@ -380,9 +425,6 @@ class ClusterState:
                 column[index] = amounts[resource]
         self._allocatable = allocatable
         self._capacity: _Free = {r: sum(column) for r, column in allocatable.items()}
-        self._weights: dict[str, float] = {
-            r: 1.0 / value if value else 1.0 for r, value in self._capacity.items()
-        }
         columns = {r: list(column) for r, column in allocatable.items()}
         if not empty:
             for index, node in enumerate(nodes):
@@ -399,6 +441,7 @@ class ClusterState:
         self._log: list[int] = []  # nodes whose free room changed, in order
         self._orders: dict[tuple[tuple[str, ...], object], _Order] = {}
         self._admitting: dict[object, frozenset[int]] = {}
+        self._listed: dict[frozenset[int], list[int]] = {}  # node sets, sorted
         self._requests: dict[tuple[object, ...], _Request] = {}
         self._plans: dict[_Key, list[_Step]] = {}
         # Gang shapes that found no room per node -> (reason with tokens for pod names,
@@ -406,11 +449,10 @@ class ClusterState:
         # stands until a placement made before it is undone.
         self._failures: dict[_Key, tuple[str, int]] = {}
         self._seq = 0
-        # Aggregate shortfall reasons by gang shape, valid while `_version` (bumped on every
-        # change of the aggregate) is unchanged: a full cluster answers thousands of
-        # workloads of a few shapes without formatting the same numbers again.
-        self._short: dict[_Key, tuple[int, str]] = {}
-        self._version = 0
+        # Aggregate shortfall reasons by gang shape, with the free amounts of the resources
+        # short that they were worked out from: a full cluster answers
+        # thousands of workloads of a few shapes without formatting the same numbers again.
+        self._short: dict[_Key, tuple[tuple[int | None, ...], str]] = {}
 
     def _clone(self, keep: Container[frozenset[int]] | None = None) -> ClusterState:
         """An independent copy of this state (its answers are the same, its caches empty).
@@ -428,7 +470,7 @@ class ClusterState:
                 order.catch_up(log)
         for request in self._requests.values():
             if kept(request.order):
-                request.catch_up(log)
+                request.catch_up()
         copy = ClusterState.__new__(ClusterState)
         copy.name = self.name
         copy.snapshot = self.snapshot
@@ -438,9 +480,9 @@ class ClusterState:
         copy._names = self._names
         copy._allocatable = self._allocatable
         copy._capacity = self._capacity
-        copy._weights = self._weights
         copy._zeros = self._zeros
         copy._admitting = self._admitting
+        copy._listed = self._listed
         copy._columns = {r: list(column) for r, column in self._columns.items()}
         by_id = {id(self._columns[r]): copy._columns[r] for r in self._columns}
         by_id[id(self._zeros)] = self._zeros
@@ -457,7 +499,7 @@ class ClusterState:
             copied = request.clone(orders[id(request.order)], by_id)
             if not kept(request.order):
                 # Not caught up with the log: start over.
-                copied.start = (copied.floor, -1)
+                copied.start = copied.floor
                 copied.full = set()
             requests[id(request)] = copy._requests[request_key] = copied
         copy._plans = {
@@ -467,7 +509,6 @@ class ClusterState:
         copy._failures = {}
         copy._seq = self._seq
         copy._short = {}
-        copy._version = self._version
         return copy
 
     # -- read-only views ---------------------------------------------------------------
@@ -486,11 +527,6 @@ class ClusterState:
     def overflow(self) -> Resources:
         """Reserved pods that fit on no node, charged against the aggregate only."""
         return Resources(self._overflow)
-
-    @property
-    def version(self) -> int:
-        """Changes whenever the aggregate free changes."""
-        return self._version
 
     def capacity_of(self, resource: str) -> int:
         return self._capacity.get(resource, 0)
@@ -534,10 +570,17 @@ class ClusterState:
         free_total = self._free_total
         for resource, value in demand.totals.items():
             if value > free_total.get(resource, 0):
+                # The reason names the resources short, with what is free of them.
+                short = tuple(
+                    [
+                        free_total.get(r, 0) if v > free_total.get(r, 0) else None
+                        for r, v in demand.totals.items()
+                    ]
+                )
                 known = self._short.get(demand.key)
-                if known is None or known[0] != self._version:
+                if known is None or known[0] != short:
                     known = self._short[demand.key] = (
-                        self._version,
+                        short,
                         self._aggregate_shortfall(demand.totals),
                     )
                 return known[1]
@@ -548,12 +591,14 @@ class ClusterState:
             return failed[0]
         return None
 
-    def place(self, demand: Demand) -> PlaceResult | str:
+    def place(self, demand: Demand, *, checked: bool = False) -> PlaceResult | str:
         """`try_place` for callers that name pods themselves: on failure, the reason with
-        tokens for pod names (see `reason_for`)."""
-        refused = self.refusal(demand)
-        if refused is not None:
-            return refused
+        tokens for pod names (see `reason_for`). `checked`: `refusal` just said None (and
+        nothing changed since)."""
+        if not checked:
+            refusal = self.refusal(demand)
+            if refusal is not None:
+                return refusal
         applied: _Applied = []
         for step in self._plan(demand):
             if not step.admitting:
@@ -576,7 +621,6 @@ class ClusterState:
         for resource, value in totals.items():
             free_total[resource] = free_total.get(resource, 0) - value
         self._seq += 1
-        self._version += 1
         names = self._names
         return PlaceResult(
             ok=True,
@@ -615,7 +659,6 @@ class ClusterState:
             self._unapply(applied)
             for resource, value in totals.items():
                 self._free_total[resource] += value
-            self._version += 1
             # Room came back: failures recorded while this placement was applied may fit now.
             self._failures = {k: v for k, v in self._failures.items() if v[1] < seq}
 
@@ -663,18 +706,18 @@ class ClusterState:
         log = self._log
         order = request.order
         order.catch_up(log)
-        request.catch_up(log)
+        request.catch_up()
         items = order.items
+        mask = order.mask
         pairs = request.pairs
         remaining = step.count
         position = bisect_left(items, request.start)
         end = len(items)
         full = request.full
-        first: tuple[float, int] | None = None
         while position < end:
-            item = items[position]
+            key = items[position]
             position += 1
-            node = item[1]
+            node = key & mask
             if node in full:
                 continue
             room = remaining
@@ -687,8 +730,6 @@ class ClusterState:
             if room <= 0:
                 full.add(node)
                 continue
-            if first is None:
-                first = item
             for column, value in pairs:
                 column[node] -= value * room
             log.append(node)
@@ -696,7 +737,9 @@ class ClusterState:
             remaining -= room
             if not remaining:
                 break
-        request.start = (math.inf, -1) if first is None else first
+        # Every node walked past is full or took pods (its room changed, which the next
+        # catch-up looks at): the next walk begins where this one stopped.
+        request.start = items[position] if position < end else math.inf
         return remaining
 
     # -- helpers -----------------------------------------------------------------------
@@ -724,20 +767,27 @@ class ClusterState:
                 for resource in resources:
                     column = self._allocatable.get(resource, self._zeros)
                     usable = frozenset([n for n in usable if column[n] > 0])
+                capacities = [self._capacity.get(r, 0) or 1 for r in resources]
+                multipliers = [
+                    math.prod(c for j, c in enumerate(capacities) if j != i)
+                    for i in range(len(resources))
+                ]
                 order = self._orders[(resources, constraint)] = _Order(
                     usable,
                     [
-                        (self._columns.get(r, self._zeros), self._weights.get(r, 1.0))
-                        for r in resources
+                        (self._columns.get(r, self._zeros), m)
+                        for r, m in zip(resources, multipliers, strict=True)
                     ],
+                    max(1, len(self._nodes).bit_length()),
                 )
-            floor = 0.0
-            for (_, value), (_, weight) in zip(requests, order.pairs, strict=True):
-                floor += value * weight
+            floor = 0
+            for (_, value), (_, multiplier) in zip(requests, order.pairs, strict=True):
+                floor += value * multiplier
             request = self._requests[(requests, constraint)] = _Request(
-                order, [(self._columns.get(r, self._zeros), v) for r, v in requests], floor
+                order,
+                [(self._columns.get(r, self._zeros), v) for r, v in requests],
+                floor << order.shift,
             )
-            request.seen = len(self._log)
         return _Step(index, max(pod_set.count, 0), request, admitting)
 
     def _largest_first(self, demand: Demand) -> list[int]:
@@ -786,6 +836,12 @@ class ClusterState:
             nodes = self._admitting[shape] = frozenset(chosen)
         return nodes
 
+    def _sorted_nodes(self, nodes: frozenset[int]) -> list[int]:
+        listed = self._listed.get(nodes)
+        if listed is None:
+            listed = self._listed[nodes] = sorted(nodes)
+        return listed
+
     def _aggregate_shortfall(self, totals: Mapping[str, int]) -> str:
         free_total = self._free_total
         short = [r for r, v in totals.items() if v > free_total.get(r, 0)]
@@ -816,18 +872,19 @@ class ClusterState:
         """Why the gang found no room, naming the pod and the roomiest node it could use."""
         requests = demand.requests[step.index]
         columns = {r: self._columns.get(r, self._zeros) for r, _ in requests}
-        pairs = [(columns[r], v) for r, v in requests]
-        nodes = sorted(step.admitting)
-        best_node = nodes[0]
-        best_ratio = -math.inf
-        for node in nodes:
-            ratio = math.inf
-            for column, value in pairs:
-                share = column[node] / value
-                if share < ratio:
-                    ratio = share
-            if ratio > best_ratio:
-                best_node, best_ratio = node, ratio
+        nodes = self._sorted_nodes(step.admitting)
+        # Per node, the fewest pods of this size its free room holds of any resource (as a
+        # fraction); the roomiest node is the first with the most.
+        ratios: list[float] = []
+        for resource, value in requests:
+            column = columns[resource]
+            shares = [column[n] / value for n in nodes]
+            ratios = (
+                [a if a < b else b for a, b in zip(ratios, shares, strict=True)]
+                if ratios
+                else shares
+            )
+        best_node = nodes[ratios.index(max(ratios))] if ratios else nodes[0]
         room = ", ".join(_fmt(r, columns[r][best_node]) for r, _ in requests)
         pod_set = demand.pod_sets[step.index]
         pod = f"pod {_token(step.index)} ({pod_set.requests.describe()})"
@@ -856,10 +913,10 @@ class ClusterState:
         for resource in sorted(needed):
             allocatable = self._allocatable.get(resource, self._zeros)
             column = self._columns.get(resource, self._zeros)
-            capacity = sum(allocatable[n] for n in nodes)
-            free = sum(column[n] for n in nodes)
-            if needed[resource] <= (capacity if self._empty else free):
-                continue
+            free = sum(map(column.__getitem__, nodes))
+            if needed[resource] <= free:
+                continue  # (when empty, free is the capacity)
+            capacity = sum(map(allocatable.__getitem__, nodes))
             if self._empty:
                 room = f"its {len(nodes)} usable nodes have {format_milli(capacity, resource)}"
             else:

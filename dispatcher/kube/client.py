@@ -195,6 +195,15 @@ class KubeClient:
             raise Unreachable(f"{self.name or self._host}: {exc!r}") from exc
         return response
 
+    async def _read(self, response: aiohttp.ClientResponse) -> bytes:
+        """The whole body; the connection goes back to the pool whatever happens."""
+        try:
+            return await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise Unreachable(f"{self.name or self._host}: {exc!r}") from exc
+        finally:
+            response.release()
+
     async def request(
         self,
         method: str,
@@ -209,12 +218,7 @@ class KubeClient:
             response = await self._send(
                 method, path, query=query, body=body, content_type=content_type
             )
-            try:
-                data = await response.read()
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                raise Unreachable(f"{self.name or self._host}: {exc!r}") from exc
-            finally:
-                response.release()
+            data = await self._read(response)
             if 200 <= response.status < 300:
                 return json.loads(data) if data else None
             error = error_from_response(response.status, data, dict(response.headers))
@@ -228,12 +232,7 @@ class KubeClient:
     async def ping(self, timeout: float = 5.0) -> None:
         """A cheap request (GET /version) that must answer within `timeout` seconds."""
         response = await self._send("GET", "/version", timeout=timeout)
-        try:
-            await response.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise Unreachable(f"{self.name or self._host}: {exc!r}") from exc
-        finally:
-            response.release()
+        await self._read(response)
         if response.status != 200:
             raise Unreachable(f"{self.name or self._host}: /version answered {response.status}")
 
