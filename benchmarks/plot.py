@@ -21,12 +21,12 @@ def main(folder: Path) -> None:
     latencies = e2e["dispatcher"]["latencies"]
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     fractions = [(i + 1) / len(latencies) for i in range(len(latencies))]
-    left.plot([x * 1000 for x in latencies], fractions)
-    left.set_xlabel("create -> Dispatched (ms)")
+    left.plot(latencies, fractions)
+    left.set_xlabel("create -> Dispatched (s)")
     left.set_ylabel("fraction of AppWrappers")
     left.set_title(f"Latency, burst of {e2e['count']} AppWrappers")
     for q in ("p50", "p95", "p99"):
-        value = e2e["dispatcher"]["latency_seconds"][q] * 1000
+        value = e2e["dispatcher"]["latency_seconds"][q]
         left.axvline(value, linestyle=":", color="grey")
         left.annotate(q, (value, 0.05), rotation=90)
     labels = ["raw creates\n(Deployment+Service pairs/s)", "dispatcher\n(AppWrappers/s)"]
