@@ -1,1 +1,1 @@
-"""Benchmarks of the dispatcher's hot paths (`python -m benchmarks.core_bench`)."""
+"""Benchmarks of the dispatcher; run each module with `python -m benchmarks.<name>`."""

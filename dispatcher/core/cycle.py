@@ -5,6 +5,12 @@ decisions out (creates the objects of each `Admit`, evicts the victims of each `
 writes each `Wait` message to the AppWrapper's status) and runs the next cycle on fresh
 snapshots. Every pending workload gets exactly one `Admit` or one `Wait`; a `Preempt`
 comes in addition to the `Wait` of the workload that asked for it.
+
+Speed (10,000 pending workloads are mostly a few dozen shapes): one `Demand` per gang
+shape; a workload of a shape that found no room since the last admission or hold gets
+the answer the last one got (its message naming its own pod); the best-fit cluster is
+known from the aggregate before any pod is placed, so a gang is placed in one cluster,
+not tried in all; and the same reasons make the same message string.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 from dispatcher.core.fit import (
     ClusterState,
@@ -20,6 +27,7 @@ from dispatcher.core.fit import (
     PlaceResult,
     reason_for,
     shape_of,
+    token_parts,
 )
 from dispatcher.core.model import ClusterSnapshot, Placement, QueueMode, Reservation, Workload
 from dispatcher.core.preemption import PreemptionPolicy
@@ -99,14 +107,6 @@ class _Cycle:
         if state is None:
             state = self._states[cluster.name] = ClusterState(cluster)
         return state
-
-    def demand(self, workload: Workload) -> Demand:
-        """One `Demand` per gang shape: it stands for every workload of that shape."""
-        shape = shape_of(workload.pod_sets)
-        demand = self.demands.get(shape)
-        if demand is None:
-            demand = self.demands[shape] = Demand(workload.pod_sets, shape)
-        return demand
 
     def usable(self, placement: Placement) -> tuple[tuple[ClusterSnapshot, ...], tuple[str, ...]]:
         """The clusters the placement allows, and their names."""
@@ -401,8 +401,11 @@ def schedule(
       where it preempts is held for it for the rest of the cycle (its victims' room is its
       claim), and at most one preemption happens per cluster per cycle.
     """
-    # 1. Order the queue: priority, then age, then key.
-    ordered = sorted(pending, key=queue_order_key)
+    # 1. Order the queue: priority, then age, then key (`queue_order_key`; three stable
+    # sorts on one attribute each give that order at less than half the cost).
+    ordered = sorted(pending, key=attrgetter("key"))
+    ordered.sort(key=attrgetter("created_at"))
+    ordered.sort(key=attrgetter("priority"), reverse=True)
 
     # 2. Snapshot: one mutable simulation per cluster, built on first use.
     cycle = _Cycle(clusters, now)
@@ -413,17 +416,29 @@ def schedule(
     blocked_message: str | None = None
     strict = mode is QueueMode.STRICT_FIFO
     verdicts = cycle.verdicts
+    demands = cycle.demands
+    every, every_name = cycle.clusters, cycle.names
+    # Reasons that name a pod, cut where they name it (see `token_parts`).
+    renderings: dict[str, tuple[int, list[str]]] = {}
 
     # 3. Fit, or preempt, each workload in order.
     for workload in ordered:
         if blocked_message is not None:
             waits.append(Wait(workload.key, blocked_message))
             continue
-        demand = cycle.demand(workload)
-        usable, names = cycle.usable(workload.placement)
+        pod_sets = workload.pod_sets
+        shape = shape_of(pod_sets)
+        demand = demands.get(shape)
+        if demand is None:
+            demand = demands[shape] = Demand(pod_sets, shape)
+        placement = workload.placement
+        if placement.clusters is None and not placement.match_labels:
+            usable, names = every, every_name
+        else:
+            usable, names = cycle.usable(placement)
         # A workload of a shape that found no room since the last admission or hold gets
         # the same answer (and the policy, asked already, would find no victims either).
-        memo = (demand, names, None if preemption is None else workload.priority)
+        memo = (demand, names) if preemption is None else (demand, names, workload.priority)
         known = verdicts.get(memo)
         chosen: Preempt | None = None
         if known is not None and known[0] == cycle.version:
@@ -447,7 +462,17 @@ def schedule(
         # 4. It fits nowhere: say why, maybe preempt, and hold what it is owed.
         if head_key is None:
             head_key = workload.key
-        message = reason_for(template, workload.pod_sets)
+        parts = renderings.get(template)
+        if parts is None:
+            parts = renderings[template] = token_parts(template) or (-2, [])
+        index = parts[0]
+        if index == -1:
+            message = template
+        elif index >= 0:
+            pod_set = workload.pod_sets[index]
+            message = (pod_set.name or f"pod set {index}").join(parts[1])
+        else:
+            message = reason_for(template, workload.pod_sets)
         if chosen is not None:
             preemptions.append(chosen)
             cycle.hold(chosen.cluster, f"held for {workload.key}, which is preempting")

@@ -16,26 +16,33 @@ never double-booked, at the price of sometimes being a little pessimistic.
 
 `try_place` places a gang: all pods or none. It checks the aggregate first (a few dict
 lookups), and only when that fits places pods one pod set at a time, larger pods first,
-each pod on the node with the least room (best fit; room = sum over the pod's resources
-of free / cluster capacity, exactly, ties by node order), filling that node before going
-to the next. On
-success the placement stays applied and the result carries an `undo` that restores the
-state exactly, so a caller can try, compare and roll back (as Kueue does with its
-snapshot). On failure nothing changes and `reason` says why, with numbers, in one line.
+each pod on the node with the least room (best fit; room = sum over the pod's resources of
+free / cluster capacity, computed exactly; ties go to the node listed first), filling that
+node before going to the next. On success the placement stays applied and the result
+carries an `undo` that restores the state exactly, so a caller can try, compare and roll
+back (as Kueue does with its snapshot). On failure nothing changes and `reason` says why,
+with numbers, in one line.
 
 Speed (one cycle tries thousands of gangs against clusters of thousands of nodes):
 
 - free room is kept per resource as a list of integer milli-units indexed by node;
-- for each set of requested resources (and each set of nodes that pods' selector and
-  tolerations allow), the nodes are kept sorted by room. A pod can only fit a node whose
-  room is at least its own request's, so placement starts there and walks up, stopping as
-  soon as every pod has a node. The order is kept up to date lazily: every change of a
-  node's room is logged, and an order catches up with the log when next used;
+- for each set of requested resources and each set of nodes the pods' selector and
+  tolerations allow (an `_Order`), the nodes are kept sorted by room, as one integer per
+  node (room scaled to an integer, node index in the low bits). A pod fits no node whose
+  room is below its own request's, so a walk starts there (`_Request`) and goes up,
+  stopping as soon as every pod has a node. Orders catch up lazily with a log of the nodes
+  whose room changed; for each pod size a walk also skips the nodes it found full before
+  and starts where the last walk stopped (room only shrinks as pods are placed, so those
+  stay full until the log says their room changed);
 - answers that cannot change until room comes back are remembered by gang shape (counts,
-  requests, constraints; not names): an aggregate shortfall while the aggregate is
-  unchanged, a per-node failure until a placement made before it is undone (placements
-  only take room away). Reasons are kept with a token standing for the failing pod's name,
-  so every workload of the shape gets a reason naming its own pod.
+  requests, constraints; not names): an aggregate shortfall while the free amounts of the
+  resources short are unchanged, a per-node failure until a placement made before it is
+  undone. Reasons are kept with a token standing for the failing pod's name, so every
+  workload of the shape gets a reason naming its own pod (`reason_for`, `token_parts`).
+
+`Evictions` answers, for preemption, whether a gang would fit a cluster once some
+dispatched AppWrappers were evicted, exactly as a fresh `ClusterState` of the snapshot
+without them would, without building one for every set of victims it is asked about.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from dataclasses import dataclass
 
 from dispatcher.api.quantity import format_milli
 from dispatcher.api.resources import Resources
-from dispatcher.core.model import ClusterSnapshot, NodeState, PodSet, Taint
+from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, NodeState, PodSet, Taint
 
 __all__ = [
     "ClusterState",
@@ -58,6 +65,7 @@ __all__ = [
     "fits_ever",
     "reason_for",
     "shape_of",
+    "token_parts",
 ]
 
 _Free = dict[str, int]
@@ -160,6 +168,18 @@ class Demand:
         self.totals: _Free = totals
 
 
+def token_parts(template: str) -> tuple[int, list[str]] | None:
+    """A remembered reason that names one pod set, cut where it names it: (index, parts),
+    so that `name.join(parts)` is the reason for a pod set of that name. (-1, [template])
+    for a reason that names none, None for one that names several."""
+    if "\x00" not in template:
+        return (-1, [template])
+    start = template.index("\x00pod") + 4
+    index = int(template[start : template.index("\x00", start)])
+    parts = template.split(_token(index))
+    return (index, parts) if "\x00" not in "".join(parts) else None
+
+
 def reason_for(template: str, pod_sets: Sequence[PodSet]) -> str:
     """A remembered reason with the tokens replaced by these pod sets' names."""
     if "\x00" not in template:
@@ -173,10 +193,6 @@ def reason_for(template: str, pod_sets: Sequence[PodSet]) -> str:
 
 def _fmt(resource: str, milli: int) -> str:
     return f"{resource} {format_milli(max(milli, 0), resource)}"
-
-
-def _pod_name(pod_set: PodSet, index: int) -> str:
-    return pod_set.name or f"pod set {index}"
 
 
 class _Order:
@@ -205,12 +221,6 @@ class _Order:
         self.seen = -1  # never built
         self.changes: list[int] = []
         self.raised: list[int] = []
-
-    def key(self, node: int) -> int:
-        total = 0
-        for column, multiplier in self.pairs:
-            total += column[node] * multiplier
-        return (total << self.shift) + node
 
     def rebuild(self, seen: int) -> None:
         pairs = self.pairs
@@ -364,6 +374,7 @@ class ClusterState:
     __slots__ = (
         "_admitting",
         "_allocatable",
+        "_assignments",
         "_capacity",
         "_columns",
         "_empty",
@@ -442,6 +453,7 @@ class ClusterState:
         self._orders: dict[tuple[tuple[str, ...], object], _Order] = {}
         self._admitting: dict[object, frozenset[int]] = {}
         self._listed: dict[frozenset[int], list[int]] = {}  # node sets, sorted
+        self._assignments: dict[tuple[int, int, int], NodeAssignment] = {}
         self._requests: dict[tuple[object, ...], _Request] = {}
         self._plans: dict[_Key, list[_Step]] = {}
         # Gang shapes that found no room per node -> (reason with tokens for pod names,
@@ -483,6 +495,7 @@ class ClusterState:
         copy._zeros = self._zeros
         copy._admitting = self._admitting
         copy._listed = self._listed
+        copy._assignments = self._assignments
         copy._columns = {r: list(column) for r, column in self._columns.items()}
         by_id = {id(self._columns[r]): copy._columns[r] for r in self._columns}
         by_id[id(self._zeros)] = self._zeros
@@ -622,14 +635,20 @@ class ClusterState:
             free_total[resource] = free_total.get(resource, 0) - value
         self._seq += 1
         names = self._names
+        # Values: the same assignment is one object (a cycle makes thousands).
+        made = self._assignments
+        assignments = []
+        for node, _, count, pod_set in applied:
+            key = (node, count, pod_set)
+            assignment = made.get(key)
+            if assignment is None:
+                assignment = made[key] = NodeAssignment(
+                    pod_set=pod_set, node=names[node], count=count
+                )
+            assignments.append(assignment)
         return PlaceResult(
             ok=True,
-            assignments=tuple(
-                [
-                    NodeAssignment(pod_set=pod_set, node=names[node], count=count)
-                    for node, _, count, pod_set in applied
-                ]
-            ),
+            assignments=tuple(assignments),
             undo=self._undo_for(applied, totals, self._seq),
         )
 
@@ -872,19 +891,33 @@ class ClusterState:
         """Why the gang found no room, naming the pod and the roomiest node it could use."""
         requests = demand.requests[step.index]
         columns = {r: self._columns.get(r, self._zeros) for r, _ in requests}
-        nodes = self._sorted_nodes(step.admitting)
-        # Per node, the fewest pods of this size its free room holds of any resource (as a
-        # fraction); the roomiest node is the first with the most.
-        ratios: list[float] = []
-        for resource, value in requests:
-            column = columns[resource]
-            shares = [column[n] / value for n in nodes]
-            ratios = (
-                [a if a < b else b for a, b in zip(ratios, shares, strict=True)]
-                if ratios
-                else shares
-            )
-        best_node = nodes[ratios.index(max(ratios))] if ratios else nodes[0]
+
+        def roomiest(nodes: list[int]) -> tuple[float, int]:
+            # Per node, the fewest pods of this size its free room holds of any resource
+            # (as a fraction); the roomiest node is the first with the most.
+            ratios: list[float] = []
+            for resource, value in requests:
+                column = columns[resource]
+                shares = [column[n] / value for n in nodes]
+                ratios = (
+                    [a if a < b else b for a, b in zip(ratios, shares, strict=True)]
+                    if ratios
+                    else shares
+                )
+            if not ratios:
+                return (0.0, nodes[0])
+            best = max(ratios)
+            return (best, nodes[ratios.index(best)])
+
+        # Nodes that have none of a requested resource hold no room for it: when some
+        # node that has them all has room for a bit of a pod, it is the roomiest.
+        best_ratio, best_node = (
+            roomiest(self._sorted_nodes(step.request.order.nodes))
+            if step.request.order.nodes
+            else (0.0, -1)
+        )
+        if best_ratio <= 0:
+            best_ratio, best_node = roomiest(self._sorted_nodes(step.admitting))
         room = ", ".join(_fmt(r, columns[r][best_node]) for r, _ in requests)
         pod_set = demand.pod_sets[step.index]
         pod = f"pod {_token(step.index)} ({pod_set.requests.describe()})"
@@ -1083,51 +1116,61 @@ class Evictions:
         self._steps: list[Demand] = []
         self._positions: dict[str, list[int]] = {}
         # The aggregate free of the gang's resources with every reservation applied, and
-        # what each AppWrapper holds of them.
+        # what each AppWrapper's reservations hold of them.
         resources = tuple(demand.totals)
         self._free = {r: base._free_total.get(r, 0) for r in resources}
-        self._held: dict[str, _Free] = {}
+        self._reserved: dict[str, _Free] = {}
         for key, known in ordered:
             if relevant[id(known)]:
                 self._positions.setdefault(key, []).append(len(self._steps))
                 self._steps.append(known)
-            held = self._held.setdefault(key, {})
+            held = self._reserved.setdefault(key, {})
             for resource in resources:
                 value = known.totals.get(resource, 0)
                 if value:
                     self._free[resource] -= value
                     held[resource] = held.get(resource, 0) + value
-        # What each AppWrapper's bound pods use on the nodes the gang may come to depend on.
-        index = {name: i for i, name in enumerate(base._names)}
-        nodes = self._nodes
-        self._usage: dict[str, list[tuple[int, dict[str, int]]]] = {}
+        self._admitted: dict[str, list[AdmittedWorkload]] = {}
         for admitted in snapshot.admitted:
-            held = self._held.setdefault(admitted.key, {})
+            self._admitted.setdefault(admitted.key, []).append(admitted)
+        self._index = {name: i for i, name in enumerate(base._names)}
+        # Worked out for an AppWrapper when first asked about: what it holds of the gang's
+        # resources, and what its bound pods use on the nodes the gang may come to depend on.
+        self._held: dict[str, _Free] = {}
+        self._usage: dict[str, list[tuple[int, dict[str, int]]]] = {}
+        self._room = _PodRoom(base, demand, gang_plan)
+        self._tapes: dict[frozenset[str], _Tape] = {}
+
+    def _holding(self, key: str) -> _Free:
+        held = self._held.get(key)
+        if held is not None:
+            return held
+        held = self._held[key] = dict(self._reserved.get(key, ()))
+        index = self._index
+        nodes = self._nodes
+        resources = self._free
+        for admitted in self._admitted.get(key, ()):
             for node_name, used in admitted.usage:
                 node = index.get(node_name)
                 if node is None:
                     continue  # not schedulable: a fresh state does not count it either
-                for resource in resources:
-                    if resource in used:
-                        held[resource] = held.get(resource, 0) + used[resource]
+                amounts = {r: used[r] for r in used}
+                for resource, value in amounts.items():
+                    if resource in resources:
+                        held[resource] = held.get(resource, 0) + value
                 if node in nodes:
-                    amounts = {r: used[r] for r in used}
-                    self._usage.setdefault(admitted.key, []).append((node, amounts))
-        self._room = _PodRoom(base, demand, gang_plan)
-        self._tapes: dict[frozenset[str], _Tape] = {}
+                    self._usage.setdefault(key, []).append((node, amounts))
+        return held
 
     def fits(self, keys: Iterable[str]) -> bool:
         """Whether the gang fits once the AppWrappers named by `keys` are gone."""
         victims = list(dict.fromkeys(keys))
         free = dict(self._free)
         freed: dict[int, dict[str, int]] = {}
-        held_by = self._held
         usage_by = self._usage
         for key in victims:
-            held = held_by.get(key)
-            if held:
-                for resource, value in held.items():
-                    free[resource] += value
+            for resource, value in self._holding(key).items():
+                free[resource] += value
             for node, amounts in usage_by.get(key, ()):
                 room = freed.setdefault(node, {})
                 for resource, value in amounts.items():
@@ -1157,10 +1200,8 @@ class Evictions:
         length = 0
         for key in keys:
             length += 1
-            held = self._held.get(key)
-            if held:
-                for resource, value in held.items():
-                    free[resource] += value
+            for resource, value in self._holding(key).items():
+                free[resource] += value
             for node, amounts in self._usage.get(key, ()):
                 room = freed.setdefault(node, {})
                 for resource, value in amounts.items():

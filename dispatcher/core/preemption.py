@@ -47,11 +47,13 @@ class LowestPriorityFirst:
     state). Answering from the same construction keeps the promise "evicting these makes
     it fit" (and so avoids evicting, then evicting again).
 
-    Giving back goes by blocks: a run of victims, last taken first, that can all be given
-    back at once is, else the run is halved. When giving back one victim never makes
-    another one needed (the usual case) that ends where giving them back one at a time
-    would, with far fewer checks; a last pass one at a time makes sure every victim left is
-    needed whatever the case.
+    A cluster can hold hundreds of candidates, so both searches skip checks: the shortest
+    prefix of candidates that fits is found by galloping then halving (`first_fit`), and
+    victims are given back by blocks (a run of victims, last taken first, that can all be
+    given back at once is, else the run is halved). Whenever evicting more never makes the
+    workload fit worse (the usual case; greedy packing can rarely break it) that ends
+    exactly where taking and giving back one at a time would, with far fewer checks; in
+    every case a last pass one at a time makes sure each victim left is needed.
     """
 
     def choose_victims(

@@ -1,0 +1,501 @@
+"""The fast paths of the fit, the cycle and preemption give the answers of plain ones.
+
+The core remembers answers by gang shape, walks nodes kept sorted by room, skips clusters
+by aggregate, places a gang in the best-fit cluster first without trying the others, and
+answers "would it fit once these are evicted" from saved replays. Each is checked here
+against a slow, obviously-correct version of the same rule, on random clusters:
+
+- placements (which nodes, how many pods) against a plain best fit with exact rooms;
+- whole cycles against the cycle as it was before those shortcuts (every cluster tried,
+  the unchosen placements undone, every reason worked out again);
+- eviction checks against a fresh state built from the snapshot without the victims.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from fractions import Fraction
+
+import pytest
+
+from dispatcher.api.resources import Resources
+from dispatcher.core.cycle import Admit, CycleResult, Preempt, Wait, queue_order_key, schedule
+from dispatcher.core.fit import ClusterState, Demand, Evictions, NodeAssignment
+from dispatcher.core.model import (
+    AdmittedWorkload,
+    ClusterSnapshot,
+    NodeState,
+    Placement,
+    PodSet,
+    QueueMode,
+    Reservation,
+    Taint,
+    Toleration,
+    Workload,
+)
+from dispatcher.core.preemption import LowestPriorityFirst, PreemptionPolicy
+from tests.unit.builders import GPU
+
+TAINT = Taint(key=GPU, value="present", effect="NoSchedule")
+TOLERATE = Toleration(key=GPU, operator="Exists")
+GI = 2**30 * 1000
+
+
+# -- random worlds ----------------------------------------------------------------------
+
+
+def _resources(cpu: float, memory_gi: float, gpu: int = 0) -> Resources:
+    return Resources({"cpu": int(cpu * 1000), "memory": int(memory_gi * GI), GPU: gpu * 1000})
+
+
+def _pod_sets(rng: random.Random, name: str) -> tuple[PodSet, ...]:
+    result = []
+    for index in range(rng.choice([1, 1, 1, 2])):
+        gpu = rng.choice([0, 0, 0, 1, 2, 4])
+        zone = rng.choice([None, None, None, "a"])
+        result.append(
+            PodSet(
+                count=rng.choice([1, 1, 2, 3, 4, 8]),
+                requests=_resources(rng.choice([0.5, 1, 2, 4, 8]), rng.choice([1, 2, 8, 32]), gpu),
+                node_selector=(("zone", zone),) if zone else (),
+                tolerations=(TOLERATE,) if gpu or rng.random() < 0.1 else (),
+                name=f"Job/{name} {index}",
+            )
+        )
+    return tuple(result)
+
+
+def random_cluster(rng: random.Random, name: str, nodes: int, reservations: int) -> ClusterSnapshot:
+    node_states = []
+    admitted: list[AdmittedWorkload] = []
+    for index in range(nodes):
+        node_name = f"{name}-n{index}"
+        gpu_node = rng.random() < 0.25
+        allocatable = _resources(32, 128, 8) if gpu_node else _resources(16, 64)
+        busy = rng.uniform(0.3, 1.0)
+        used = Resources({r: int(v * busy * rng.uniform(0.8, 1.0)) for r, v in allocatable.items()})
+        node_states.append(
+            NodeState(
+                name=node_name,
+                allocatable=allocatable,
+                requested=used,
+                labels={"zone": rng.choice("ab")},
+                taints=(TAINT,) if gpu_node else (),
+                ready=rng.random() > 0.03,
+                unschedulable=rng.random() < 0.03,
+            )
+        )
+        if used and rng.random() < 0.8:
+            admitted.append(
+                AdmittedWorkload(
+                    key=f"run/{node_name}",
+                    priority=rng.choice([0, 0, 1, 5]),
+                    dispatched_at=float(rng.randint(0, 1000)),
+                    preemptible=rng.random() < 0.9,
+                    usage=((node_name, used),),
+                )
+            )
+    held = []
+    for index in range(reservations):
+        key = f"starting/{name}-{index}"
+        priority = rng.choice([0, 0, 1])
+        dispatched_at = float(rng.randint(900, 1100))
+        held.append(
+            Reservation(
+                key=key,
+                pod_sets=_pod_sets(rng, key),
+                priority=priority,
+                dispatched_at=dispatched_at,
+            )
+        )
+        admitted.append(AdmittedWorkload(key=key, priority=priority, dispatched_at=dispatched_at))
+    return ClusterSnapshot(
+        name=name,
+        nodes=tuple(node_states),
+        reservations=tuple(held),
+        labels={"region": rng.choice(["eu", "us"])},
+        reachable=rng.random() > 0.05,
+        admitted=tuple(admitted),
+    )
+
+
+def random_pending(rng: random.Random, count: int, clusters: list[str]) -> list[Workload]:
+    result = []
+    shapes = [_pod_sets(rng, "shape") for _ in range(12)]
+    for index in range(count):
+        key = f"ns/w{index:04d}"
+        shape = rng.choice(shapes)
+        pod_sets = tuple(
+            PodSet(
+                p.count, Resources(dict(p.requests)), p.node_selector, p.tolerations, f"Job/{key}"
+            )
+            for p in shape
+        )
+        placement = Placement()
+        if rng.random() < 0.15:
+            placement = Placement(clusters=frozenset(rng.sample(clusters, 1)))
+        elif rng.random() < 0.1:
+            placement = Placement(match_labels=(("region", "eu"),))
+        created_at = float(rng.randint(0, 500))
+        result.append(
+            Workload(
+                key=key,
+                priority=rng.choice([0, 0, 0, 1, 3, 6]),
+                created_at=created_at,
+                pod_sets=pod_sets,
+                placement=placement,
+                queued_since=created_at - (5000 if rng.random() < 0.004 else 0),
+                preemptible=rng.random() < 0.9,
+            )
+        )
+    return result
+
+
+# -- placements against a plain best fit ---------------------------------------------------
+
+
+class PlainState:
+    """Best fit written out plainly: exact rooms, every candidate node sorted each time."""
+
+    def __init__(self, snapshot: ClusterSnapshot) -> None:
+        self.nodes = [n for n in snapshot.nodes if n.schedulable]
+        self.free = [dict(n.allocatable - n.requested) for n in self.nodes]
+        self.capacity: dict[str, int] = {}
+        for node in self.nodes:
+            for resource, value in node.allocatable.items():
+                self.capacity[resource] = self.capacity.get(resource, 0) + value
+        self.total: dict[str, int] = {}
+        for free in self.free:
+            for resource, value in free.items():
+                self.total[resource] = self.total.get(resource, 0) + value
+        for reservation in sorted(snapshot.reservations, key=lambda r: (r.dispatched_at, r.key)):
+            self.place(reservation.pod_sets, reserve=True)
+
+    def largest_first(self, pod_sets: tuple[PodSet, ...]) -> list[int]:
+        def share(index: int) -> float:
+            largest = 0.0
+            for resource, value in pod_sets[index].requests.items():
+                cap = self.capacity.get(resource, 0)
+                largest = max(largest, value / cap if cap > 0 else math.inf)
+            return largest
+
+        return sorted(range(len(pod_sets)), key=lambda i: (-share(i), i))
+
+    def room(self, node: int, resources: list[str]) -> Fraction:
+        return sum(
+            (Fraction(self.free[node].get(r, 0), self.capacity.get(r, 0) or 1) for r in resources),
+            Fraction(0),
+        )
+
+    def place(
+        self, pod_sets: tuple[PodSet, ...], *, reserve: bool = False
+    ) -> list[tuple[int, str, int]] | None:
+        totals: dict[str, int] = {}
+        for pod_set in pod_sets:
+            if pod_set.count > 0:
+                for resource, value in pod_set.requests.items():
+                    totals[resource] = totals.get(resource, 0) + value * pod_set.count
+        if not reserve and any(v > self.total.get(r, 0) for r, v in totals.items() if v > 0):
+            return None
+        placed: list[tuple[int, str, int]] = []
+        undo: list[tuple[int, dict[str, int], int]] = []
+        for index in self.largest_first(pod_sets):
+            pod_set = pod_sets[index]
+            if pod_set.count <= 0:
+                continue
+            request = {r: v for r, v in pod_set.requests.items() if v > 0}
+            candidates = [
+                i
+                for i, node in enumerate(self.nodes)
+                if node.admits(pod_set)
+                and all(self.free[i].get(r, 0) >= v for r, v in request.items())
+            ]
+            candidates.sort(key=lambda i: (self.room(i, sorted(request)), i))
+            remaining = pod_set.count
+            for node in candidates:
+                if not remaining:
+                    break
+                room = min(
+                    [remaining, *(self.free[node].get(r, 0) // v for r, v in request.items())]
+                )
+                for resource, value in request.items():
+                    self.free[node][resource] = self.free[node].get(resource, 0) - value * room
+                placed.append((index, self.nodes[node].name, room))
+                undo.append((node, request, room))
+                remaining -= room
+            if remaining and not reserve:
+                for node, request, room in undo:
+                    for resource, value in request.items():
+                        self.free[node][resource] += value * room
+                return None
+        for resource, value in totals.items():
+            self.total[resource] = self.total.get(resource, 0) - value
+        return placed
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_placements_match_a_plain_best_fit(seed: int) -> None:
+    rng = random.Random(seed)
+    snapshot = random_cluster(rng, "c", nodes=60, reservations=40)
+    state = ClusterState(snapshot)
+    plain = PlainState(snapshot)
+    for name, free in zip(state.node_names(), plain.free, strict=True):
+        assert state.node_free(name) == Resources(free), name
+    for workload in random_pending(rng, 300, ["c"]):
+        result = state.try_place(workload.pod_sets)
+        want = plain.place(workload.pod_sets)
+        if want is None:
+            assert not result.ok, workload.key
+        else:
+            assert result.ok, (workload.key, result.reason)
+            assert result.assignments == tuple(NodeAssignment(p, n, c) for p, n, c in want)
+        assert state.free == Resources({r: v for r, v in plain.total.items()})
+
+
+# -- whole cycles against the cycle before its shortcuts --------------------------------
+
+
+def plain_schedule(
+    pending: list[Workload],
+    clusters: list[ClusterSnapshot],
+    *,
+    mode: QueueMode,
+    now: float,
+    starvation_after: float,
+    preemption: PreemptionPolicy | None,
+) -> CycleResult:
+    """The cycle without shortcuts: every usable cluster tried for every workload."""
+    ordered = sorted(pending, key=queue_order_key)
+    clusters = sorted(clusters, key=lambda c: c.name)
+    single = len(clusters) == 1
+    states: dict[str, ClusterState] = {}
+    ever: dict[tuple[str, str], bool] = {}
+    held: dict[str, str] = {}
+    admitted: dict[str, list[Reservation]] = {}
+    no_victims: dict[tuple[str, object], int] = {}
+    admits, waits, preemptions = [], [], []
+    head_key = None
+    blocked = None
+
+    def state(cluster: ClusterSnapshot) -> ClusterState:
+        if cluster.name not in states:
+            states[cluster.name] = ClusterState(cluster)
+        return states[cluster.name]
+
+    def could_ever_fit(workload: Workload, cluster: ClusterSnapshot) -> bool:
+        if not cluster.reachable:
+            return True
+        key = (cluster.name, workload.key)
+        if key not in ever:
+            ever[key] = ClusterState(cluster, empty=True).fits(workload.pod_sets) is None
+        return ever[key]
+
+    for workload in ordered:
+        if blocked is not None:
+            waits.append(Wait(workload.key, f"waiting behind {blocked} (head of line)"))
+            continue
+        usable = [c for c in clusters if workload.placement.allows(c)]
+        demand = Demand(workload.pod_sets)
+        reasons, fitting = [], []
+        for cluster in usable:
+            if not cluster.reachable:
+                reasons.append((cluster.name, "unreachable"))
+            elif cluster.name in held:
+                reasons.append((cluster.name, held[cluster.name]))
+            else:
+                result = state(cluster).try_place(demand)
+                if result.ok:
+                    fitting.append((cluster, result))
+                else:
+                    reasons.append((cluster.name, result.reason))
+        if fitting:
+            best_share: tuple[float, str] | None = None
+            for resource, value in sorted(demand.totals.items()):
+                capacity = sum(state(c).capacity_of(resource) for c, _ in fitting)
+                share = value / capacity if capacity > 0 else math.inf
+                if best_share is None or share > best_share[0]:
+                    best_share = (share, resource)
+            scarcest = None if best_share is None else best_share[1]
+            chosen = min(
+                fitting,
+                key=lambda f: (0 if scarcest is None else state(f[0]).free_of(scarcest), f[0].name),
+            )
+            for cluster, result in fitting:
+                if cluster is not chosen[0]:
+                    result.undo()
+            admits.append(Admit(workload.key, chosen[0].name, chosen[1].assignments))
+            admitted.setdefault(chosen[0].name, []).append(
+                Reservation(
+                    workload.key, workload.pod_sets, workload.priority, now, workload.preemptible
+                )
+            )
+            continue
+        head_key = head_key or workload.key
+        if not usable:
+            message = "no member cluster matches the placement (clusterScheduling)"
+        elif single:
+            message = reasons[0][1]
+        else:
+            message = "no cluster fits: " + "; ".join(f"{n}: {w}" for n, w in reasons)
+        chosen_preempt = None
+        if preemption is not None:
+            for cluster in usable:
+                if not cluster.reachable or cluster.name in held:
+                    continue
+                failed_at = no_victims.get((cluster.name, demand.key))
+                if failed_at is not None and workload.priority <= failed_at:
+                    continue
+                snapshot = cluster
+                if admitted.get(cluster.name):
+                    snapshot = ClusterSnapshot(
+                        name=cluster.name,
+                        nodes=cluster.nodes,
+                        reservations=cluster.reservations + tuple(admitted[cluster.name]),
+                        labels=cluster.labels,
+                        reachable=cluster.reachable,
+                        admitted=cluster.admitted,
+                    )
+                victims = preemption.choose_victims(workload, snapshot)
+                if not victims:
+                    if victims is None:
+                        no_victims[(cluster.name, demand.key)] = workload.priority
+                    continue
+                if chosen_preempt is None or len(victims) < len(chosen_preempt.victims):
+                    chosen_preempt = Preempt(workload.key, cluster.name, victims)
+        if chosen_preempt is not None:
+            preemptions.append(chosen_preempt)
+            held[chosen_preempt.cluster] = f"held for {workload.key}, which is preempting"
+            where = "" if single else f" in {chosen_preempt.cluster}"
+            message += f"; preempting {', '.join(chosen_preempt.victims)}{where}"
+        waits.append(Wait(workload.key, message))
+        if mode is QueueMode.STRICT_FIFO:
+            if any(could_ever_fit(workload, c) for c in usable):
+                blocked = workload.key
+        elif now - workload.queued_since > starvation_after:
+            for cluster in usable:
+                if could_ever_fit(workload, cluster):
+                    held.setdefault(
+                        cluster.name,
+                        f"held for {workload.key}, queued longer than {starvation_after:g}s"
+                        " (starvation guard)",
+                    )
+    return CycleResult(tuple(admits), tuple(waits), tuple(preemptions), head_key)
+
+
+SEEN: Counter[str] = Counter()
+CYCLE_CASES = [
+    (seed, mode, preempt, clusters)
+    for seed in range(4)
+    for mode in QueueMode
+    for preempt in (False, True)
+    for clusters in (1, 3)
+]
+
+
+@pytest.mark.parametrize(("seed", "mode", "preempt", "clusters"), CYCLE_CASES)
+def test_cycle_decides_as_without_shortcuts(
+    seed: int, mode: QueueMode, preempt: bool, clusters: int
+) -> None:
+    rng = random.Random(1000 + seed)
+    names = [f"c{i}" for i in range(clusters)]
+    snapshots = [random_cluster(rng, name, nodes=40, reservations=10) for name in names]
+    pending = random_pending(rng, 400, names)
+    kwargs = {
+        "mode": mode,
+        "now": 1000.0,
+        "starvation_after": 3000.0,
+        "preemption": LowestPriorityFirst() if preempt else None,
+    }
+    got = schedule(pending, snapshots, **kwargs)  # type: ignore[arg-type]
+    want = plain_schedule(pending, snapshots, **kwargs)  # type: ignore[arg-type]
+    assert got.admits == want.admits
+    assert got.waits == want.waits
+    assert got.preemptions == want.preemptions
+    assert got.head_key == want.head_key
+    SEEN["admits"] += len(got.admits)
+    SEEN["per-node"] += sum("but no node can hold" in w.message for w in got.waits)
+    SEEN["preemptions"] += len(got.preemptions)
+    SEEN["held"] += sum("held for" in w.message for w in got.waits)
+
+
+def test_the_random_cycles_cover_the_cases() -> None:
+    """(Runs after the cases above.) They admitted, failed per node, preempted and held."""
+    if len(SEEN) < 4:
+        pytest.skip("run with the cycle cases")
+    assert all(count > 10 for count in SEEN.values()), SEEN
+
+
+def test_same_reason_is_one_string() -> None:
+    rng = random.Random(7)
+    snapshots = [random_cluster(rng, f"c{i}", nodes=30, reservations=10) for i in range(3)]
+    result = schedule(
+        random_pending(rng, 300, ["c0", "c1", "c2"]),
+        snapshots,
+        mode=QueueMode.BEST_EFFORT_FIFO,
+        now=1000.0,
+        starvation_after=1e9,
+        preemption=None,
+    )
+    by_text: dict[str, str] = {}
+    for wait in result.waits:
+        if "Job/" not in wait.message:  # reasons that do not name the workload's pod
+            assert by_text.setdefault(wait.message, wait.message) is wait.message
+
+
+# -- eviction checks against fresh states ---------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_evictions_answer_as_a_fresh_state(seed: int) -> None:
+    rng = random.Random(2000 + seed)
+    snapshot = random_cluster(rng, "c", nodes=30, reservations=60)
+    keys = [a.key for a in snapshot.admitted]
+    for workload in random_pending(rng, 6, ["c"]):
+        demand = Demand(workload.pod_sets)
+        check = Evictions(snapshot, demand)
+        for _ in range(25):
+            victims = rng.sample(keys, rng.randint(0, len(keys)))
+            want = ClusterState(snapshot.without(frozenset(victims))).fits(demand) is None
+            assert check.fits(victims) == want, victims
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_first_fit_is_a_boundary(seed: int) -> None:
+    rng = random.Random(3000 + seed)
+    snapshot = random_cluster(rng, "c", nodes=25, reservations=50)
+    keys = [a.key for a in snapshot.admitted]
+    rng.shuffle(keys)
+    for workload in random_pending(rng, 5, ["c"]):
+        demand = Demand(workload.pod_sets)
+        check = Evictions(snapshot, demand)
+
+        def fresh(victims: list[str], demand: Demand = demand) -> bool:
+            return ClusterState(snapshot.without(frozenset(victims))).fits(demand) is None
+
+        length = check.first_fit(keys)
+        if length is None:
+            assert not fresh(keys)
+        else:
+            assert fresh(keys[:length])
+            assert length == 1 or not fresh(keys[: length - 1])
+
+
+def test_reservations_replay_like_a_fresh_state_after_copies() -> None:
+    rng = random.Random(5)
+    snapshot = random_cluster(rng, "c", nodes=40, reservations=30)
+    state = ClusterState(snapshot)
+    copy = state._clone()
+    for workload in random_pending(rng, 50, ["c"]):
+        first = state.try_place(workload.pod_sets)
+        second = copy.try_place(workload.pod_sets)
+        assert (first.ok, first.reason, first.assignments) == (
+            second.ok,
+            second.reason,
+            second.assignments,
+        )
+    assert state.free == copy.free
+    assert [state.node_free(n) for n in state.node_names()] == [
+        copy.node_free(n) for n in copy.node_names()
+    ]
