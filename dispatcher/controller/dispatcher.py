@@ -409,7 +409,12 @@ class Dispatcher:
             min_available = expected
         completion_items = sum(1 for o in objects if o.completion)
         done_items, failed_object = 0, ""
-        if completion_items:
+        # Wrapped objects report completion through their own status, which is read (not
+        # watched) only once no pod is pending or running: before that they cannot be done,
+        # and a pod ending wakes this reconcile anyway. Polling every running AppWrapper
+        # would cost the API server a GET per AppWrapper every few seconds.
+        settled = counts.pending == 0 and counts.running == 0
+        if completion_items and settled:
             completion_items, done_items, failed_object = await completion(
                 member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
             )
@@ -448,10 +453,8 @@ class Dispatcher:
             transitions.append(
                 cond.mark_requeued(status, verdict.reason, message, now=moment, backoff=True)
             )
-        if completion_items and verdict.verdict in (Verdict.RUNNING, Verdict.WAIT):
-            # Wrapped objects report completion through their own status, which we do not
-            # watch; look again shortly.
-            self.queue.add_after(key, 2.0)
+        if completion_items and settled and verdict.verdict in (Verdict.RUNNING, Verdict.WAIT):
+            self.queue.add_after(key, 2.0)  # the object's own status may lag its pods
         if verdict.recheck_after is not None:
             self.queue.add_after(key, max(verdict.recheck_after, 0.05))
         if any(t is not None for t in transitions):
