@@ -191,6 +191,17 @@ def reason_for(template: str, pod_sets: Sequence[PodSet]) -> str:
     return template
 
 
+def _add_columns(columns: dict[str, list[int]], amounts: Sequence[Resources], *, sign: int) -> None:
+    """Add each node's `amounts` (times `sign`) into per-resource columns, one slot a node."""
+    count = len(amounts)
+    for index, node_amounts in enumerate(amounts):
+        for resource in node_amounts:
+            column = columns.get(resource)
+            if column is None:
+                column = columns[resource] = [0] * count
+            column[index] += sign * node_amounts[resource]
+
+
 def _fmt(resource: str, milli: int) -> str:
     return f"{resource} {format_milli(max(milli, 0), resource)}"
 
@@ -427,24 +438,12 @@ class ClusterState:
         self._names: list[str] = [n.name for n in nodes]
         count = len(nodes)
         allocatable: dict[str, list[int]] = {}
-        for index, node in enumerate(nodes):
-            amounts = node.allocatable
-            for resource in amounts:
-                column = allocatable.get(resource)
-                if column is None:
-                    column = allocatable[resource] = [0] * count
-                column[index] = amounts[resource]
+        _add_columns(allocatable, [n.allocatable for n in nodes], sign=1)
         self._allocatable = allocatable
         self._capacity: _Free = {r: sum(column) for r, column in allocatable.items()}
         columns = {r: list(column) for r, column in allocatable.items()}
         if not empty:
-            for index, node in enumerate(nodes):
-                amounts = node.requested
-                for resource in amounts:
-                    column = columns.get(resource)
-                    if column is None:
-                        column = columns[resource] = [0] * count
-                    column[index] -= amounts[resource]
+            _add_columns(columns, [n.requested for n in nodes], sign=-1)
         self._columns = columns
         self._zeros = [0] * count
         self._free_total: _Free = {r: sum(column) for r, column in columns.items()}
