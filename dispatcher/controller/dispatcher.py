@@ -447,9 +447,7 @@ class Dispatcher:
             transitions.append(cond.mark_failed(status, verdict.reason, message, now=moment))
         elif verdict.verdict is Verdict.REQUEUE:
             assert verdict.reason is not None
-            await delete_all(
-                member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
-            )
+            await self._remove_objects(aw, member)
             transitions.append(
                 cond.mark_requeued(status, verdict.reason, message, now=moment, backoff=True)
             )
@@ -469,10 +467,6 @@ class Dispatcher:
                 self.state.counts_written[key] = now
             else:
                 self.queue.add_after(key, COUNTS_INTERVAL - since)
-        if verdict.verdict is Verdict.FAILED:
-            await delete_all(
-                member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
-            )
 
     async def _dispatch_failed(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: DispatchError, now: float
@@ -495,6 +489,16 @@ class Dispatcher:
         )
         await self._write_status(obj, status, [transition])
 
+    async def _remove_objects(self, aw: AppWrapper, member: Member) -> list[str]:
+        """Delete `aw`'s wrapped objects in `member` (only those carrying its uid); returns
+        the ones still there."""
+        return await delete_all(
+            member.client,
+            aw.metadata.namespace,
+            wrapped_objects(aw, owner_reference=member.is_hub),
+            uid=aw.metadata.uid or "",
+        )
+
     async def _after_terminal(self, aw: AppWrapper, status: AppWrapperStatus) -> None:
         """Failed AppWrappers give their capacity back: their objects are removed once."""
         if not status.is_true(C.FAILED):
@@ -503,11 +507,7 @@ class Dispatcher:
         attempt = (aw.metadata.uid or "", status.lastDispatchedAt or "")
         if member is None or attempt in self.state.cleaned:
             return
-        objects = wrapped_objects(aw, owner_reference=member.is_hub)
-        remaining = await delete_all(
-            member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
-        )
-        if remaining:
+        if await self._remove_objects(aw, member):
             self.queue.add_after(aw.key, 1.0)
         else:
             self.state.cleaned.add(attempt)
@@ -521,11 +521,8 @@ class Dispatcher:
         targets = [member] if member is not None else list(self.members.values())
         remaining: list[str] = []
         for target in targets:
-            objects = wrapped_objects(aw, owner_reference=target.is_hub)
             try:
-                remaining += await delete_all(
-                    target.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
-                )
+                remaining += await self._remove_objects(aw, target)
             except KubeError as exc:
                 self.log.warning(
                     "deleting_objects_failed",
@@ -863,12 +860,7 @@ class Dispatcher:
             entry = self.state.workloads.get(preemptor)
             by_priority = entry[1].priority if entry and isinstance(entry[1], Workload) else "?"
             message = f"preempted by {preemptor}, priority {by_priority}"
-            await delete_all(
-                member.client,
-                aw.metadata.namespace,
-                wrapped_objects(aw, owner_reference=member.is_hub),
-                uid=aw.metadata.uid or "",
-            )
+            await self._remove_objects(aw, member)
             transition = cond.mark_requeued(
                 status,
                 Reason.PREEMPTED,
