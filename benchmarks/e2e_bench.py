@@ -40,6 +40,7 @@ from dispatcher.api.models import parse_time
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.informer import Informer
 from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
+from dispatcher.testing.manifests import appwrapper, deployment, job, service
 
 DEPLOYMENTS = ResourceInfo("apps/v1", "Deployment", "deployments", True)
 SERVICES = ResourceInfo("v1", "Service", "services", True)
@@ -48,76 +49,12 @@ PODS = ResourceInfo("v1", "Pod", "pods", True)
 CONCURRENCY = 32
 
 
-def deployment(name: str, pool: str) -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {"bench/pool": pool},
-                    "containers": [
-                        {
-                            "name": "c",
-                            "image": "busybox",
-                            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
+def bench_deployment(name: str, pool: str) -> dict[str, Any]:
+    return deployment(name, 1, {"cpu": "100m", "memory": "64Mi"}, nodeSelector={"bench/pool": pool})
 
 
-def service(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name},
-        "spec": {"selector": {"app": name}, "ports": [{"port": 80}]},
-    }
-
-
-def job(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name},
-        "spec": {
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "nodeSelector": {"bench/pool": "churn"},
-                    "containers": [
-                        {
-                            "name": "c",
-                            "image": "busybox",
-                            "resources": {"requests": {"cpu": "1", "memory": "64Mi"}},
-                        }
-                    ],
-                }
-            }
-        },
-    }
-
-
-def appwrapper(name: str, *items: dict[str, Any], completion: str | None = None) -> dict:
-    generic = [
-        {"generictemplate": item}
-        | ({"completionstatus": completion} if completion and item["kind"] == "Job" else {})
-        for item in items
-    ]
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": name},
-        "spec": {"resources": {"GenericItems": generic}},
-    }
+def bench_job(name: str) -> dict[str, Any]:
+    return job(name, 1, {"cpu": "1", "memory": "64Mi"}, nodeSelector={"bench/pool": "churn"})
 
 
 async def create_all(
@@ -273,7 +210,7 @@ async def run(count: int, churn: int, workdir: Path) -> dict[str, Any]:
         # 1. The raw limit: the same objects, created directly.
         jobs = []
         for index in range(count):
-            jobs.append((DEPLOYMENTS, "raw", deployment(f"raw-{index}", "raw")))
+            jobs.append((DEPLOYMENTS, "raw", bench_deployment(f"raw-{index}", "raw")))
             jobs.append((SERVICES, "raw", service(f"raw-{index}")))
         started = time.time()
         await create_all(client, jobs)
@@ -304,7 +241,7 @@ async def run(count: int, churn: int, workdir: Path) -> dict[str, Any]:
                 (
                     APPWRAPPERS,
                     "aw",
-                    appwrapper(f"aw-{i}", deployment(f"aw-{i}", "aw"), service(f"aw-{i}")),
+                    appwrapper(f"aw-{i}", bench_deployment(f"aw-{i}", "aw"), service(f"aw-{i}")),
                 )
                 for i in range(count)
             ]
@@ -381,7 +318,7 @@ async def trickle_phase(
     for index in range(total):
         name = f"trickle-{index}"
         await client.create(
-            APPWRAPPERS, "aw", appwrapper(name, deployment(name, "aw"), service(name))
+            APPWRAPPERS, "aw", appwrapper(name, bench_deployment(name, "aw"), service(name))
         )
         created[name] = time.time()
         await asyncio.sleep(every)
@@ -408,7 +345,11 @@ async def churn_phase(
 ) -> dict[str, Any]:
     """Many Job AppWrappers against capacity for a tenth of them; drain as Jobs complete."""
     aws = [
-        (APPWRAPPERS, "churn", appwrapper(f"churn-{i}", job(f"churn-{i}"), completion="Complete"))
+        (
+            APPWRAPPERS,
+            "churn",
+            appwrapper(f"churn-{i}", bench_job(f"churn-{i}"), completion="Complete"),
+        )
         for i in range(total)
     ]
     names = {f"churn-{i}" for i in range(total)}

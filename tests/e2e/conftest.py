@@ -20,7 +20,12 @@ import yaml
 from dispatcher.app import running
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.dispatcher import Dispatcher
+from dispatcher.testing.manifests import appwrapper, deployment, job, pod_template, service
 from dispatcher.testing.waits import wait_until
+
+# The builders live in dispatcher.testing.manifests (the benchmarks use them too); the tests
+# import them from here with the other e2e helpers.
+__all__ = ["appwrapper", "deployment", "job", "pod_template", "service"]
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "appwrapper.yaml"
@@ -142,79 +147,3 @@ async def pods_of(cluster: Any, namespace: str, appwrapper: str) -> list[dict[st
         f"workload.codeflare.dev/appwrapper={appwrapper}",
     )
     return list(json.loads(out.stdout)["items"])
-
-
-def appwrapper(
-    name: str,
-    *items: dict[str, Any],
-    priority: int | None = None,
-    scheduling: dict[str, Any] | None = None,
-    completion: str | None = None,
-    custom: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    generic: list[dict[str, Any]] = []
-    for item in items:
-        entry: dict[str, Any] = {"generictemplate": item}
-        if completion and item.get("kind") == "Job":
-            entry["completionstatus"] = completion
-        if custom is not None:
-            entry["custompodresources"] = custom
-        generic.append(entry)
-    spec: dict[str, Any] = {"resources": {"GenericItems": generic}}
-    if priority is not None:
-        spec["priority"] = priority
-    if scheduling:
-        spec["schedulingSpec"] = scheduling
-    return {
-        "apiVersion": "workload.codeflare.dev/v1beta1",
-        "kind": "AppWrapper",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
-
-
-def pod_template(requests: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    resources: dict[str, Any] = {"requests": requests}
-    extended = {k: v for k, v in requests.items() if "/" in k}
-    if extended:
-        resources["limits"] = extended  # Kubernetes requires limits for extended resources
-    return {
-        "spec": {
-            "containers": [{"name": "c", "image": "busybox", "resources": resources}],
-            **spec,
-        }
-    }
-
-
-def deployment(name: str, replicas: int, requests: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    template = pod_template(requests, **spec)
-    template["metadata"] = {"labels": {"app": name}}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": template,
-        },
-    }
-
-
-def job(name: str, parallelism: int, requests: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    template = pod_template(requests, restartPolicy="Never", **spec)
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name},
-        "spec": {"parallelism": parallelism, "completions": parallelism, "template": template},
-    }
-
-
-def service(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name},
-        "spec": {"selector": {"app": name}, "ports": [{"port": 80}]},
-    }

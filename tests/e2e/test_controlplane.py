@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from dispatcher.testing.localcluster import LocalCluster, ensure_binaries
+from dispatcher.testing.manifests import deployment as build_deployment
 from dispatcher.testing.waits import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -26,24 +27,7 @@ def phases(cluster: Any, namespace: str, selector: str = "") -> list[str]:
 
 
 def deployment(name: str, replicas: int, cpu: str = "100m") -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "containers": [
-                        {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}
-                    ]
-                },
-            },
-        },
-    }
+    return build_deployment(name, replicas, {"cpu": cpu})
 
 
 def test_deployment_pods_reach_running_on_fake_nodes(cluster, namespace, fake_nodes) -> None:
