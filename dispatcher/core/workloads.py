@@ -93,10 +93,16 @@ def workload_of(
         )
     created = _timestamp(aw.metadata.creationTimestamp, now)
     status = aw.status
-    if status is not None and status.queuedAt:
-        # creationTimestamp has whole seconds only; when the dispatcher first saw it (to the
-        # microsecond) orders AppWrappers created within the same second.
-        created = max(created, min(_timestamp(status.queuedAt, now), created + 0.999999))
+    # creationTimestamp has whole seconds only; when the dispatcher first saw it (queuedAt,
+    # to the microsecond; `now` for one not yet queued) orders AppWrappers created within the
+    # same second. Without the second case a new AppWrapper would sort before an older one
+    # of the same second that already has its queuedAt.
+    seen = (
+        _timestamp(status.queuedAt, now)
+        if status is not None and status.queuedAt
+        else (now.timestamp())
+    )
+    created = max(created, min(seen, created + 0.999999))
     queued_since = created
     if status is not None:
         requeued = status.condition("Queueing")
