@@ -146,6 +146,10 @@ class CapacityCache:
     requested: dict[str, Resources] = field(default_factory=dict)
     pods: dict[str, PodRecord] = field(default_factory=dict)
     pods_by_owner: dict[str, dict[str, PodRecord]] = field(default_factory=dict)
+    owner_revisions: dict[str, int] = field(default_factory=dict)
+    """owner -> the value of `pod_clock` when one of its pods last changed, so what is derived
+    from an owner's pods can be kept until they change (never reused: the clock only grows)."""
+    pod_clock: int = 0
     generation: int = 0  # bumps on every change that can alter a fit
 
     def _changed(self, reason: str) -> None:
@@ -211,6 +215,8 @@ class CapacityCache:
 
     def _index(self, record: PodRecord) -> None:
         if record.owner:
+            self.pod_clock += 1
+            self.owner_revisions[record.owner] = self.pod_clock
             self.pods_by_owner.setdefault(record.owner, {})[record.key] = record
 
     def _unindex(self, record: PodRecord) -> None:
@@ -220,6 +226,10 @@ class CapacityCache:
                 owned.pop(record.key, None)
                 if not owned:
                     del self.pods_by_owner[record.owner]
+                    self.owner_revisions.pop(record.owner, None)
+                else:
+                    self.pod_clock += 1
+                    self.owner_revisions[record.owner] = self.pod_clock
 
     # -- reads ------------------------------------------------------------------------
 
@@ -235,6 +245,10 @@ class CapacityCache:
             else:
                 counts.pending += 1
         return counts
+
+    def owner_revision(self, owner: str) -> int:
+        """Differs from any earlier answer for `owner` whenever its pods changed (0: none)."""
+        return self.owner_revisions.get(owner, 0)
 
     def owned_pods(self, owner: str) -> list[PodRecord]:
         return list(self.pods_by_owner.get(owner, {}).values())

@@ -43,7 +43,14 @@ from dispatcher.controller.objects import (
     ensure_namespace,
     wrapped_objects,
 )
-from dispatcher.controller.state import Assumed, ControllerState, Obj
+from dispatcher.controller.state import (
+    NOT_SCHEDULED,
+    Assumed,
+    ControllerState,
+    Holding,
+    Obj,
+    Standing,
+)
 from dispatcher.controller.workqueue import WorkQueue
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
@@ -70,6 +77,7 @@ PRIORITY_CLASSES = ResourceInfo(
 )
 C = cond.C
 CYCLE_BATCH_SECONDS = 0.005
+CYCLE_BATCH_MAX_SECONDS = 0.25
 COLLECT_EVERY = 60.0
 """Seconds between sweeps of a member for objects no hub AppWrapper places there."""
 COUNTS_INTERVAL = 5.0
@@ -118,10 +126,12 @@ class Dispatcher:
         self._background: set[asyncio.Task[None]] = set()
         self._collecting: set[str] = set()
         self.cycles = 0
+        self._cycle_seconds = 0.0
         self.preemptions = 0
         self.ready = asyncio.Event()
         self.log = structlog.get_logger("dispatcher")
         self.appwrappers.add_handler(self._on_appwrapper)
+        self.priority_classes.add_handler(self._on_priority_class)
         for member in members:
             member.capacity.on_change = self._on_capacity
             member.pods.add_handler(self._on_pod)
@@ -212,7 +222,7 @@ class Dispatcher:
     async def _write_status(
         self, obj: Obj, status: AppWrapperStatus, transitions: list[Transition | None]
     ) -> Obj:
-        """One status write with optimistic concurrency; Events for what changed."""
+        """One status write with optimistic concurrency, and an Event for what changed."""
         body = {
             "apiVersion": API_VERSION,
             "kind": KIND,
@@ -228,14 +238,16 @@ class Dispatcher:
         )
         key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
         self.state.written[key] = written
-        for transition in transitions:
-            if transition is not None and transition.reason:
-                self.events.record(
-                    written,
-                    reason=transition.reason,
-                    message=transition.message,
-                    warning=transition.warning,
-                )
+        happened = [t for t in transitions if t is not None and t.reason]
+        if happened:
+            # One Event per write, named after its last (weightiest) step and telling every
+            # step: a queued-and-dispatched AppWrapper costs the API server one Event, not two.
+            self.events.record(
+                written,
+                reason=happened[-1].reason,
+                message="; ".join(t.message for t in happened),
+                warning=any(t.warning for t in happened),
+            )
         return written
 
     # -- reconcile -------------------------------------------------------------------
@@ -559,12 +571,17 @@ class Dispatcher:
         while True:
             await self._kick.wait()
             # Gather the burst of changes that usually follows one (a batch of applies, a
-            # gang's pods starting) into one cycle instead of one cycle per change.
-            await asyncio.sleep(CYCLE_BATCH_SECONDS)
+            # gang's pods starting) into one cycle instead of one cycle per change. Waiting
+            # as long as the last cycle took keeps cycles to about half of the process's
+            # time under a long queue, leaving the rest to the writes they start.
+            await asyncio.sleep(
+                max(CYCLE_BATCH_SECONDS, min(self._cycle_seconds, CYCLE_BATCH_MAX_SECONDS))
+            )
             self._kick.clear()
             started = time.perf_counter()
             pending, snapshots = self._snapshot()
             if not pending:
+                self._cycle_seconds = time.perf_counter() - started
                 continue
             policy = None
             now = self.clock()
@@ -585,12 +602,13 @@ class Dispatcher:
             )
             self.cycles += 1
             self._apply(result)
+            self._cycle_seconds = time.perf_counter() - started
             self.log.debug(
                 "cycle",
                 cycle=self.cycles,
                 pending=len(pending),
                 admitted=len(result.admits),
-                seconds=round(time.perf_counter() - started, 4),
+                seconds=round(self._cycle_seconds, 4),
             )
             # Let the writes this cycle started make progress before the next cycle.
             await asyncio.sleep(0)
@@ -599,49 +617,25 @@ class Dispatcher:
         """Phase 1: queued workloads and, per member, capacity minus what dispatched ones hold."""
         now = _utc(self.clock())
         pending: list[Workload] = []
-        held: dict[str, list[tuple[Workload, AppWrapperStatus | None, float]]] = {
-            name: [] for name in self.members
-        }
+        held: dict[str, list[tuple[str, Workload, float]]] = {name: [] for name in self.members}
         store = self.appwrappers.store
         for key, (phase, _) in self.state.phases.items():
             if phase not in SCHEDULED_PHASES and key not in self.state.written:
                 continue  # finished, backing off or going away: holds nothing, wants nothing
             obj = self.state.latest(key, store.get(key))
-            if obj is None or obj["metadata"].get("deletionTimestamp"):
+            if obj is None:
                 continue
             assumed = self.state.assumed.get(key)
             if assumed is not None:
                 if assumed.cluster in held:
-                    held[assumed.cluster].append((assumed.workload, None, assumed.at))
+                    held[assumed.cluster].append((key, assumed.workload, assumed.at))
                 continue
-            try:
-                aw = self.state.parse(obj)
-            except ValidationError:
-                continue
-            status = aw.status
-            if cond.is_new(status) and FINALIZER not in aw.metadata.finalizers:
-                continue  # the reconciler has not taken it in yet
-            if cond.is_dispatched(status):
-                assert status is not None
-                workload = self.state.workload(
-                    aw, priority=status.priority or 0, allowed_kinds=self.allowed_kinds, now=now
-                )
-                if isinstance(workload, Workload) and status.clusterName in held:
-                    dispatched = now.timestamp() - _seconds_since(
-                        status.lastDispatchedAt, now.timestamp()
-                    )
-                    held[status.clusterName].append((workload, status, dispatched))
-            elif (cond.is_queued(status) or cond.is_new(status)) and (
-                key not in self.state.dispatching
-            ):
-                priority, error = self._priority(aw)
-                if error:
-                    continue
-                workload = self.state.workload(
-                    aw, priority=priority, allowed_kinds=self.allowed_kinds, now=now
-                )
-                if isinstance(workload, Workload):
-                    pending.append(workload)
+            standing = self._standing(key, obj, now)
+            if standing.held is not None:
+                if standing.cluster in held:
+                    held[standing.cluster].append((key, standing.held, standing.dispatched_at))
+            elif standing.pending is not None and key not in self.state.dispatching:
+                pending.append(standing.pending)
         snapshots = []
         for name, member in self.members.items():
             reservations, admitted = self._holdings(member, held[name])
@@ -661,40 +655,73 @@ class Dispatcher:
             )
         return pending, snapshots
 
+    def _standing(self, key: str, obj: Obj, now: datetime) -> Standing:
+        """What `obj` is to the scheduler, derived once per resourceVersion (a cycle over
+        thousands of AppWrappers must not re-read each one's conditions every time)."""
+        version = str(obj["metadata"].get("resourceVersion", ""))
+        cached = self.state.standings.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        standing = self._derive_standing(obj, now)
+        self.state.standings[key] = (version, standing)
+        return standing
+
+    def _derive_standing(self, obj: Obj, now: datetime) -> Standing:
+        if obj["metadata"].get("deletionTimestamp"):
+            return NOT_SCHEDULED
+        try:
+            aw = self.state.parse(obj)
+        except ValidationError:
+            return NOT_SCHEDULED
+        status = aw.status
+        if cond.is_new(status) and FINALIZER not in aw.metadata.finalizers:
+            return NOT_SCHEDULED  # the reconciler has not taken it in yet
+        if cond.is_dispatched(status):
+            assert status is not None
+            workload = self.state.workload(
+                aw, priority=status.priority or 0, allowed_kinds=self.allowed_kinds, now=now
+            )
+            if not isinstance(workload, Workload):
+                return NOT_SCHEDULED
+            dispatched = now.timestamp() - _seconds_since(status.lastDispatchedAt, now.timestamp())
+            cluster = status.clusterName or ""
+            return Standing(held=workload, cluster=cluster, dispatched_at=dispatched)
+        if cond.is_queued(status) or cond.is_new(status):
+            priority, error = self._priority(aw)
+            if error:
+                return NOT_SCHEDULED
+            workload = self.state.workload(
+                aw, priority=priority, allowed_kinds=self.allowed_kinds, now=now
+            )
+            if isinstance(workload, Workload):
+                return Standing(pending=workload)
+        return NOT_SCHEDULED
+
+    def _on_priority_class(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        # A queued AppWrapper's priority comes from its class: derive every standing again.
+        self.state.standings.clear()
+        self._kick.set()
+
     def _holdings(
-        self, member: Member, held: list[tuple[Workload, AppWrapperStatus | None, float]]
+        self, member: Member, held: list[tuple[str, Workload, float]]
     ) -> tuple[list[Reservation], list[AdmittedWorkload]]:
         """Reservations for dispatched pods not yet on a node, and what each one uses."""
         reservations: list[Reservation] = []
         admitted: list[AdmittedWorkload] = []
-        for workload, _status, dispatched_at in held:
-            pods = member.capacity.owned_pods(workload.key)
-            remaining = _unplaced(workload.pod_sets, [p.requests for p in pods if p.node])
-            if remaining:
-                reservations.append(
-                    Reservation(
-                        key=workload.key,
-                        pod_sets=remaining,
-                        priority=workload.priority,
-                        dispatched_at=dispatched_at,
-                        preemptible=workload.preemptible,
-                    )
-                )
-            usage: dict[str, Any] = {}
-            for pod in pods:
-                if pod.holds_capacity:
-                    usage[pod.node] = (
-                        usage[pod.node] + pod.requests if pod.node in usage else pod.requests
-                    )
-            admitted.append(
-                AdmittedWorkload(
-                    key=workload.key,
-                    priority=workload.priority,
-                    dispatched_at=dispatched_at,
-                    preemptible=workload.preemptible,
-                    usage=tuple(sorted(usage.items())),
-                )
-            )
+        for key, workload, dispatched_at in held:
+            revision = member.capacity.owner_revision(key)
+            holding = self.state.holdings.get(key)
+            if (
+                holding is None
+                or holding.revision != revision
+                or holding.workload is not workload
+                or holding.dispatched_at != dispatched_at
+            ):
+                holding = _holding(member, key, workload, dispatched_at, revision)
+                self.state.holdings[key] = holding
+            if holding.reservation is not None:
+                reservations.append(holding.reservation)
+            admitted.append(holding.admitted)
         return reservations, admitted
 
     def _apply(self, result: CycleResult) -> None:
@@ -813,6 +840,9 @@ class Dispatcher:
                     log.warning("dispatch_status_failed", error=str(exc)[:300])
                     return
                 self.state.waiting_written.pop(key, None)
+                # The pods' first counts wait for the next write with a reason (usually
+                # Running, a moment later) instead of costing a status write of their own.
+                self.state.counts_written[key] = now
                 log.info("dispatched", priority=status.priority)
                 member = self.members[cluster]
                 aw = self.state.parse(written)
@@ -1007,6 +1037,34 @@ def _phase_of(obj: Obj) -> str:
     if "Backoff" in true:
         return "backoff"
     return "queued"
+
+
+def _holding(
+    member: Member, key: str, workload: Workload, dispatched_at: float, revision: int
+) -> Holding:
+    pods = member.capacity.owned_pods(key)
+    remaining = _unplaced(workload.pod_sets, [p.requests for p in pods if p.node])
+    reservation = None
+    if remaining:
+        reservation = Reservation(
+            key=workload.key,
+            pod_sets=remaining,
+            priority=workload.priority,
+            dispatched_at=dispatched_at,
+            preemptible=workload.preemptible,
+        )
+    usage: dict[str, Any] = {}
+    for pod in pods:
+        if pod.holds_capacity:
+            usage[pod.node] = usage[pod.node] + pod.requests if pod.node in usage else pod.requests
+    admitted = AdmittedWorkload(
+        key=workload.key,
+        priority=workload.priority,
+        dispatched_at=dispatched_at,
+        preemptible=workload.preemptible,
+        usage=tuple(sorted(usage.items())),
+    )
+    return Holding(revision, workload, dispatched_at, reservation, admitted)
 
 
 def _unplaced(pod_sets: tuple[PodSet, ...], placed: list[Any]) -> tuple[PodSet, ...]:

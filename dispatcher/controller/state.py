@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from dispatcher.api.models import AppWrapper
-from dispatcher.core.model import Workload
+from dispatcher.core.model import AdmittedWorkload, Reservation, Workload
 from dispatcher.core.preemption import Claim
 from dispatcher.core.workloads import InvalidSpec, workload_of
 
@@ -37,6 +37,31 @@ class Assumed:
     workload: Workload
     cluster: str
     at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """What one AppWrapper, at one resourceVersion, is to the scheduler: queued (wants
+    room), dispatched (holds room in `cluster` since `dispatched_at`), or neither."""
+
+    pending: Workload | None = None
+    held: Workload | None = None
+    cluster: str = ""
+    dispatched_at: float = 0.0
+
+
+NOT_SCHEDULED = Standing()
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A dispatched AppWrapper's reservation and usage, derived from its pods."""
+
+    revision: int
+    workload: Workload
+    dispatched_at: float
+    reservation: Reservation | None
+    admitted: AdmittedWorkload
 
 
 @dataclass
@@ -69,6 +94,11 @@ class ControllerState:
     parsed: dict[str, tuple[str, AppWrapper]] = field(default_factory=dict)
     """key -> (resourceVersion, model): validating a whole AppWrapper is costly, and a cycle
     reads every queued one."""
+
+    standings: dict[str, tuple[str, Standing]] = field(default_factory=dict)
+    """key -> (resourceVersion, standing): a cycle re-derives only what changed."""
+    holdings: dict[str, Holding] = field(default_factory=dict)
+    """key -> reservation and usage of a dispatched one, until its pods change."""
 
     def parse(self, obj: Obj) -> AppWrapper:
         """The model of `obj`, validated once per resourceVersion (ValidationError if bad).
@@ -130,3 +160,5 @@ class ControllerState:
         self.workloads.pop(key, None)
         self.waiting_written.pop(key, None)
         self.counts_written.pop(key, None)
+        self.standings.pop(key, None)
+        self.holdings.pop(key, None)
