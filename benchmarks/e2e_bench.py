@@ -109,6 +109,19 @@ def proc_stats(pid: int) -> dict[str, float]:
     }
 
 
+def cluster_cpu(cluster: LocalCluster) -> dict[str, float]:
+    """CPU seconds used so far by each control-plane process (API server, etcd, ...)."""
+    return {
+        name: proc_stats(proc.pid)["cpu_seconds"]
+        for name, proc in cluster.processes.items()
+        if proc.poll() is None
+    }
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: round(after[k] - before.get(k, 0.0), 2) for k in after}
+
+
 def scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     counts: dict[str, float] = {}
@@ -258,6 +271,7 @@ async def run(
         for index in range(count):
             jobs.append((DEPLOYMENTS, "raw", bench_deployment(f"raw-{index}", "raw")))
             jobs.append((SERVICES, "raw", service(f"raw-{index}")))
+        cpu_before = cluster_cpu(cluster)
         started = time.time()
         await create_all(client, jobs, concurrency)
         raw_seconds = time.time() - started
@@ -265,6 +279,7 @@ async def run(
         # into running pods; the dispatcher's phase must not pay for that backlog.
         raw_running = await wait_pods_running(client, "raw", count) - started
         result["raw"] = {
+            "control_plane_cpu_seconds": cpu_used(cpu_before, cluster_cpu(cluster)),
             "seconds": raw_seconds,
             "seconds_to_all_running": raw_running,
             "objects_per_second": 2 * count / raw_seconds,
@@ -288,6 +303,7 @@ async def run(
             await watcher.informer.synced.wait()
             before = scrape(port)
             cpu_before = proc_stats(process.pid)["cpu_seconds"]
+            plane_before = cluster_cpu(cluster)
             aws = [
                 (
                     APPWRAPPERS,
@@ -301,6 +317,7 @@ async def run(
             names_set = {f"aw-{i}" for i in range(count)}
             await watcher.wait("Dispatched", names_set, timeout=600)
             all_running = await watcher.wait("Running", names_set, timeout=600)
+            plane_after = cluster_cpu(cluster)
             after = await settled_counts(port)
             cpu_after = proc_stats(process.pid)
             latencies = [
@@ -326,6 +343,7 @@ async def run(
                 },
                 "requests_per_dispatch": requests,
                 "cpu_seconds": cpu_after["cpu_seconds"] - cpu_before,
+                "control_plane_cpu_seconds": cpu_used(plane_before, plane_after),
                 "peak_rss_mb": cpu_after["peak_rss_mb"],
                 "latencies": sorted(latencies),
             }

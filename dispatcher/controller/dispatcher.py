@@ -117,7 +117,7 @@ class Dispatcher:
         self.state = ControllerState()
         self.queue = WorkQueue()
         self.events = EventRecorder(hub)
-        self.appwrappers = Informer(hub, APPWRAPPERS)
+        self.appwrappers = Informer(hub, APPWRAPPERS, transform=_without_bookkeeping)
         self.priority_classes = Informer(hub, PRIORITY_CLASSES)
         self.allowed_kinds = frozenset(config.allowed_kinds)
         self.preemption = LowestPriorityFirst() if config.preemption else None
@@ -237,7 +237,7 @@ class Dispatcher:
             APPWRAPPERS, obj["metadata"]["namespace"], obj["metadata"]["name"], body, sub="status"
         )
         key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
-        self.state.written[key] = written
+        self.state.written[key] = _without_bookkeeping(written)
         happened = [t for t in transitions if t is not None and t.reason]
         if happened:
             # One Event per write, named after its last (weightiest) step and telling every
@@ -323,7 +323,7 @@ class Dispatcher:
             }
         }
         written = await self.hub.merge_patch(APPWRAPPERS, meta["namespace"], meta["name"], patch)
-        self.state.written[f"{meta['namespace']}/{meta['name']}"] = written
+        self.state.written[f"{meta['namespace']}/{meta['name']}"] = _without_bookkeeping(written)
         return written
 
     async def _initialize(
@@ -1019,6 +1019,22 @@ class Dispatcher:
 
 
 SCHEDULED_PHASES = frozenset({"queued", "dispatched"})
+
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _without_bookkeeping(obj: Obj) -> Obj:
+    """Drops what the dispatcher never reads and that can be as large as the spec again
+    (server-side field ownership, kubectl's copy of the last applied object): thousands of
+    queued AppWrappers are held in memory."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict) and LAST_APPLIED in annotations:
+            meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    return obj
 
 
 def _phase_of(obj: Obj) -> str:

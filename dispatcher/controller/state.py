@@ -16,6 +16,7 @@ from dispatcher.core.preemption import Claim
 from dispatcher.core.workloads import InvalidSpec, workload_of
 
 Obj = dict[str, Any]
+PARSED_LIMIT = 2048
 
 
 def resource_version(obj: Obj | None) -> int:
@@ -85,15 +86,15 @@ class ControllerState:
     evicted: dict[str, str] = field(default_factory=dict)
     """victim key -> lastDispatchedAt of the dispatch it was evicted from (never evict twice)."""
     waiting_written: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """key -> (message, when) of the last "waiting because" status write."""
     counts_written: dict[str, float] = field(default_factory=dict)
     """key -> when pod counts were last written (they are written at most every few s)."""
-    """key -> (message, when) of the last "waiting because" status write."""
 
     phases: dict[str, tuple[str, int | None]] = field(default_factory=dict)
     """key -> (phase, generation) as last seen by the watch; the scheduler's index."""
     parsed: dict[str, tuple[str, AppWrapper]] = field(default_factory=dict)
-    """key -> (resourceVersion, model): validating a whole AppWrapper is costly, and a cycle
-    reads every queued one."""
+    """key -> (resourceVersion, model), least recently used first: validating a whole
+    AppWrapper is costly, and a reconcile often reads the same one several times."""
 
     standings: dict[str, tuple[str, Standing]] = field(default_factory=dict)
     """key -> (resourceVersion, standing): a cycle re-derives only what changed."""
@@ -108,11 +109,15 @@ class ControllerState:
         meta = obj.get("metadata", {})
         key = f"{meta.get('namespace')}/{meta.get('name')}"
         version = str(meta.get("resourceVersion", ""))
-        cached = self.parsed.get(key)
+        cached = self.parsed.pop(key, None)
         if cached is not None and cached[0] == version and version:
+            self.parsed[key] = cached  # most recently used last
             return cached[1]
         model = AppWrapper.from_kube(obj)
         self.parsed[key] = (version, model)
+        if len(self.parsed) > PARSED_LIMIT:
+            # A model weighs about twice its object: keep only the recently used ones.
+            del self.parsed[next(iter(self.parsed))]
         return model
 
     def latest(self, key: str, watched: Obj | None) -> Obj | None:

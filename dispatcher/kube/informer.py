@@ -2,7 +2,7 @@
 
 Side effects: long-running watch requests to one API server.
 
-List once, then watch from the list's resourceVersion with bookmarks; when the server
+List once (in pages), then watch from the list's resourceVersion with bookmarks; when the server
 answers 410 Gone, relist and emit the difference, so handlers never miss a change.
 Handlers only record or enqueue (they must be quick and must not mutate objects).
 An optional `transform` slims each object on arrival to bound memory.
@@ -44,6 +44,7 @@ class Informer:
         field_selector: str = "",
         transform: Callable[[Obj], Obj] | None = None,
         watch_timeout: int = 300,
+        page_size: int = 500,
     ) -> None:
         self.client = client
         self.info = info
@@ -60,6 +61,7 @@ class Informer:
         self._transform = transform
         self._handlers: list[Handler] = []
         self._watch_timeout = watch_timeout
+        self._page_size = page_size
         self._log = structlog.get_logger("informer").bind(cluster=client.name, resource=info.plural)
 
     def add_handler(self, handler: Handler) -> None:
@@ -91,17 +93,28 @@ class Informer:
                 backoff = min(backoff * 2, 10.0)
 
     async def _relist(self) -> str:
-        listing = await self.client.list(self.info, query=self._query)
-        self.last_contact = time.monotonic()
-        self.relists += 1
         fresh: dict[str, Obj] = {}
         kind = self.info.kind
         api_version = self.info.group_version
-        for item in listing.get("items", []):
-            # Items of a list carry no kind/apiVersion; fill them so handlers see whole objects.
-            item.setdefault("kind", kind)
-            item.setdefault("apiVersion", api_version)
-            fresh[object_key(item)] = self._accept(item)
+        token = ""
+        while True:
+            # In pages: one answer holding 10k AppWrappers would be a body of tens of MB,
+            # decoded at once, and the process's peak memory would keep its size.
+            query = {**self._query, "limit": str(self._page_size)}
+            if token:
+                query["continue"] = token
+            listing = await self.client.list(self.info, query=query)
+            self.last_contact = time.monotonic()
+            for item in listing.get("items", []):
+                # Items of a list carry no kind/apiVersion; fill them so handlers see whole
+                # objects.
+                item.setdefault("kind", kind)
+                item.setdefault("apiVersion", api_version)
+                fresh[object_key(item)] = self._accept(item)
+            token = str(listing.get("metadata", {}).get("continue") or "")
+            if not token:
+                break
+        self.relists += 1
         old_store = self.store
         self.store = fresh
         for key, obj in fresh.items():

@@ -120,3 +120,22 @@ def test_unplaced_subtracts_bound_pods_and_errs_towards_reserving() -> None:
     remaining = _unplaced((head, worker), [Resources({"cpu": 9000})])
     assert [(p.count, p.requests["cpu"]) for p in remaining] == [(2, 3000)]
     assert _unplaced((head,), [Resources({"cpu": 2000}), Resources({"cpu": 2000})]) == ()
+
+
+def test_owner_revision_moves_with_its_pods_only() -> None:
+    cache = CapacityCache(cluster="c")
+    cache.on_node("ADDED", None, node("n1"))
+    assert cache.owner_revision("ns/aw") == 0
+    cache.on_pod("ADDED", None, pod("p1", "1", owner="aw"))
+    first = cache.owner_revision("ns/aw")
+    cache.on_pod("ADDED", None, pod("other", "1", owner="someone"))
+    assert cache.owner_revision("ns/aw") == first
+    cache.on_pod("MODIFIED", None, pod("p1", "1", "n1", "Running", owner="aw"))
+    second = cache.owner_revision("ns/aw")
+    assert second != first
+    cache.on_pod("MODIFIED", None, pod("p1", "1", "n1", "Running", owner="aw"))
+    assert cache.owner_revision("ns/aw") == second  # nothing changed
+    cache.on_pod("DELETED", pod("p1", "1", "n1", "Running", owner="aw"), None)
+    assert cache.owner_revision("ns/aw") == 0
+    cache.on_pod("ADDED", None, pod("p2", "1", owner="aw"))
+    assert cache.owner_revision("ns/aw") not in (0, first, second)
