@@ -195,11 +195,11 @@ def _add_columns(columns: dict[str, list[int]], amounts: Sequence[Resources], *,
     """Add each node's `amounts` (times `sign`) into per-resource columns, one slot a node."""
     count = len(amounts)
     for index, node_amounts in enumerate(amounts):
-        for resource in node_amounts:
+        for resource, value in node_amounts.items():
             column = columns.get(resource)
             if column is None:
                 column = columns[resource] = [0] * count
-            column[index] += sign * node_amounts[resource]
+            column[index] += sign * value
 
 
 def _fmt(resource: str, milli: int) -> str:
