@@ -894,15 +894,11 @@ class ClusterState:
         def roomiest(nodes: list[int]) -> tuple[float, int]:
             # Per node, the fewest pods of this size its free room holds of any resource
             # (as a fraction); the roomiest node is the first with the most.
+            # Built-in maps: this runs over every node for each gang shape that fails.
             ratios: list[float] = []
             for resource, value in requests:
-                column = columns[resource]
-                shares = [column[n] / value for n in nodes]
-                ratios = (
-                    [a if a < b else b for a, b in zip(ratios, shares, strict=True)]
-                    if ratios
-                    else shares
-                )
+                shares = list(map(value.__rtruediv__, map(columns[resource].__getitem__, nodes)))
+                ratios = list(map(min, ratios, shares)) if ratios else shares
             if not ratios:
                 return (0.0, nodes[0])
             best = max(ratios)
