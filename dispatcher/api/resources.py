@@ -6,7 +6,7 @@ hashable so that the core can share it freely between snapshots.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from typing import Any
 
 from dispatcher.api.quantity import QuantityError, format_milli, parse_milli
@@ -47,13 +47,24 @@ class Resources(Mapping[str, int]):
     def __contains__(self, name: object) -> bool:
         return name in self._items
 
+    # The views of the inner dict: the `Mapping` mixins go through `__getitem__` once per
+    # name, and the fit check walks these for thousands of nodes every cycle.
+    def items(self) -> ItemsView[str, int]:
+        return self._items.items()
+
+    def keys(self) -> KeysView[str]:
+        return self._items.keys()
+
+    def values(self) -> ValuesView[int]:
+        return self._items.values()
+
     def __hash__(self) -> int:
         if self._hash is None:
             self._hash = hash(frozenset(self._items.items()))
         return self._hash
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, Resources):
+        if type(other) is Resources:
             return self._items == other._items
         if isinstance(other, Mapping):
             return self._items == {k: v for k, v in other.items() if v != 0}

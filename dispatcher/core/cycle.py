@@ -357,6 +357,10 @@ def _preempt(
             continue
         if best is None or len(victims) < len(best.victims):
             best = Preempt(key=workload.key, cluster=cluster.name, victims=victims)
+            if len(victims) == 1:
+                # No later cluster can name fewer, and a tie goes to the earlier name: the
+                # answer stands, and each search the policy would make costs milliseconds.
+                break
     return best
 
 

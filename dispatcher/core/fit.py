@@ -195,11 +195,11 @@ def _add_columns(columns: dict[str, list[int]], amounts: Sequence[Resources], *,
     """Add each node's `amounts` (times `sign`) into per-resource columns, one slot a node."""
     count = len(amounts)
     for index, node_amounts in enumerate(amounts):
-        for resource in node_amounts:
+        for resource, value in node_amounts.items():
             column = columns.get(resource)
             if column is None:
                 column = columns[resource] = [0] * count
-            column[index] += sign * node_amounts[resource]
+            column[index] += sign * value
 
 
 def _fmt(resource: str, milli: int) -> str:
@@ -894,15 +894,11 @@ class ClusterState:
         def roomiest(nodes: list[int]) -> tuple[float, int]:
             # Per node, the fewest pods of this size its free room holds of any resource
             # (as a fraction); the roomiest node is the first with the most.
+            # Built-in maps: this runs over every node for each gang shape that fails.
             ratios: list[float] = []
             for resource, value in requests:
-                column = columns[resource]
-                shares = [column[n] / value for n in nodes]
-                ratios = (
-                    [a if a < b else b for a, b in zip(ratios, shares, strict=True)]
-                    if ratios
-                    else shares
-                )
+                shares = list(map(value.__rtruediv__, map(columns[resource].__getitem__, nodes)))
+                ratios = list(map(min, ratios, shares)) if ratios else shares
             if not ratios:
                 return (0.0, nodes[0])
             best = max(ratios)

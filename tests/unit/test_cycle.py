@@ -370,3 +370,32 @@ def test_policy_with_no_answer_means_wait() -> None:
     )
     assert result.preemptions == ()
     assert result.waits[0].message == "needs nvidia.com/gpu 4, free 2 of 4"
+
+
+def test_policy_is_not_asked_further_once_one_victim_is_enough() -> None:
+    # One victim is the fewest there can be, and a tie goes to the first cluster by name.
+    policy = CannedPolicy(("ns/victim",))
+    result = schedule(
+        [gpu_job("ns/big", 4)],
+        [gpu_cluster("west", used=3), gpu_cluster("east", used=2)],
+        mode=BEST,
+        now=NOW,
+        starvation_after=60,
+        preemption=policy,
+    )
+    assert policy.asked == [("ns/big", "east")]
+    assert result.preemptions == (Preempt("ns/big", "east", ("ns/victim",)),)
+
+
+def test_policy_is_asked_in_every_cluster_while_a_smaller_answer_may_come() -> None:
+    policy = CannedPolicy(("ns/v1", "ns/v2"))
+    result = schedule(
+        [gpu_job("ns/big", 4)],
+        [gpu_cluster("west", used=3), gpu_cluster("east", used=2)],
+        mode=BEST,
+        now=NOW,
+        starvation_after=60,
+        preemption=policy,
+    )
+    assert policy.asked == [("ns/big", "east"), ("ns/big", "west")]
+    assert result.preemptions == (Preempt("ns/big", "east", ("ns/v1", "ns/v2")),)
