@@ -425,14 +425,29 @@ async def churn_phase(
         for i in range(total)
     ]
     names = {f"churn-{i}" for i in range(total)}
+    cpu_before = proc_stats(process.pid)["cpu_seconds"]
     started = time.time()
     await create_all(client, aws)
+    created = time.time()
     peak_rss = 0.0
     done = asyncio.create_task(watcher.wait("Completed", names, timeout=3600))
+    progress: list[tuple[float, int, int, float]] = []
     while not done.done():
-        peak_rss = max(peak_rss, proc_stats(process.pid)["rss_mb"])
+        rss = proc_stats(process.pid)["rss_mb"]
+        peak_rss = max(peak_rss, rss)
+        if not progress or time.time() - progress[-1][0] - started >= 10:
+            # (seconds, dispatched, completed, RSS MB): the drain curve, every 10 s.
+            progress.append(
+                (
+                    time.time() - started,
+                    watcher.count("Dispatched", names),
+                    watcher.count("Completed", names),
+                    round(rss, 1),
+                )
+            )
         await asyncio.sleep(1)
     finished = done.result()
+    cpu_seconds = proc_stats(process.pid)["cpu_seconds"] - cpu_before
     pods = await client.list(PODS, "churn")
     unschedulable = [
         p["metadata"]["name"]
@@ -446,15 +461,18 @@ async def churn_phase(
     print(
         f"churn: {total} Job AppWrappers drained in {finished - started:.1f}s "
         f"({total / (finished - started):.1f}/s); unschedulable pods: {len(unschedulable)}; "
-        f"dispatcher peak RSS {stats['peak_rss_mb']:.0f} MB",
+        f"dispatcher peak RSS {stats['peak_rss_mb']:.0f} MB, CPU {cpu_seconds:.0f} s",
         flush=True,
     )
     return {
         "count": total,
         "seconds": finished - started,
+        "seconds_creating_appwrappers": created - started,
         "drain_per_second": total / (finished - started),
         "unschedulable_pods": len(unschedulable),
         "peak_rss_mb": stats["peak_rss_mb"],
+        "cpu_seconds": cpu_seconds,
+        "progress": progress,
     }
 
 

@@ -37,6 +37,7 @@ from dispatcher.controller.collector import KNOWN_KINDS, collect
 from dispatcher.controller.members import Member
 from dispatcher.controller.objects import (
     DispatchError,
+    Wrapped,
     completion,
     create_all,
     delete_all,
@@ -127,6 +128,7 @@ class Dispatcher:
         self._collecting: set[str] = set()
         self.cycles = 0
         self._cycle_seconds = 0.0
+        self._group: asyncio.TaskGroup | None = None
         self.preemptions = 0
         self.ready = asyncio.Event()
         self.log = structlog.get_logger("dispatcher")
@@ -140,6 +142,7 @@ class Dispatcher:
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
+            self._group = group
             group.create_task(self.appwrappers.run(), name="appwrappers")
             group.create_task(self.priority_classes.run(), name="priorityclasses")
             group.create_task(self.events.run(), name="events")
@@ -420,16 +423,22 @@ class Dispatcher:
         if min_available is None:
             min_available = expected
         completion_items = sum(1 for o in objects if o.completion)
-        done_items, failed_object = 0, ""
-        # Wrapped objects report completion through their own status, which is read (not
-        # watched) only once no pod is pending or running: before that they cannot be done,
-        # and a pod ending wakes this reconcile anyway. Polling every running AppWrapper
-        # would cost the API server a GET per AppWrapper every few seconds.
+        done_items, failed_object, polled = 0, "", False
+        # Wrapped objects report completion through their own status, read only once no
+        # pod is pending or running: before that they cannot be done. It comes from a watch
+        # cache of that kind (whose changes wake this reconcile); until that cache has
+        # synced, from a GET, looked at again a little later.
         settled = counts.pending == 0 and counts.running == 0
         if completion_items and settled:
-            completion_items, done_items, failed_object = await completion(
-                member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
+            result = await completion(
+                member.client,
+                aw.metadata.namespace,
+                objects,
+                uid=aw.metadata.uid or "",
+                caches=await self._wrapped_caches(member, objects),
             )
+            completion_items, done_items = result.items, result.done
+            failed_object, polled = result.failed, result.polled
         progress = Progress(
             expected_pods=expected,
             min_available=min_available,
@@ -463,7 +472,7 @@ class Dispatcher:
             transitions.append(
                 cond.mark_requeued(status, verdict.reason, message, now=moment, backoff=True)
             )
-        if completion_items and settled and verdict.verdict in (Verdict.RUNNING, Verdict.WAIT):
+        if polled and verdict.verdict in (Verdict.RUNNING, Verdict.WAIT):
             self.queue.add_after(key, 2.0)  # the object's own status may lag its pods
         if verdict.recheck_after is not None:
             self.queue.add_after(key, max(verdict.recheck_after, 0.05))
@@ -479,6 +488,24 @@ class Dispatcher:
                 self.state.counts_written[key] = now
             else:
                 self.queue.add_after(key, COUNTS_INTERVAL - since)
+
+    async def _wrapped_caches(self, member: Member, objects: list[Wrapped]) -> dict[str, Informer]:
+        """Watch caches for the kinds of `objects` that report completion, started on first
+        need (a kind unknown to the member has none: its objects are read, and missed, by GET)."""
+        caches: dict[str, Informer] = {}
+        for obj in objects:
+            if not obj.completion:
+                continue
+            try:
+                info = await member.client.resource_info(obj.api_version, obj.kind)
+            except KubeError:
+                continue
+            informer, new = member.wrapped_informer(info)
+            if new and self._group is not None:
+                informer.add_handler(self._on_pod)  # same labels: wake the owner
+                self._group.create_task(informer.run(), name=f"{member.name}-{info.plural}")
+            caches[f"{obj.api_version}/{obj.kind}"] = informer
+        return caches
 
     async def _dispatch_failed(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: DispatchError, now: float

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.capacity.cache import CapacityCache, slim_pod
 from dispatcher.config import MemberConfig
 from dispatcher.kube.client import KubeClient, ResourceInfo
@@ -27,6 +29,26 @@ def _slim_node(node: dict[str, object]) -> dict[str, object]:
     return {**node, "status": status}
 
 
+def _slim_wrapped(obj: dict[str, Any]) -> dict[str, Any]:
+    """What reading a wrapped object's completion needs: who owns it and its conditions."""
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+            "labels": {
+                k: v for k, v in labels.items() if k in (LABEL_NAME, LABEL_NAMESPACE, LABEL_UID)
+            },
+        },
+        "status": {"conditions": (obj.get("status") or {}).get("conditions") or []},
+    }
+
+
 @dataclass
 class Member:
     name: str
@@ -36,6 +58,9 @@ class Member:
     nodes: Informer = field(init=False)
     pods: Informer = field(init=False)
     last_answer: float = 0.0  # monotonic time of the last successful probe
+    wrapped: dict[str, Informer] = field(default_factory=dict)
+    """"apiVersion/kind" -> watch cache of our wrapped objects of that kind that report
+    completion (e.g. Jobs): read from here instead of one GET per object."""
 
     def __post_init__(self) -> None:
         self.nodes = Informer(self.client, NODES, transform=_slim_node)
@@ -57,6 +82,19 @@ class Member:
             group.create_task(self.nodes.run(), name=f"{self.name}-nodes")
             group.create_task(self.pods.run(), name=f"{self.name}-pods")
             group.create_task(self._probe(), name=f"{self.name}-probe")
+
+    def wrapped_informer(self, info: ResourceInfo) -> tuple[Informer, bool]:
+        """The watch cache for wrapped objects of `info`'s kind, and whether it is new (the
+        caller starts it). Only objects carrying our uid label are listed and watched."""
+        key = f"{info.group_version}/{info.kind}"
+        existing = self.wrapped.get(key)
+        if existing is not None:
+            return existing, False
+        informer = Informer(
+            self.client, info, label_selector=LABEL_UID, transform=_slim_wrapped, optional=True
+        )
+        self.wrapped[key] = informer
+        return informer, True
 
     async def _probe(self, every: float = 2.0) -> None:
         """A watch on a server that stopped answering can stay silent for minutes; a short

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from dispatcher.kube.errors import (
     NotFound,
     UnknownKind,
 )
+from dispatcher.kube.informer import Informer
 
 NAMESPACES = ResourceInfo("v1", "Namespace", "namespaces", namespaced=False)
 
@@ -191,19 +193,47 @@ async def delete_all(
     return [r for r in results if r is not None]
 
 
+@dataclass(frozen=True, slots=True)
+class Completion:
+    items: int
+    """Wrapped objects with a completionstatus."""
+    done: int
+    """How many of them show one of their completion conditions."""
+    failed: str
+    """"Kind/name failed: why" if one shows Failed."""
+    polled: bool
+    """Some object was read by a GET (no synced watch cache for its kind): its status will
+    not announce itself, so the caller looks again later."""
+
+
 async def completion(
-    client: KubeClient, namespace: str, objects: list[Wrapped], *, uid: str
-) -> tuple[int, int, str]:
-    """(items with a completionstatus, how many show it, "Kind/name: why" if one failed)."""
+    client: KubeClient,
+    namespace: str,
+    objects: list[Wrapped],
+    *,
+    uid: str,
+    caches: Mapping[str, Informer] | None = None,
+) -> Completion:
+    """Read the completion of the objects with a completionstatus, from `caches` ("apiVersion/
+    kind" -> synced watch cache) where there is one, else from the server."""
     watched = [o for o in objects if o.completion]
     done = 0
     failed = ""
+    polled = False
     for obj in watched:
-        try:
-            info = await client.resource_info(obj.api_version, obj.kind)
-            current = await client.get(info, namespace, obj.name)
-        except (NotFound, UnknownKind):
-            continue
+        cache = (caches or {}).get(f"{obj.api_version}/{obj.kind}")
+        current: dict[str, Any] | None
+        if cache is not None and cache.synced.is_set():
+            current = cache.store.get(f"{namespace}/{obj.name}")
+            if current is None:
+                continue
+        else:
+            polled = True
+            try:
+                info = await client.resource_info(obj.api_version, obj.kind)
+                current = await client.get(info, namespace, obj.name)
+            except (NotFound, UnknownKind):
+                continue
         if (current.get("metadata", {}).get("labels") or {}).get(LABEL_UID) != uid:
             continue
         conditions = current.get("status", {}).get("conditions") or []
@@ -220,4 +250,4 @@ async def completion(
                 "",
             )
             failed = f"{obj.label} failed: {why}"
-    return len(watched), done, failed
+    return Completion(len(watched), done, failed, polled)

@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 
 from dispatcher.kube.client import KubeClient, ResourceInfo
-from dispatcher.kube.errors import Gone, KubeError
+from dispatcher.kube.errors import Forbidden, Gone, KubeError
 
 Obj = dict[str, Any]
 Handler = Callable[[str, Obj | None, Obj | None], None]
@@ -45,6 +45,7 @@ class Informer:
         transform: Callable[[Obj], Obj] | None = None,
         watch_timeout: int = 300,
         page_size: int = 500,
+        optional: bool = False,
     ) -> None:
         self.client = client
         self.info = info
@@ -62,6 +63,7 @@ class Informer:
         self._handlers: list[Handler] = []
         self._watch_timeout = watch_timeout
         self._page_size = page_size
+        self._optional = optional
         self._log = structlog.get_logger("informer").bind(cluster=client.name, resource=info.plural)
 
     def add_handler(self, handler: Handler) -> None:
@@ -87,6 +89,11 @@ class Informer:
                 self._log.debug("watch_expired_relisting")
                 continue
             except KubeError as exc:
+                if self._optional and isinstance(exc, Forbidden):
+                    # A cache the caller can do without (it reads by GET instead): not being
+                    # allowed to list is an answer, not an outage to retry forever.
+                    self._log.info("watch_not_permitted", error=str(exc)[:300])
+                    return
                 self.healthy = False
                 self._log.warning("watch_failed", error=str(exc)[:300], retry_in=round(backoff, 2))
                 await asyncio.sleep(backoff * (1 + random.random() / 2))

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.cluster]
 
 async def test_job_completes_and_frees_capacity(cluster, namespace, fake_nodes, run_dispatcher):
     fake_nodes.add("n1", cpu="4", memory="16Gi")
-    await run_dispatcher()
+    dispatcher = await run_dispatcher()
     await apply(
         cluster,
         namespace,
@@ -41,6 +41,10 @@ async def test_job_completes_and_frees_capacity(cluster, namespace, fake_nodes, 
     status = (await get_aw(cluster, namespace, "first"))["status"]
     assert status["state"] == "Completed"
     assert status["succeeded"] == 2
+    # Jobs' completion is watched (label-selected to our own), not polled.
+    jobs = dispatcher.members["local"].wrapped["batch/v1/Job"]
+    assert jobs.synced.is_set()
+    assert f"{namespace}/first" in jobs.store
 
 
 async def test_job_sample_completes(cluster, namespace, fake_nodes, run_dispatcher):
