@@ -370,7 +370,7 @@ async def run(
             )
             result["trickle"] = await trickle_phase(client, watcher)
             if churn:
-                result["churn"] = await churn_phase(client, watcher, churn, process)
+                result["churn"] = await churn_phase(client, watcher, churn, process, port)
             watch_task.cancel()
         finally:
             process.terminate()
@@ -413,7 +413,11 @@ async def trickle_phase(
 
 
 async def churn_phase(
-    client: KubeClient, watcher: Watcher, total: int, process: subprocess.Popen[bytes]
+    client: KubeClient,
+    watcher: Watcher,
+    total: int,
+    process: subprocess.Popen[bytes],
+    port: int,
 ) -> dict[str, Any]:
     """Many Job AppWrappers against capacity for a tenth of them; drain as Jobs complete."""
     aws = [
@@ -426,6 +430,7 @@ async def churn_phase(
     ]
     names = {f"churn-{i}" for i in range(total)}
     cpu_before = proc_stats(process.pid)["cpu_seconds"]
+    requests_before = scrape(port)
     started = time.time()
     await create_all(client, aws)
     created = time.time()
@@ -448,6 +453,12 @@ async def churn_phase(
         await asyncio.sleep(1)
     finished = done.result()
     cpu_seconds = proc_stats(process.pid)["cpu_seconds"] - cpu_before
+    requests_after = await settled_counts(port)
+    requests = {
+        k: round((requests_after.get(k, 0) - requests_before.get(k, 0)) / total, 3)
+        for k in sorted(set(requests_after) | set(requests_before))
+        if requests_after.get(k, 0) - requests_before.get(k, 0)
+    }
     pods = await client.list(PODS, "churn")
     unschedulable = [
         p["metadata"]["name"]
@@ -464,6 +475,7 @@ async def churn_phase(
         f"dispatcher peak RSS {stats['peak_rss_mb']:.0f} MB, CPU {cpu_seconds:.0f} s",
         flush=True,
     )
+    print("churn requests per AppWrapper: " + ", ".join(f"{k}={v}" for k, v in requests.items()))
     return {
         "count": total,
         "seconds": finished - started,
@@ -472,6 +484,7 @@ async def churn_phase(
         "unschedulable_pods": len(unschedulable),
         "peak_rss_mb": stats["peak_rss_mb"],
         "cpu_seconds": cpu_seconds,
+        "requests_per_appwrapper": requests,
         "progress": progress,
     }
 
@@ -493,14 +506,22 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a dispatcher configuration setting (YAML value), e.g. dispatch_concurrency=64",
     )
+    parser.add_argument(
+        "--workdir", type=Path, help="keep the cluster's and the dispatcher's logs here"
+    )
     args = parser.parse_args()
     settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}
-    with tempfile.TemporaryDirectory(prefix="aw-bench-") as tmp:
+    with contextlib.ExitStack() as stack:
+        if args.workdir:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+            workdir = args.workdir.resolve()
+        else:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aw-bench-")))
         result = asyncio.run(
             run(
                 args.count,
                 args.churn,
-                Path(tmp),
+                workdir,
                 args.profile and args.profile.resolve(),
                 settings,
             )

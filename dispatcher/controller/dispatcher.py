@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -79,6 +80,8 @@ PRIORITY_CLASSES = ResourceInfo(
 C = cond.C
 CYCLE_BATCH_SECONDS = 0.005
 CYCLE_BATCH_MAX_SECONDS = 0.25
+WAITING_REWRITE_SECONDS = 10.0
+WAITING_REFRESH_SECONDS = 300.0
 COLLECT_EVERY = 60.0
 """Seconds between sweeps of a member for objects no hub AppWrapper places there."""
 COUNTS_INTERVAL = 5.0
@@ -393,9 +396,12 @@ class Dispatcher:
             )
             await self._write_status(obj, status, [transition])
             return
-        objects = wrapped_objects(aw, owner_reference=member.is_hub)
+        # Built only when needed: it deep-copies every template, and this runs on every
+        # pod change of every dispatched AppWrapper.
+        objects: list[Wrapped] = []
         attempt = (key, status.lastDispatchedAt or "")
         if attempt not in self.state.ensured:
+            objects = wrapped_objects(aw, owner_reference=member.is_hub)
             # After a restart (or a crash between the status write and the creates), make
             # sure the objects exist; existing ones carrying our uid are adopted.
             try:
@@ -422,7 +428,7 @@ class Dispatcher:
         min_available = aw.spec.schedulingSpec.minAvailable
         if min_available is None:
             min_available = expected
-        completion_items = sum(1 for o in objects if o.completion)
+        completion_items = sum(1 for item in aw.spec.items if item.completion_conditions())
         done_items, failed_object, polled = 0, "", False
         # Wrapped objects report completion through their own status, read only once no
         # pod is pending or running: before that they cannot be done. It comes from a watch
@@ -430,6 +436,7 @@ class Dispatcher:
         # synced, from a GET, looked at again a little later.
         settled = counts.pending == 0 and counts.running == 0
         if completion_items and settled:
+            objects = objects or wrapped_objects(aw, owner_reference=member.is_hub)
             result = await completion(
                 member.client,
                 aw.metadata.namespace,
@@ -645,23 +652,37 @@ class Dispatcher:
         now = _utc(self.clock())
         pending: list[Workload] = []
         held: dict[str, list[tuple[str, Workload, float]]] = {name: [] for name in self.members}
+        # This loop visits every AppWrapper on every cycle: names bound once, and each
+        # AppWrapper's standing re-derived only when its object changed.
         store = self.appwrappers.store
-        for key, (phase, _) in self.state.phases.items():
-            if phase not in SCHEDULED_PHASES and key not in self.state.written:
+        state = self.state
+        written, assumed, standings = state.written, state.assumed, state.standings
+        dispatching = state.dispatching
+        for key, (phase, _) in state.phases.items():
+            if key in written:
+                obj = state.latest(key, store.get(key))
+            elif phase in SCHEDULED_PHASES:
+                obj = store.get(key)
+            else:
                 continue  # finished, backing off or going away: holds nothing, wants nothing
-            obj = self.state.latest(key, store.get(key))
             if obj is None:
                 continue
-            assumed = self.state.assumed.get(key)
-            if assumed is not None:
-                if assumed.cluster in held:
-                    held[assumed.cluster].append((key, assumed.workload, assumed.at))
+            guess = assumed.get(key)
+            if guess is not None:
+                if guess.cluster in held:
+                    held[guess.cluster].append((key, guess.workload, guess.at))
                 continue
-            standing = self._standing(key, obj, now)
+            version = obj["metadata"].get("resourceVersion")
+            cached = standings.get(key)
+            if cached is not None and cached[0] == version:
+                standing = cached[1]
+            else:
+                standing = self._derive_standing(obj, now)
+                standings[key] = (version, standing)
             if standing.held is not None:
                 if standing.cluster in held:
                     held[standing.cluster].append((key, standing.held, standing.dispatched_at))
-            elif standing.pending is not None and key not in self.state.dispatching:
+            elif standing.pending is not None and key not in dispatching:
                 pending.append(standing.pending)
         snapshots = []
         for name, member in self.members.items():
@@ -682,18 +703,8 @@ class Dispatcher:
             )
         return pending, snapshots
 
-    def _standing(self, key: str, obj: Obj, now: datetime) -> Standing:
-        """What `obj` is to the scheduler, derived once per resourceVersion (a cycle over
-        thousands of AppWrappers must not re-read each one's conditions every time)."""
-        version = str(obj["metadata"].get("resourceVersion", ""))
-        cached = self.state.standings.get(key)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        standing = self._derive_standing(obj, now)
-        self.state.standings[key] = (version, standing)
-        return standing
-
     def _derive_standing(self, obj: Obj, now: datetime) -> Standing:
+        """What `obj` is to the scheduler (kept until its resourceVersion moves)."""
         if obj["metadata"].get("deletionTimestamp"):
             return NOT_SCHEDULED
         try:
@@ -798,11 +809,24 @@ class Dispatcher:
                 self._spawn(self._evict(victim, preempt.key, stamp), name=f"evict-{victim}")
 
     def _note_waiting(self, key: str, message: str, *, head: bool, now: float) -> None:
-        """Say why it waits, without rewriting status on every cycle of a long queue."""
+        """Say why it waits, without rewriting status on every cycle of a long queue.
+
+        The head's message is kept current. Behind it, a new kind of reason is written within
+        WAITING_REWRITE_SECONDS, but numbers that merely moved only every
+        WAITING_REFRESH_SECONDS: with capacity churning, every waiting AppWrapper's numbers
+        change on every cycle, and 10k of them would cost the API server a thousand status
+        writes a second."""
         last = self.state.waiting_written.get(key)
-        if last is not None and last[0] == message:
-            return
-        if last is not None and not head and now - last[1] < 10.0:
+        if last is not None and not head:
+            written, when = last
+            if written == message:
+                return
+            if _without_numbers(written) == _without_numbers(message):
+                if now - when < WAITING_REFRESH_SECONDS:
+                    return
+            elif now - when < WAITING_REWRITE_SECONDS:
+                return
+        elif last is not None and last[0] == message:
             return
         self.state.waiting_written[key] = (message, now)
         self._spawn(self._write_waiting(key, message, head), name=f"waiting-{key}")
@@ -1049,6 +1073,12 @@ SCHEDULED_PHASES = frozenset({"queued", "dispatched"})
 
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _without_numbers(message: str) -> str:
+    """A waiting message's kind of reason: "needs cpu 2, free 1 of 8" -> "needs cpu #, ..."."""
+    return _NUMBER.sub("#", message)
 
 
 def _without_bookkeeping(obj: Obj) -> Obj:

@@ -96,7 +96,7 @@ class ControllerState:
     """key -> (resourceVersion, model), least recently used first: validating a whole
     AppWrapper is costly, and a reconcile often reads the same one several times."""
 
-    standings: dict[str, tuple[str, Standing]] = field(default_factory=dict)
+    standings: dict[str, tuple[str | None, Standing]] = field(default_factory=dict)
     """key -> (resourceVersion, standing): a cycle re-derives only what changed."""
     holdings: dict[str, Holding] = field(default_factory=dict)
     """key -> reservation and usage of a dispatched one, until its pods change."""
