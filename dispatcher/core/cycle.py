@@ -25,6 +25,7 @@ from dispatcher.core.fit import (
     Demand,
     NodeAssignment,
     PlaceResult,
+    Shape,
     reason_for,
     shape_of,
     token_parts,
@@ -84,7 +85,7 @@ class _Cycle:
         self.now = now
         self._states: dict[str, ClusterState] = {}
         self._empty: dict[str, ClusterState] = {}
-        self._ever: dict[tuple[str, object], bool] = {}
+        self._ever: dict[tuple[str, Shape], bool] = {}
         self._usable: dict[Placement, tuple[tuple[ClusterSnapshot, ...], tuple[str, ...]]] = {}
         self._scarcest: dict[tuple[Demand, tuple[str, ...]], str | None] = {}
         self._settled: dict[tuple[Demand, tuple[str, ...]], tuple[bool, str | None]] = {}
@@ -93,11 +94,11 @@ class _Cycle:
         self.held: dict[str, str] = {}
         self.admitted: dict[str, list[Workload]] = {}
         # (cluster, gang shape) -> highest priority for which the policy found no victims.
-        self.no_victims: dict[tuple[str, object], int] = {}
+        self.no_victims: dict[tuple[str, Shape], int] = {}
         # Bumped on every admission and every new hold: while it stands, a workload of a
         # shape that found no room gets the same answer as the last one of that shape.
         self.version = 0
-        self.demands: dict[tuple[object, ...], Demand] = {}
+        self.demands: dict[Shape, Demand] = {}
         self.verdicts: dict[tuple[object, ...], tuple[int, str]] = {}
         # The same reasons give the same message (one string for all the workloads it is for).
         self._messages: dict[tuple[tuple[str, str], ...], str] = {}

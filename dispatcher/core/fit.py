@@ -62,6 +62,7 @@ __all__ = [
     "Evictions",
     "NodeAssignment",
     "PlaceResult",
+    "Shape",
     "fits_ever",
     "reason_for",
     "shape_of",
@@ -110,35 +111,18 @@ class PlaceResult:
     undo: Callable[[], None] = _noop
 
 
-def shape_of(pod_sets: Sequence[PodSet]) -> tuple[object, ...]:
+# A gang shape (see `shape_of`): built-in strings, so hashing is cached and comparing is C.
+Shape = str | tuple[str, ...]
+
+
+def shape_of(pod_sets: Sequence[PodSet]) -> Shape:
     """What the fit of these pod sets depends on: counts, requests, constraints; not names.
 
     Two gangs of equal shape fit the same clusters the same way.
     """
     if len(pod_sets) == 1:
-        p = pod_sets[0]
-        return (p.count, p.requests, p.node_selector, p.tolerations)
-    return tuple([(p.count, p.requests, p.node_selector, p.tolerations) for p in pod_sets])
-
-
-class _Key:
-    """A gang shape as a dict key whose hash is computed once."""
-
-    __slots__ = ("hash", "value")
-
-    def __init__(self, value: tuple[object, ...]) -> None:
-        self.value = value
-        self.hash = hash(value)
-
-    def __hash__(self) -> int:
-        return self.hash
-
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, _Key):
-            return NotImplemented
-        return self.hash == other.hash and self.value == other.value
+        return pod_sets[0].shape
+    return tuple([p.shape for p in pod_sets])
 
 
 class Demand:
@@ -152,10 +136,10 @@ class Demand:
 
     __slots__ = ("key", "pod_sets", "requests", "shape", "totals")
 
-    def __init__(self, pod_sets: Sequence[PodSet], shape: tuple[object, ...] | None = None) -> None:
+    def __init__(self, pod_sets: Sequence[PodSet], shape: Shape | None = None) -> None:
         self.pod_sets: tuple[PodSet, ...] = tuple(pod_sets)
-        self.shape: tuple[object, ...] = shape_of(self.pod_sets) if shape is None else shape
-        self.key = _Key(self.shape)
+        self.shape: Shape = shape_of(self.pod_sets) if shape is None else shape
+        self.key: Shape = self.shape
         # Per pod set, the requested resources with a positive amount, by name.
         self.requests: tuple[tuple[tuple[str, int], ...], ...] = tuple(
             tuple(sorted((r, v) for r, v in p.requests.items() if v > 0)) for p in self.pod_sets
@@ -411,7 +395,7 @@ class ClusterState:
         """Build from `snapshot`; with `empty`, as if no pod ran and nothing was reserved."""
         self._setup(snapshot, empty=empty)
         if not empty:
-            demands: dict[tuple[object, ...], Demand] = {}
+            demands: dict[Shape, Demand] = {}
             for reservation in sorted(
                 snapshot.reservations, key=lambda r: (r.dispatched_at, r.key)
             ):
@@ -454,16 +438,16 @@ class ClusterState:
         self._listed: dict[frozenset[int], list[int]] = {}  # node sets, sorted
         self._assignments: dict[tuple[int, int, int], NodeAssignment] = {}
         self._requests: dict[tuple[object, ...], _Request] = {}
-        self._plans: dict[_Key, list[_Step]] = {}
+        self._plans: dict[Shape, list[_Step]] = {}
         # Gang shapes that found no room per node -> (reason with tokens for pod names,
         # placement seq when it failed). Placements only take room away, so the answer
         # stands until a placement made before it is undone.
-        self._failures: dict[_Key, tuple[str, int]] = {}
+        self._failures: dict[Shape, tuple[str, int]] = {}
         self._seq = 0
         # Aggregate shortfall reasons by gang shape, with the free amounts of the resources
         # short that they were worked out from: a full cluster answers
         # thousands of workloads of a few shapes without formatting the same numbers again.
-        self._short: dict[_Key, tuple[tuple[int | None, ...], str]] = {}
+        self._short: dict[Shape, tuple[tuple[int | None, ...], str]] = {}
 
     def _clone(self, keep: Container[frozenset[int]] | None = None) -> ClusterState:
         """An independent copy of this state (its answers are the same, its caches empty).
@@ -1080,7 +1064,7 @@ class Evictions:
         self._demand = demand
         base = ClusterState._unreserved(snapshot)
         self._base = base
-        demands: dict[tuple[object, ...], Demand] = {}
+        demands: dict[Shape, Demand] = {}
         ordered: list[tuple[str, Demand]] = []
         for reservation in sorted(snapshot.reservations, key=lambda r: (r.dispatched_at, r.key)):
             shape = shape_of(reservation.pod_sets)
