@@ -51,6 +51,8 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import sub, truediv
 
 from dispatcher.api.quantity import format_milli
 from dispatcher.api.resources import Resources
@@ -173,17 +175,6 @@ def reason_for(template: str, pod_sets: Sequence[PodSet]) -> str:
         if token in template:
             template = template.replace(token, pod_set.name or f"pod set {index}")
     return template
-
-
-def _add_columns(columns: dict[str, list[int]], amounts: Sequence[Resources], *, sign: int) -> None:
-    """Add each node's `amounts` (times `sign`) into per-resource columns, one slot a node."""
-    count = len(amounts)
-    for index, node_amounts in enumerate(amounts):
-        for resource, value in node_amounts.items():
-            column = columns.get(resource)
-            if column is None:
-                column = columns[resource] = [0] * count
-            column[index] += sign * value
 
 
 def _fmt(resource: str, milli: int) -> str:
@@ -421,13 +412,17 @@ class ClusterState:
         self._nodes: list[NodeState] = nodes
         self._names: list[str] = [n.name for n in nodes]
         count = len(nodes)
-        allocatable: dict[str, list[int]] = {}
-        _add_columns(allocatable, [n.allocatable for n in nodes], sign=1)
+        allocatable = Resources.columns([n.allocatable for n in nodes])
         self._allocatable = allocatable
         self._capacity: _Free = {r: sum(column) for r, column in allocatable.items()}
         columns = {r: list(column) for r, column in allocatable.items()}
         if not empty:
-            _add_columns(columns, [n.requested for n in nodes], sign=-1)
+            for resource, used in Resources.columns([n.requested for n in nodes]).items():
+                column = columns.get(resource)
+                if column is None:
+                    columns[resource] = [-value for value in used]
+                else:
+                    columns[resource] = list(map(sub, column, used))
         self._columns = columns
         self._zeros = [0] * count
         self._free_total: _Free = {r: sum(column) for r, column in columns.items()}
@@ -878,11 +873,15 @@ class ClusterState:
         def roomiest(nodes: list[int]) -> tuple[float, int]:
             # Per node, the fewest pods of this size its free room holds of any resource
             # (as a fraction); the roomiest node is the first with the most.
-            # Built-in maps: this runs over every node for each gang shape that fails.
-            ratios: list[float] = []
+            # Built-in maps and one comprehension (`map(min, ...)` calls a builtin per node):
+            # this runs over every node for each gang shape that fails.
+            ratios: list[float] | None = None
             for resource, value in requests:
-                shares = list(map(value.__rtruediv__, map(columns[resource].__getitem__, nodes)))
-                ratios = list(map(min, ratios, shares)) if ratios else shares
+                shares = map(truediv, map(columns[resource].__getitem__, nodes), repeat(value))
+                if ratios is None:
+                    ratios = list(shares)
+                else:
+                    ratios = [a if a < b else b for a, b in zip(ratios, shares, strict=True)]
             if not ratios:
                 return (0.0, nodes[0])
             best = max(ratios)
