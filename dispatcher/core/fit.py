@@ -51,6 +51,7 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import repeat
 from operator import sub, truediv
 
@@ -627,7 +628,8 @@ class ClusterState:
         return PlaceResult(
             ok=True,
             assignments=tuple(assignments),
-            undo=self._undo_for(applied, totals, self._seq),
+            # A partial, not a closure: one is made for every admission, most never called.
+            undo=partial(self._undo, applied, totals, self._seq, []),
         )
 
     def _holds(self, demand: Demand) -> bool:
@@ -643,23 +645,17 @@ class ClusterState:
                 return False
         return True
 
-    def _undo_for(
-        self, applied: _Applied, totals: Mapping[str, int], seq: int
-    ) -> Callable[[], None]:
-        done = False
-
-        def undo() -> None:
-            nonlocal done
-            if done:
-                raise RuntimeError("this placement was already undone")
-            done = True
-            self._unapply(applied)
-            for resource, value in totals.items():
-                self._free_total[resource] += value
-            # Room came back: failures recorded while this placement was applied may fit now.
-            self._failures = {k: v for k, v in self._failures.items() if v[1] < seq}
-
-        return undo
+    def _undo(
+        self, applied: _Applied, totals: Mapping[str, int], seq: int, done: list[bool]
+    ) -> None:
+        if done:
+            raise RuntimeError("this placement was already undone")
+        done.append(True)
+        self._unapply(applied)
+        for resource, value in totals.items():
+            self._free_total[resource] += value
+        # Room came back: failures recorded while this placement was applied may fit now.
+        self._failures = {k: v for k, v in self._failures.items() if v[1] < seq}
 
     def _unapply(self, applied: _Applied) -> None:
         log = self._log
