@@ -698,8 +698,12 @@ class ClusterState:
         request = step.request
         log = self._log
         order = request.order
-        order.catch_up(log)
-        request.catch_up()
+        # Checked here first: often nothing changed since (pods of other node sets placed in
+        # between), and a call costs more than the check.
+        if order.seen != len(log):
+            order.catch_up(log)
+        if request.changes_seen != len(order.changes) or request.raised_seen != len(order.raised):
+            request.catch_up()
         items = order.items
         mask = order.mask
         pairs = request.pairs
