@@ -25,6 +25,7 @@ from dispatcher.core.fit import (
     Demand,
     NodeAssignment,
     PlaceResult,
+    Shape,
     reason_for,
     shape_of,
     token_parts,
@@ -82,9 +83,9 @@ class _Cycle:
         self.names = tuple(c.name for c in self.clusters)
         self.single = len(self.clusters) == 1
         self.now = now
-        self._states: dict[str, ClusterState] = {}
+        self.states: dict[str, ClusterState] = {}
         self._empty: dict[str, ClusterState] = {}
-        self._ever: dict[tuple[str, object], bool] = {}
+        self._ever: dict[tuple[str, Shape], bool] = {}
         self._usable: dict[Placement, tuple[tuple[ClusterSnapshot, ...], tuple[str, ...]]] = {}
         self._scarcest: dict[tuple[Demand, tuple[str, ...]], str | None] = {}
         self._settled: dict[tuple[Demand, tuple[str, ...]], tuple[bool, str | None]] = {}
@@ -93,19 +94,19 @@ class _Cycle:
         self.held: dict[str, str] = {}
         self.admitted: dict[str, list[Workload]] = {}
         # (cluster, gang shape) -> highest priority for which the policy found no victims.
-        self.no_victims: dict[tuple[str, object], int] = {}
+        self.no_victims: dict[tuple[str, Shape], int] = {}
         # Bumped on every admission and every new hold: while it stands, a workload of a
         # shape that found no room gets the same answer as the last one of that shape.
         self.version = 0
-        self.demands: dict[tuple[object, ...], Demand] = {}
+        self.demands: dict[Shape, Demand] = {}
         self.verdicts: dict[tuple[object, ...], tuple[int, str]] = {}
         # The same reasons give the same message (one string for all the workloads it is for).
         self._messages: dict[tuple[tuple[str, str], ...], str] = {}
 
     def state(self, cluster: ClusterSnapshot) -> ClusterState:
-        state = self._states.get(cluster.name)
+        state = self.states.get(cluster.name)
         if state is None:
-            state = self._states[cluster.name] = ClusterState(cluster)
+            state = self.states[cluster.name] = ClusterState(cluster)
         return state
 
     def usable(self, placement: Placement) -> tuple[tuple[ClusterSnapshot, ...], tuple[str, ...]]:
@@ -274,21 +275,26 @@ def _best_fit(
     reasons: dict[str, str] = {}
     candidates: list[ClusterState] = []
     by_name: dict[str, ClusterSnapshot] = {}
+    holds = cycle.held
+    states = cycle.states
     for cluster in usable:
+        name = cluster.name
         if not cluster.reachable:
-            reasons[cluster.name] = "unreachable"
+            reasons[name] = "unreachable"
             continue
-        held = cycle.held.get(cluster.name)
+        held = holds.get(name)
         if held is not None:
-            reasons[cluster.name] = held
+            reasons[name] = held
             continue
-        state = cycle.state(cluster)
+        state = states.get(name)
+        if state is None:
+            state = cycle.state(cluster)
         refused = state.refusal(demand)
         if refused is not None:
-            reasons[cluster.name] = refused
+            reasons[name] = refused
         else:
             candidates.append(state)
-            by_name[cluster.name] = cluster
+            by_name[name] = cluster
     while candidates:
         if len(candidates) == 1:
             guess = candidates[0]
@@ -431,7 +437,7 @@ def schedule(
             waits.append(Wait(workload.key, blocked_message))
             continue
         pod_sets = workload.pod_sets
-        shape = shape_of(pod_sets)
+        shape = pod_sets[0].shape if len(pod_sets) == 1 else shape_of(pod_sets)
         demand = demands.get(shape)
         if demand is None:
             demand = demands[shape] = Demand(pod_sets, shape)

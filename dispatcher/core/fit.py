@@ -51,6 +51,9 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from itertools import repeat
+from operator import sub, truediv
 
 from dispatcher.api.quantity import format_milli
 from dispatcher.api.resources import Resources
@@ -62,6 +65,7 @@ __all__ = [
     "Evictions",
     "NodeAssignment",
     "PlaceResult",
+    "Shape",
     "fits_ever",
     "reason_for",
     "shape_of",
@@ -110,35 +114,18 @@ class PlaceResult:
     undo: Callable[[], None] = _noop
 
 
-def shape_of(pod_sets: Sequence[PodSet]) -> tuple[object, ...]:
+# A gang shape (see `shape_of`): built-in strings, so hashing is cached and comparing is C.
+Shape = str | tuple[str, ...]
+
+
+def shape_of(pod_sets: Sequence[PodSet]) -> Shape:
     """What the fit of these pod sets depends on: counts, requests, constraints; not names.
 
     Two gangs of equal shape fit the same clusters the same way.
     """
     if len(pod_sets) == 1:
-        p = pod_sets[0]
-        return (p.count, p.requests, p.node_selector, p.tolerations)
-    return tuple([(p.count, p.requests, p.node_selector, p.tolerations) for p in pod_sets])
-
-
-class _Key:
-    """A gang shape as a dict key whose hash is computed once."""
-
-    __slots__ = ("hash", "value")
-
-    def __init__(self, value: tuple[object, ...]) -> None:
-        self.value = value
-        self.hash = hash(value)
-
-    def __hash__(self) -> int:
-        return self.hash
-
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, _Key):
-            return NotImplemented
-        return self.hash == other.hash and self.value == other.value
+        return pod_sets[0].shape
+    return tuple([p.shape for p in pod_sets])
 
 
 class Demand:
@@ -152,10 +139,10 @@ class Demand:
 
     __slots__ = ("key", "pod_sets", "requests", "shape", "totals")
 
-    def __init__(self, pod_sets: Sequence[PodSet], shape: tuple[object, ...] | None = None) -> None:
+    def __init__(self, pod_sets: Sequence[PodSet], shape: Shape | None = None) -> None:
         self.pod_sets: tuple[PodSet, ...] = tuple(pod_sets)
-        self.shape: tuple[object, ...] = shape_of(self.pod_sets) if shape is None else shape
-        self.key = _Key(self.shape)
+        self.shape: Shape = shape_of(self.pod_sets) if shape is None else shape
+        self.key: Shape = self.shape
         # Per pod set, the requested resources with a positive amount, by name.
         self.requests: tuple[tuple[tuple[str, int], ...], ...] = tuple(
             tuple(sorted((r, v) for r, v in p.requests.items() if v > 0)) for p in self.pod_sets
@@ -189,17 +176,6 @@ def reason_for(template: str, pod_sets: Sequence[PodSet]) -> str:
         if token in template:
             template = template.replace(token, pod_set.name or f"pod set {index}")
     return template
-
-
-def _add_columns(columns: dict[str, list[int]], amounts: Sequence[Resources], *, sign: int) -> None:
-    """Add each node's `amounts` (times `sign`) into per-resource columns, one slot a node."""
-    count = len(amounts)
-    for index, node_amounts in enumerate(amounts):
-        for resource, value in node_amounts.items():
-            column = columns.get(resource)
-            if column is None:
-                column = columns[resource] = [0] * count
-            column[index] += sign * value
 
 
 def _fmt(resource: str, milli: int) -> str:
@@ -411,7 +387,7 @@ class ClusterState:
         """Build from `snapshot`; with `empty`, as if no pod ran and nothing was reserved."""
         self._setup(snapshot, empty=empty)
         if not empty:
-            demands: dict[tuple[object, ...], Demand] = {}
+            demands: dict[Shape, Demand] = {}
             for reservation in sorted(
                 snapshot.reservations, key=lambda r: (r.dispatched_at, r.key)
             ):
@@ -437,13 +413,17 @@ class ClusterState:
         self._nodes: list[NodeState] = nodes
         self._names: list[str] = [n.name for n in nodes]
         count = len(nodes)
-        allocatable: dict[str, list[int]] = {}
-        _add_columns(allocatable, [n.allocatable for n in nodes], sign=1)
+        allocatable = Resources.columns([n.allocatable for n in nodes])
         self._allocatable = allocatable
         self._capacity: _Free = {r: sum(column) for r, column in allocatable.items()}
         columns = {r: list(column) for r, column in allocatable.items()}
         if not empty:
-            _add_columns(columns, [n.requested for n in nodes], sign=-1)
+            for resource, used in Resources.columns([n.requested for n in nodes]).items():
+                column = columns.get(resource)
+                if column is None:
+                    columns[resource] = [-value for value in used]
+                else:
+                    columns[resource] = list(map(sub, column, used))
         self._columns = columns
         self._zeros = [0] * count
         self._free_total: _Free = {r: sum(column) for r, column in columns.items()}
@@ -454,16 +434,16 @@ class ClusterState:
         self._listed: dict[frozenset[int], list[int]] = {}  # node sets, sorted
         self._assignments: dict[tuple[int, int, int], NodeAssignment] = {}
         self._requests: dict[tuple[object, ...], _Request] = {}
-        self._plans: dict[_Key, list[_Step]] = {}
+        self._plans: dict[Shape, list[_Step]] = {}
         # Gang shapes that found no room per node -> (reason with tokens for pod names,
         # placement seq when it failed). Placements only take room away, so the answer
         # stands until a placement made before it is undone.
-        self._failures: dict[_Key, tuple[str, int]] = {}
+        self._failures: dict[Shape, tuple[str, int]] = {}
         self._seq = 0
         # Aggregate shortfall reasons by gang shape, with the free amounts of the resources
         # short that they were worked out from: a full cluster answers
         # thousands of workloads of a few shapes without formatting the same numbers again.
-        self._short: dict[_Key, tuple[tuple[int | None, ...], str]] = {}
+        self._short: dict[Shape, tuple[tuple[int | None, ...], str]] = {}
 
     def _clone(self, keep: Container[frozenset[int]] | None = None) -> ClusterState:
         """An independent copy of this state (its answers are the same, its caches empty).
@@ -648,7 +628,8 @@ class ClusterState:
         return PlaceResult(
             ok=True,
             assignments=tuple(assignments),
-            undo=self._undo_for(applied, totals, self._seq),
+            # A partial, not a closure: one is made for every admission, most never called.
+            undo=partial(self._undo, applied, totals, self._seq, []),
         )
 
     def _holds(self, demand: Demand) -> bool:
@@ -664,23 +645,17 @@ class ClusterState:
                 return False
         return True
 
-    def _undo_for(
-        self, applied: _Applied, totals: Mapping[str, int], seq: int
-    ) -> Callable[[], None]:
-        done = False
-
-        def undo() -> None:
-            nonlocal done
-            if done:
-                raise RuntimeError("this placement was already undone")
-            done = True
-            self._unapply(applied)
-            for resource, value in totals.items():
-                self._free_total[resource] += value
-            # Room came back: failures recorded while this placement was applied may fit now.
-            self._failures = {k: v for k, v in self._failures.items() if v[1] < seq}
-
-        return undo
+    def _undo(
+        self, applied: _Applied, totals: Mapping[str, int], seq: int, done: list[bool]
+    ) -> None:
+        if done:
+            raise RuntimeError("this placement was already undone")
+        done.append(True)
+        self._unapply(applied)
+        for resource, value in totals.items():
+            self._free_total[resource] += value
+        # Room came back: failures recorded while this placement was applied may fit now.
+        self._failures = {k: v for k, v in self._failures.items() if v[1] < seq}
 
     def _unapply(self, applied: _Applied) -> None:
         log = self._log
@@ -723,8 +698,12 @@ class ClusterState:
         request = step.request
         log = self._log
         order = request.order
-        order.catch_up(log)
-        request.catch_up()
+        # Checked here first: often nothing changed since (pods of other node sets placed in
+        # between), and a call costs more than the check.
+        if order.seen != len(log):
+            order.catch_up(log)
+        if request.changes_seen != len(order.changes) or request.raised_seen != len(order.raised):
+            request.catch_up()
         items = order.items
         mask = order.mask
         pairs = request.pairs
@@ -894,11 +873,15 @@ class ClusterState:
         def roomiest(nodes: list[int]) -> tuple[float, int]:
             # Per node, the fewest pods of this size its free room holds of any resource
             # (as a fraction); the roomiest node is the first with the most.
-            # Built-in maps: this runs over every node for each gang shape that fails.
-            ratios: list[float] = []
+            # Built-in maps and one comprehension (`map(min, ...)` calls a builtin per node):
+            # this runs over every node for each gang shape that fails.
+            ratios: list[float] | None = None
             for resource, value in requests:
-                shares = list(map(value.__rtruediv__, map(columns[resource].__getitem__, nodes)))
-                ratios = list(map(min, ratios, shares)) if ratios else shares
+                shares = map(truediv, map(columns[resource].__getitem__, nodes), repeat(value))
+                if ratios is None:
+                    ratios = list(shares)
+                else:
+                    ratios = [a if a < b else b for a, b in zip(ratios, shares, strict=True)]
             if not ratios:
                 return (0.0, nodes[0])
             best = max(ratios)
@@ -1080,7 +1063,7 @@ class Evictions:
         self._demand = demand
         base = ClusterState._unreserved(snapshot)
         self._base = base
-        demands: dict[tuple[object, ...], Demand] = {}
+        demands: dict[Shape, Demand] = {}
         ordered: list[tuple[str, Demand]] = []
         for reservation in sorted(snapshot.reservations, key=lambda r: (r.dispatched_at, r.key)):
             shape = shape_of(reservation.pod_sets)

@@ -49,6 +49,20 @@ class PodSet:
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     name: str = ""  # where it came from, for messages: "RayCluster/glue head"
+    # What the fit of these pods depends on (not the name), canonical and as one string:
+    # every AppWrapper has its own `Resources` and `Toleration` objects, and the scheduling
+    # cycle looks gangs up by shape thousands of times; a string caches its hash and
+    # compares as a memcmp (the repr of a tuple of ints and strings is unambiguous).
+    shape: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        shape = (
+            self.count,
+            sorted([(r, v) for r, v in self.requests.items() if v]),
+            self.node_selector,
+            [(t.key, t.operator, t.value, t.effect) for t in self.tolerations],
+        )
+        object.__setattr__(self, "shape", repr(shape))
 
     @property
     def total(self) -> Resources:
