@@ -290,7 +290,7 @@ class Dispatcher:
         if aw.metadata.deletionTimestamp:
             await self._finalize(aw, obj)
             return
-        status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
+        status = (aw.status or AppWrapperStatus()).editable_copy()
         if cond.is_terminal(status):
             await self._after_terminal(aw, status)
             return
@@ -606,10 +606,10 @@ class Dispatcher:
             await self._kick.wait()
             # Gather the burst of changes that usually follows one (a batch of applies, a
             # gang's pods starting) into one cycle instead of one cycle per change. Waiting
-            # as long as the last cycle took keeps cycles to about half of the process's
-            # time under a long queue, leaving the rest to the writes they start.
+            # twice as long as the last cycle took keeps cycles to about a third of the
+            # process's time under a long queue, leaving the rest to the writes they start.
             await asyncio.sleep(
-                max(CYCLE_BATCH_SECONDS, min(self._cycle_seconds, CYCLE_BATCH_MAX_SECONDS))
+                max(CYCLE_BATCH_SECONDS, min(2 * self._cycle_seconds, CYCLE_BATCH_MAX_SECONDS))
             )
             self._kick.clear()
             started = time.perf_counter()
@@ -839,7 +839,7 @@ class Dispatcher:
             aw = self.state.parse(obj)
         except ValidationError:
             return
-        status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
+        status = (aw.status or AppWrapperStatus()).editable_copy()
         moment = _utc(self.clock())
         transitions: list[Transition | None] = []
         if cond.is_new(status):
@@ -871,7 +871,7 @@ class Dispatcher:
                 if obj is None:
                     return
                 aw = self.state.parse(obj)
-                status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
+                status = (aw.status or AppWrapperStatus()).editable_copy()
                 new = cond.is_new(status)
                 if not (new or cond.is_queued(status)) or aw.metadata.deletionTimestamp:
                     return
@@ -914,7 +914,7 @@ class Dispatcher:
                         else DispatchError(str(exc), permanent=False)
                     )
                     fresh = self._current(key) or written
-                    fresh_status = (self.state.parse(fresh).status or status).model_copy(deep=True)
+                    fresh_status = (self.state.parse(fresh).status or status).editable_copy()
                     with contextlib.suppress(KubeError):
                         await self._dispatch_failed(aw, fresh, fresh_status, error, self.clock())
         finally:
@@ -932,7 +932,7 @@ class Dispatcher:
             if obj is None:
                 return
             aw = self.state.parse(obj)
-            status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
+            status = (aw.status or AppWrapperStatus()).editable_copy()
             member = self._member_of(status)
             if member is None or not cond.is_dispatched(status):
                 return
@@ -1009,7 +1009,7 @@ class Dispatcher:
                 aw = self.state.parse(obj)
             except ValidationError:
                 continue
-            status = (aw.status or AppWrapperStatus()).model_copy(deep=True)
+            status = (aw.status or AppWrapperStatus()).editable_copy()
             if not cond.is_dispatched(status):
                 continue
             transition = cond.mark_requeued(

@@ -474,3 +474,21 @@ def test_to_kube_leaves_out_unset_fields() -> None:
     assert "priorityClassName" not in raw["spec"]
     assert raw["apiVersion"] == API_VERSION
     assert raw["kind"] == KIND
+
+
+def test_editable_copy_leaves_the_original_alone() -> None:
+    original = AppWrapperStatus.model_validate(
+        {
+            "state": "Pending",
+            "conditions": [{"type": "Init", "status": "True", "reason": "Created"}],
+            "futureField": {"kept": True},
+        }
+    )
+    edited = original.editable_copy()
+    edited.conditions[0].status = "False"
+    edited.conditions.append(edited.conditions[0].model_copy(update={"type": "Queueing"}))
+    edited.pending = 3
+    assert original.conditions[0].status == "True"
+    assert len(original.conditions) == 1
+    assert original.pending == 0
+    assert edited == edited.editable_copy()
