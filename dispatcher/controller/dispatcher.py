@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -186,6 +187,8 @@ class Dispatcher:
             # Only a change of phase (or of spec) can change a decision; our own status
             # writes on a waiting AppWrapper must not trigger cycle after cycle.
             self.state.phases[key] = phase
+            if phase[0] == "finished":
+                self.state.retire(key)
             self._kick.set()
 
     def _on_capacity(self, reason: str) -> None:
@@ -1083,15 +1086,25 @@ def _without_numbers(message: str) -> str:
 
 def _without_bookkeeping(obj: Obj) -> Obj:
     """Drops what the dispatcher never reads and that can be as large as the spec again
-    (server-side field ownership, kubectl's copy of the last applied object): thousands of
-    queued AppWrappers are held in memory."""
+    (server-side field ownership, kubectl's copy of the last applied object), and shares
+    the keys' strings between objects (each decoded object has its own copy of every key,
+    a quarter of its size): thousands of AppWrappers are held in memory."""
     meta = obj.get("metadata")
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
         annotations = meta.get("annotations")
         if isinstance(annotations, dict) and LAST_APPLIED in annotations:
             meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
-    return obj
+    shared: Obj = _interned(obj)
+    return shared
+
+
+def _interned(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {sys.intern(k): _interned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interned(v) for v in value]
+    return value
 
 
 def _phase_of(obj: Obj) -> str:

@@ -16,7 +16,7 @@ from dispatcher.core.preemption import Claim
 from dispatcher.core.workloads import InvalidSpec, workload_of
 
 Obj = dict[str, Any]
-PARSED_LIMIT = 2048
+PARSED_LIMIT = 512
 
 
 def resource_version(obj: Obj | None) -> int:
@@ -155,6 +155,16 @@ class ControllerState:
         result = workload_of(aw, priority=priority, allowed_kinds=allowed_kinds, now=now)
         self.workloads[aw.key] = (stamp, result)
         return result
+
+    def retire(self, key: str) -> None:
+        """It finished: drop what only a queued or dispatched AppWrapper needs (held per
+        AppWrapper, this is most of the memory of thousands of finished ones)."""
+        self.parsed.pop(key, None)
+        self.workloads.pop(key, None)
+        self.standings.pop(key, None)
+        self.holdings.pop(key, None)
+        self.waiting_written.pop(key, None)
+        self.counts_written.pop(key, None)
 
     def forget(self, key: str) -> None:
         self.parsed.pop(key, None)

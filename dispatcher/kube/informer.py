@@ -54,6 +54,8 @@ class Informer:
         self.healthy = False
         self.last_contact = 0.0  # monotonic time of the last answer from the server
         self.relists = 0
+        self.resource_version = ""
+        """The last version the cache is known to reflect (where a watch resumes)."""
         self._query: dict[str, str] = {}
         if label_selector:
             self._query["labelSelector"] = label_selector
@@ -77,17 +79,22 @@ class Informer:
         return self._transform(obj) if self._transform else obj
 
     async def run(self) -> None:
-        """List and watch until cancelled; reconnects with backoff when the server is away."""
+        """List and watch until cancelled; reconnects with backoff when the server is away.
+
+        A watch that fails resumes from the last resourceVersion it delivered: relisting
+        everything (thousands of objects) on every timeout of an overloaded server would only
+        load it more. Only 410 Gone (that version is compacted away) costs a relist."""
         backoff = 0.2
         while True:
             try:
-                version = await self._relist()
-                backoff = 0.2
+                if not self.resource_version:
+                    self.resource_version = await self._relist()
                 while True:
-                    version = await self._watch_from(version)
+                    await self._watch_from(self.resource_version)
+                    backoff = 0.2
             except Gone:
                 self._log.debug("watch_expired_relisting")
-                continue
+                self.resource_version = ""
             except KubeError as exc:
                 if self._optional and isinstance(exc, Forbidden):
                     # A cache the caller can do without (it reads by GET instead): not being
@@ -137,7 +144,8 @@ class Informer:
         self.synced.set()
         return str(listing.get("metadata", {}).get("resourceVersion", ""))
 
-    async def _watch_from(self, version: str) -> str:
+    async def _watch_from(self, version: str) -> None:
+        """Apply events until the server ends the watch; `resource_version` follows them."""
         async for event in self.client.watch(
             self.info,
             resource_version=version,
@@ -150,7 +158,7 @@ class Informer:
             obj = event.get("object") or {}
             new_version = _version(obj)
             if kind == "BOOKMARK":
-                version = new_version or version
+                self.resource_version = new_version or self.resource_version
                 continue
             key = object_key(obj)
             if kind == "DELETED":
@@ -161,9 +169,8 @@ class Informer:
                 previous = self.store.get(key)
                 self.store[key] = accepted
                 self._emit("ADDED" if previous is None else "MODIFIED", previous, accepted)
-            version = new_version or version
+            self.resource_version = new_version or self.resource_version
         self.last_contact = time.monotonic()
-        return version
 
 
 def _version(obj: Obj) -> str:

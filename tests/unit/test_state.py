@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 from dispatcher.controller import state as state_module
@@ -39,10 +41,19 @@ def test_bookkeeping_is_dropped_and_everything_else_kept() -> None:
     obj = stored("a", "1")
     obj["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
     obj["metadata"]["annotations"] = {LAST_APPLIED: "{...}", "team": "ml"}
-    spec = obj["spec"]
+    spec = copy.deepcopy(obj["spec"])
     slim = _without_bookkeeping(obj)
     assert "managedFields" not in slim["metadata"]
     assert slim["metadata"]["annotations"] == {"team": "ml"}
-    assert slim["spec"] is spec
+    assert slim["spec"] == spec
     assert slim["metadata"]["uid"] == "uid-a"
     assert _without_bookkeeping({"kind": "AppWrapper"}) == {"kind": "AppWrapper"}
+
+
+def test_slimmed_appwrappers_share_their_keys() -> None:
+    first, second = (
+        _without_bookkeeping(json.loads(json.dumps(stored(name, "1")))) for name in ("a", "b")
+    )
+    key_a = next(iter(first["spec"]))
+    key_b = next(k for k in second["spec"] if k == key_a)
+    assert key_a is key_b  # one string for both objects, not an equal copy each

@@ -1,0 +1,82 @@
+"""The informer's reconnect rules, with a scripted client standing in for the API server
+(tests/e2e/test_informer.py covers listing and watching against the real one)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, cast
+
+from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.errors import Gone, Unreachable
+from dispatcher.kube.informer import Informer
+
+CONFIGMAPS = ResourceInfo("v1", "ConfigMap", "configmaps", namespaced=True)
+
+
+def configmap(name: str, version: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": version}}
+
+
+class ScriptedServer:
+    """Answers lists from `objects`; each watch plays the next script (events, then an error
+    or a clean end)."""
+
+    name = "scripted"
+
+    def __init__(self, scripts: list[tuple[list[dict[str, Any]], Exception | None]]) -> None:
+        self.scripts = scripts
+        self.lists: list[Mapping[str, str]] = []
+        self.watched_from: list[str] = []
+        self.finished = asyncio.Event()
+        self.objects = [configmap("a", "10")]
+
+    async def list(self, info: ResourceInfo, **kwargs: Any) -> dict[str, Any]:
+        self.lists.append(kwargs.get("query") or {})
+        return {"metadata": {"resourceVersion": "10"}, "items": list(self.objects)}
+
+    async def watch(
+        self, info: ResourceInfo, *, resource_version: str, **kwargs: Any
+    ) -> AsyncIterator[dict[str, Any]]:
+        self.watched_from.append(resource_version)
+        if not self.scripts:
+            self.finished.set()
+            await asyncio.Event().wait()  # an idle watch, until cancelled
+        events, error = self.scripts.pop(0)
+        for event in events:
+            yield event
+        if error is not None:
+            raise error
+
+
+async def run_until_scripts_end(server: ScriptedServer) -> Informer:
+    informer = Informer(cast(KubeClient, server), CONFIGMAPS)
+    task = asyncio.create_task(informer.run())
+    try:
+        await asyncio.wait_for(server.finished.wait(), 10)
+    finally:
+        task.cancel()
+    return informer
+
+
+async def test_a_failed_watch_resumes_from_the_last_version_without_relisting() -> None:
+    server = ScriptedServer(
+        [
+            ([{"type": "MODIFIED", "object": configmap("a", "11")}], Unreachable("timed out")),
+            ([{"type": "BOOKMARK", "object": configmap("", "15")}], Unreachable("timed out")),
+            ([{"type": "ADDED", "object": configmap("b", "16")}], None),
+        ]
+    )
+    informer = await run_until_scripts_end(server)
+    assert informer.relists == 1
+    assert server.watched_from == ["10", "11", "15", "16"]
+    assert informer.store["ns/a"]["metadata"]["resourceVersion"] == "11"
+    assert "ns/b" in informer.store
+
+
+async def test_gone_relists_and_the_list_comes_in_pages() -> None:
+    server = ScriptedServer([([], Gone("too old"))])
+    informer = await run_until_scripts_end(server)
+    assert informer.relists == 2
+    assert server.watched_from == ["10", "10"]
+    assert all(query.get("limit") == "500" for query in server.lists)
