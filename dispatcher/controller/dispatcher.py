@@ -83,6 +83,7 @@ CYCLE_BATCH_SECONDS = 0.005
 CYCLE_BATCH_MAX_SECONDS = 0.25
 WAITING_REWRITE_SECONDS = 10.0
 WAITING_REFRESH_SECONDS = 300.0
+WAITING_WRITERS = 4
 COLLECT_EVERY = 60.0
 """Seconds between sweeps of a member for objects no hub AppWrapper places there."""
 COUNTS_INTERVAL = 5.0
@@ -133,6 +134,9 @@ class Dispatcher:
         self.cycles = 0
         self._cycle_seconds = 0.0
         self._group: asyncio.TaskGroup | None = None
+        self._waiting: dict[str, str] = {}
+        """key -> "why it waits" to write (behind the head), oldest first."""
+        self._waiting_ready = asyncio.Event()
         self.preemptions = 0
         self.ready = asyncio.Event()
         self.log = structlog.get_logger("dispatcher")
@@ -166,6 +170,8 @@ class Dispatcher:
             for index in range(self.config.workers):
                 group.create_task(self._worker(), name=f"worker-{index}")
             group.create_task(self._scheduler(), name="scheduler")
+            for index in range(WAITING_WRITERS):
+                group.create_task(self._waiting_writer(), name=f"waiting-writer-{index}")
             group.create_task(self._upkeep(), name="members-upkeep")
             self.ready.set()
             self._kick.set()
@@ -832,7 +838,28 @@ class Dispatcher:
         elif last is not None and last[0] == message:
             return
         self.state.waiting_written[key] = (message, now)
-        self._spawn(self._write_waiting(key, message, head), name=f"waiting-{key}")
+        self._waiting.pop(key, None)
+        if head:  # one per cycle, and the one users watch: written at once
+            self._spawn(self._write_waiting(key, message, head), name=f"waiting-{key}")
+            return
+        # The others are queued for a few writers rather than a task each: the first cycle
+        # over a queue of 10k AppWrappers would otherwise start 10k writes at once, each
+        # holding memory while it waits for the API server. A newer message replaces one
+        # not yet written.
+        self._waiting[key] = message
+        self._waiting_ready.set()
+
+    async def _waiting_writer(self) -> None:
+        while True:
+            while not self._waiting:
+                self._waiting_ready.clear()
+                await self._waiting_ready.wait()
+            key = next(iter(self._waiting))
+            message = self._waiting.pop(key)
+            try:
+                await self._write_waiting(key, message, False)
+            except Exception:
+                self.log.exception("waiting_status_failed", appwrapper=key)
 
     async def _write_waiting(self, key: str, message: str, head: bool) -> None:
         obj = self._current(key)
