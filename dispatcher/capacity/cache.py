@@ -49,6 +49,17 @@ class PodCounts:
         return self.pending + self.running + self.succeeded + self.failed
 
 
+def slim_metadata(meta: Obj, labels: tuple[str, ...]) -> Obj:
+    """Identity, version and the dispatcher's own `labels` of an object's metadata."""
+    return {
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "uid": meta.get("uid"),
+        "resourceVersion": meta.get("resourceVersion"),
+        "labels": {k: v for k, v in (meta.get("labels") or {}).items() if k in labels},
+    }
+
+
 def slim_pod(pod: Obj) -> Obj:
     """Keep only what accounting needs (bounds memory with many pods)."""
     meta = pod.get("metadata", {})
@@ -56,15 +67,7 @@ def slim_pod(pod: Obj) -> Obj:
     status = pod.get("status", {})
     return {
         "metadata": {
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-            "resourceVersion": meta.get("resourceVersion"),
-            "labels": {
-                k: v
-                for k, v in (meta.get("labels") or {}).items()
-                if k in (LABEL_NAME, LABEL_NAMESPACE)
-            },
+            **slim_metadata(meta, (LABEL_NAME, LABEL_NAMESPACE)),
             "deletionTimestamp": meta.get("deletionTimestamp"),
         },
         "spec": {

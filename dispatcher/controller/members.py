@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
-from dispatcher.capacity.cache import CapacityCache, slim_pod
+from dispatcher.capacity.cache import CapacityCache, slim_metadata, slim_pod
 from dispatcher.config import MemberConfig
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import KubeError
@@ -32,19 +32,10 @@ def _slim_node(node: dict[str, object]) -> dict[str, object]:
 def _slim_wrapped(obj: dict[str, Any]) -> dict[str, Any]:
     """What reading a wrapped object's completion needs: who owns it and its conditions."""
     meta = obj.get("metadata") or {}
-    labels = meta.get("labels") or {}
     return {
         "apiVersion": obj.get("apiVersion"),
         "kind": obj.get("kind"),
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-            "resourceVersion": meta.get("resourceVersion"),
-            "labels": {
-                k: v for k, v in labels.items() if k in (LABEL_NAME, LABEL_NAMESPACE, LABEL_UID)
-            },
-        },
+        "metadata": slim_metadata(meta, (LABEL_NAME, LABEL_NAMESPACE, LABEL_UID)),
         "status": {"conditions": (obj.get("status") or {}).get("conditions") or []},
     }
 

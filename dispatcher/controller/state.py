@@ -167,13 +167,9 @@ class ControllerState:
         self.counts_written.pop(key, None)
 
     def forget(self, key: str) -> None:
-        self.parsed.pop(key, None)
+        """It is gone: drop everything kept about it."""
+        self.retire(key)
         self.claims.pop(key, None)
         self.evicted.pop(key, None)
         self.written.pop(key, None)
         self.assumed.pop(key, None)
-        self.workloads.pop(key, None)
-        self.waiting_written.pop(key, None)
-        self.counts_written.pop(key, None)
-        self.standings.pop(key, None)
-        self.holdings.pop(key, None)
