@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -10,9 +9,7 @@ if TYPE_CHECKING:
 
 
 def render(dispatcher: Dispatcher) -> str:
-    states: Counter[str] = Counter()
-    for obj in dispatcher.appwrappers.store.values():
-        states[str((obj.get("status") or {}).get("state") or "New")] += 1
+    states = +dispatcher.states  # without the states nothing is in any more
     lines = [
         "# HELP appwrapper_dispatcher_appwrappers AppWrappers by status.state.",
         "# TYPE appwrapper_dispatcher_appwrappers gauge",

@@ -65,6 +65,15 @@ def slim_pod(pod: Obj) -> Obj:
     meta = pod.get("metadata", {})
     spec = pod.get("spec", {})
     status = pod.get("status", {})
+    phase = status.get("phase", "Pending")
+    if phase in TERMINAL_PHASES:
+        # A finished pod holds no room on its node: only its phase still counts (thousands
+        # of finished Jobs' pods can stay in a cluster).
+        return {
+            "metadata": slim_metadata(meta, (LABEL_NAME, LABEL_NAMESPACE)),
+            "spec": {"nodeName": spec.get("nodeName", "")},
+            "status": {"phase": phase, "ready": False},
+        }
     return {
         "metadata": {
             **slim_metadata(meta, (LABEL_NAME, LABEL_NAMESPACE)),
@@ -82,7 +91,7 @@ def slim_pod(pod: Obj) -> Obj:
             "overhead": spec.get("overhead"),
         },
         "status": {
-            "phase": status.get("phase", "Pending"),
+            "phase": phase,
             "ready": any(
                 c.get("type") == "Ready" and c.get("status") == "True"
                 for c in status.get("conditions", []) or []

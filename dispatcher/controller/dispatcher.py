@@ -18,6 +18,7 @@ import contextlib
 import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -123,7 +124,15 @@ class Dispatcher:
         self.state = ControllerState()
         self.queue = WorkQueue()
         self.events = EventRecorder(hub)
-        self.appwrappers = Informer(hub, APPWRAPPERS, transform=_without_bookkeeping)
+        self.appwrappers = Informer(
+            hub,
+            APPWRAPPERS,
+            transform=_without_bookkeeping,
+            # A finished one is read again only when it is deleted: kept as text.
+            cold=lambda obj: _phase_of(obj) == "finished",
+        )
+        self.states: Counter[str] = Counter()
+        """AppWrappers in the cache by status.state, kept by the watch handler (metrics)."""
         self.priority_classes = Informer(hub, PRIORITY_CLASSES)
         self.allowed_kinds = frozenset(config.allowed_kinds)
         self.preemption = LowestPriorityFirst() if config.preemption else None
@@ -177,6 +186,10 @@ class Dispatcher:
             self._kick.set()
 
     def _on_appwrapper(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        if old is not None:
+            self.states[_state_of(old)] -= 1
+        if new is not None:
+            self.states[_state_of(new)] += 1
         obj = new or old
         if obj is None:
             return
@@ -693,6 +706,10 @@ class Dispatcher:
                     held[standing.cluster].append((key, standing.held, standing.dispatched_at))
             elif standing.pending is not None and key not in dispatching:
                 pending.append(standing.pending)
+        if not pending:
+            # Nothing to decide: what the dispatched ones hold is not worth deriving (most
+            # cycles of a burst's tail, where pods starting keep kicking the scheduler).
+            return pending, []
         snapshots = []
         for name, member in self.members.items():
             reservations, admitted = self._holdings(member, held[name])
@@ -1132,6 +1149,10 @@ def _interned(value: Any) -> Any:
     if isinstance(value, list):
         return [_interned(v) for v in value]
     return value
+
+
+def _state_of(obj: Obj) -> str:
+    return str((obj.get("status") or {}).get("state") or "New")
 
 
 def _phase_of(obj: Obj) -> str:

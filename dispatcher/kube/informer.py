@@ -5,7 +5,8 @@ Side effects: long-running watch requests to one API server.
 List once (in pages), then watch from the list's resourceVersion with bookmarks; when the server
 answers 410 Gone, relist and emit the difference, so handlers never miss a change.
 Handlers only record or enqueue (they must be quick and must not mutate objects).
-An optional `transform` slims each object on arrival to bound memory.
+An optional `transform` slims each object on arrival and an optional `cold` test picks the
+objects kept as compact text (see `store.py`), both to bound memory.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import structlog
 
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import Forbidden, Gone, KubeError
+from dispatcher.kube.store import ObjectStore
 
 Obj = dict[str, Any]
 Handler = Callable[[str, Obj | None, Obj | None], None]
@@ -43,13 +45,15 @@ class Informer:
         label_selector: str = "",
         field_selector: str = "",
         transform: Callable[[Obj], Obj] | None = None,
+        cold: Callable[[Obj], bool] | None = None,
         watch_timeout: int = 300,
         page_size: int = 500,
         optional: bool = False,
     ) -> None:
         self.client = client
         self.info = info
-        self.store: dict[str, Obj] = {}
+        self._cold = cold
+        self.store = ObjectStore(cold)
         self.synced = asyncio.Event()
         self.healthy = False
         self.last_contact = 0.0  # monotonic time of the last answer from the server
@@ -107,7 +111,7 @@ class Informer:
                 backoff = min(backoff * 2, 10.0)
 
     async def _relist(self) -> str:
-        fresh: dict[str, Obj] = {}
+        fresh = ObjectStore(self._cold)
         kind = self.info.kind
         api_version = self.info.group_version
         token = ""
