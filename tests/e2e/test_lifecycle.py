@@ -46,6 +46,14 @@ async def test_job_completes_and_frees_capacity(cluster, namespace, fake_nodes, 
     assert jobs.synced.is_set()
     assert f"{namespace}/first" in jobs.store
 
+    # Finished ones are held as text from then on, and still counted by state.
+    async def packed() -> bool:
+        return dispatcher.appwrappers.store.packed() >= 2
+
+    await async_wait_until(packed, timeout=30, what="finished AppWrappers held as text")
+    assert dispatcher.appwrappers.store[f"{namespace}/first"]["status"]["state"] == "Completed"
+    assert dispatcher.states["Completed"] >= 2
+
 
 async def test_job_sample_completes(cluster, namespace, fake_nodes, run_dispatcher):
     fake_nodes.add("n1")
