@@ -421,8 +421,8 @@ class Dispatcher:
         # Built only when needed: it deep-copies every template, and this runs on every
         # pod change of every dispatched AppWrapper.
         objects: list[Wrapped] = []
-        attempt = (key, status.lastDispatchedAt or "")
-        if attempt not in self.state.ensured:
+        stamp = status.lastDispatchedAt or ""
+        if self.state.ensured.get(key) != stamp:
             objects = wrapped_objects(aw, owner_reference=member.is_hub)
             # After a restart (or a crash between the status write and the creates), make
             # sure the objects exist; existing ones carrying our uid are adopted.
@@ -430,7 +430,7 @@ class Dispatcher:
                 await create_all(
                     member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
                 )
-                self.state.ensured.add(attempt)
+                self.state.ensured[key] = stamp
             except DispatchError as exc:
                 await self._dispatch_failed(aw, obj, status, exc, now)
                 return
@@ -573,12 +573,12 @@ class Dispatcher:
             return
         member = self._member_of(status)
         attempt = (aw.metadata.uid or "", status.lastDispatchedAt or "")
-        if member is None or attempt in self.state.cleaned:
+        if member is None or self.state.cleaned.get(aw.key) == attempt:
             return
         if await self._remove_objects(aw, member):
             self.queue.add_after(aw.key, 1.0)
         else:
-            self.state.cleaned.add(attempt)
+            self.state.cleaned[aw.key] = attempt
 
     async def _finalize(self, aw: AppWrapper, obj: Obj) -> None:
         """Deletion: remove the wrapped objects wherever they may be, then our finalizer."""
@@ -953,7 +953,7 @@ class Dispatcher:
                         wrapped_objects(aw, owner_reference=member.is_hub),
                         uid=aw.metadata.uid or "",
                     )
-                    self.state.ensured.add((key, status.lastDispatchedAt or ""))
+                    self.state.ensured[key] = status.lastDispatchedAt or ""
                 except (DispatchError, KubeError) as exc:
                     error = (
                         exc

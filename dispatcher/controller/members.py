@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
-from dispatcher.capacity.cache import CapacityCache, slim_metadata, slim_pod
+from dispatcher.capacity.cache import TERMINAL_PHASES, CapacityCache, slim_metadata, slim_pod
 from dispatcher.config import MemberConfig
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import KubeError
@@ -40,6 +40,11 @@ def _slim_wrapped(obj: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _finished_pod(pod: dict[str, Any]) -> bool:
+    # A finished pod's store entry is read again only when it is deleted.
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
 @dataclass
 class Member:
     name: str
@@ -55,7 +60,7 @@ class Member:
 
     def __post_init__(self) -> None:
         self.nodes = Informer(self.client, NODES, transform=_slim_node)
-        self.pods = Informer(self.client, PODS, transform=slim_pod)
+        self.pods = Informer(self.client, PODS, transform=slim_pod, cold=_finished_pod)
         self.nodes.add_handler(self.capacity.on_node)
         self.pods.add_handler(self.capacity.on_pod)
 
@@ -82,7 +87,13 @@ class Member:
         if existing is not None:
             return existing, False
         informer = Informer(
-            self.client, info, label_selector=LABEL_UID, transform=_slim_wrapped, optional=True
+            self.client,
+            info,
+            label_selector=LABEL_UID,
+            transform=_slim_wrapped,
+            # Read only to learn completion, once an AppWrapper's pods have all finished.
+            cold=lambda _obj: True,
+            optional=True,
         )
         self.wrapped[key] = informer
         return informer, True

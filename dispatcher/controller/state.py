@@ -74,10 +74,11 @@ class ControllerState:
     assumed: dict[str, Assumed] = field(default_factory=dict)
     dispatching: set[str] = field(default_factory=set)
     """Keys whose dispatch task (status write + creates) is running."""
-    ensured: set[tuple[str, str]] = field(default_factory=set)
-    """(key, lastDispatchedAt) whose objects are known to exist; rebuilt after restart."""
-    cleaned: set[tuple[str, str]] = field(default_factory=set)
-    """(uid, attempt) whose objects were removed after Failed or requeue."""
+    ensured: dict[str, str] = field(default_factory=dict)
+    """key -> lastDispatchedAt of the dispatch whose objects are known to exist (rebuilt
+    after a restart)."""
+    cleaned: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """key -> (uid, lastDispatchedAt) of the failed dispatch whose objects were removed."""
     workloads: dict[str, tuple[tuple[str, int, int, int, str], Workload | InvalidSpec]] = field(
         default_factory=dict
     )
@@ -160,6 +161,7 @@ class ControllerState:
         """It finished: drop what only a queued or dispatched AppWrapper needs (held per
         AppWrapper, this is most of the memory of thousands of finished ones)."""
         self.parsed.pop(key, None)
+        self.ensured.pop(key, None)
         self.workloads.pop(key, None)
         self.standings.pop(key, None)
         self.holdings.pop(key, None)
@@ -170,6 +172,7 @@ class ControllerState:
         """It is gone: drop everything kept about it."""
         self.retire(key)
         self.claims.pop(key, None)
+        self.cleaned.pop(key, None)
         self.evicted.pop(key, None)
         self.written.pop(key, None)
         self.assumed.pop(key, None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import fields
 from typing import Any
 
 from dispatcher.controller import state as state_module
@@ -57,3 +58,24 @@ def test_slimmed_appwrappers_share_their_keys() -> None:
     key_a = next(iter(first["spec"]))
     key_b = next(k for k in second["spec"] if k == key_a)
     assert key_a is key_b  # one string for both objects, not an equal copy each
+
+
+def test_finished_then_deleted_appwrappers_leave_nothing_behind() -> None:
+    state = ControllerState()
+    key = "ns/a"
+    state.ensured[key] = "t1"
+    state.cleaned[key] = ("uid-a", "t1")
+    state.waiting_written[key] = ("waiting", 1.0)
+    state.counts_written[key] = 1.0
+    state.evicted[key] = "t1"
+    state.phases[key] = ("finished", 1)
+    state.retire(key)
+    assert key not in state.ensured
+    assert key not in state.waiting_written
+    # A failed one's objects were removed once; that is remembered until it is deleted.
+    assert state.cleaned[key] == ("uid-a", "t1")
+    state.forget(key)
+    state.phases.pop(key)  # the watch handler drops the scheduler's index entry
+    for f in fields(state):
+        held = getattr(state, f.name)
+        assert key not in held, f.name

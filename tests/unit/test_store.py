@@ -41,7 +41,9 @@ def test_cold_objects_are_held_as_text_and_hot_ones_as_given() -> None:
     assert store["a"] is hot  # no copy on the hot path
     assert store["b"] is not store["b"]  # a fresh decode per read
     assert store.packed() == 1
-    assert sorted(store) == ["a", "b"] and len(store) == 2 and "b" in store
+    assert sorted(store) == ["a", "b"]
+    assert len(store) == 2
+    assert "b" in store
 
 
 def test_a_cold_object_turning_hot_is_held_as_given() -> None:
@@ -49,14 +51,16 @@ def test_a_cold_object_turning_hot_is_held_as_given() -> None:
     store["a"] = {"done": True}
     again = {"done": False, "deleting": True}
     store["a"] = again
-    assert store["a"] is again and store.packed() == 0
+    assert store["a"] is again
+    assert store.packed() == 0
 
 
 def test_pop_and_missing_keys() -> None:
     store = ObjectStore(finished)
     store["a"] = {"done": True, "x": "é"}
     assert store.pop("a") == {"done": True, "x": "é"}
-    assert store.pop("a") is None and store.get("a") is None
+    assert store.pop("a") is None
+    assert store.get("a") is None
     assert store.get("a", {"d": 1}) == {"d": 1}
 
 
