@@ -167,7 +167,7 @@ def build_cluster(
     ]
     # Dispatch AppWrappers, oldest first, while they fit (as the dispatcher did).
     state = ClusterState(ClusterSnapshot(name=name, nodes=tuple(node_states)))
-    reservations = []
+    reservations: list[Reservation] = []
     wanted = min(reserved, max(10, nodes * reserved // 1000))
     for attempt in range(wanted * 4):
         if len(reservations) == wanted:

@@ -61,11 +61,13 @@ def bench_job(name: str) -> dict[str, Any]:
 
 
 async def create_all(
-    client: KubeClient, jobs: list[tuple[ResourceInfo, str, dict]], concurrency: int = CONCURRENCY
+    client: KubeClient,
+    jobs: list[tuple[ResourceInfo, str, dict[str, Any]]],
+    concurrency: int = CONCURRENCY,
 ) -> dict[str, float]:
     """Create everything with `concurrency` requests in flight; name -> completion time."""
     done: dict[str, float] = {}
-    queue: asyncio.Queue[tuple[ResourceInfo, str, dict]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[ResourceInfo, str, dict[str, Any]]] = asyncio.Queue()
     for item in jobs:
         queue.put_nowait(item)
 
@@ -179,7 +181,7 @@ class Watcher:
         self.changed = asyncio.Event()
         self.informer.add_handler(self._on)
 
-    def _on(self, kind: str, old: dict | None, new: dict | None) -> None:
+    def _on(self, kind: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if new is None:
             return
         name = new["metadata"]["name"]
@@ -327,7 +329,7 @@ async def run(
             watch_task = asyncio.create_task(watcher.informer.run())
             await watcher.informer.synced.wait()
             before = scrape(port)
-            cpu_before = proc_stats(process.pid)["cpu_seconds"]
+            process_cpu_before = proc_stats(process.pid)["cpu_seconds"]
             plane_before = cluster_cpu(cluster)
             aws = [
                 (
@@ -367,7 +369,7 @@ async def run(
                     "max": max(latencies),
                 },
                 "requests_per_dispatch": requests,
-                "cpu_seconds": cpu_after["cpu_seconds"] - cpu_before,
+                "cpu_seconds": cpu_after["cpu_seconds"] - process_cpu_before,
                 "control_plane_cpu_seconds": cpu_used(plane_before, plane_after),
                 "peak_rss_mb": cpu_after["peak_rss_mb"],
                 "latencies": sorted(latencies),
