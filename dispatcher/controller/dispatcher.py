@@ -1045,7 +1045,10 @@ class Dispatcher:
             f"cluster {member.name} has not answered for {int(silent)}s; requeued "
             "(its copies are removed when it answers again)"
         )
-        for key in list(self.appwrappers.store):
+        for key, (phase, _) in list(self.state.phases.items()):
+            # Finished ones are held as text: decoding thousands every round is not free.
+            if phase not in SCHEDULED_PHASES and key not in self.state.written:
+                continue
             obj = self._current(key)
             if obj is None or key in self.state.dispatching:
                 continue
