@@ -705,12 +705,18 @@ class ClusterState:
         if request.changes_seen != len(order.changes) or request.raised_seen != len(order.raised):
             request.catch_up()
         items = order.items
+        rooms = order.rooms
+        changes = order.changes
         mask = order.mask
         pairs = request.pairs
+        # One pod's share of a node's key: a node's key drops by this much per pod placed.
+        per_pod = request.floor
         remaining = step.count
         position = bisect_left(items, request.start)
         end = len(items)
         full = request.full
+        more = False  # whether the last node that took pods can take another
+        new = 0
         while position < end:
             key = items[position]
             position += 1
@@ -731,12 +737,29 @@ class ClusterState:
                 column[node] -= value * room
             log.append(node)
             applied.append((node, pairs, room, step.index))
+            # The order is kept up to date here rather than through the log: the node only
+            # moves down (it lost room), so the items after `position` keep their places.
+            new = key - room * per_pod
+            position -= 1
+            del items[position]
+            insort(items, new, 0, position)
+            position += 1
+            rooms[node] = new
+            changes.append(new)
             remaining -= room
             if not remaining:
+                for column, value in pairs:
+                    if column[node] < value:
+                        break
+                else:
+                    more = True
                 break
-        # Every node walked past is full or took pods (its room changed, which the next
-        # catch-up looks at): the next walk begins where this one stopped.
-        request.start = items[position] if position < end else math.inf
+        order.seen = len(log)
+        request.changes_seen = len(changes)
+        # Every node walked past is full or took pods: the next walk begins where this one
+        # stopped, or at the last node that took pods if it can take another.
+        start = items[position] if position < end else math.inf
+        request.start = new if more and new < start else start
         return remaining
 
     # -- helpers -----------------------------------------------------------------------
