@@ -383,6 +383,13 @@ def _policy_settled(
     return True
 
 
+def _all_numbers(values: Sequence[float]) -> bool:
+    """No NaN among `values` (a NaN is unequal to itself, so distinct from every other
+    value, yet it leaves the sorted order to the input order)."""
+    total = sum(values)
+    return total == total
+
+
 def schedule(
     pending: Sequence[Workload],
     clusters: Sequence[ClusterSnapshot],
@@ -413,7 +420,12 @@ def schedule(
     """
     # 1. Order the queue: priority, then age, then key (`queue_order_key`; three stable
     # sorts on one attribute each give that order at less than half the cost).
-    ordered = sorted(pending, key=attrgetter("key"))
+    # The sort by key only orders workloads created at the same instant: skipped when there
+    # are none (comparing strings costs more than hashing the floats once).
+    ordered = list(pending)
+    created = list(map(attrgetter("created_at"), ordered))
+    if len(set(created)) != len(created) or not _all_numbers(created):
+        ordered.sort(key=attrgetter("key"))
     ordered.sort(key=attrgetter("created_at"))
     ordered.sort(key=attrgetter("priority"), reverse=True)
 

@@ -280,20 +280,33 @@ class _Request:
     """Pods of one size and constraints in one cluster: where to look for room for them.
 
     Walks for these pods skip nodes known to hold none of them: those of `order` from
-    `floor` (the least key a node that holds one such pod can have) up to `start`, and
-    those in `full`. Room only shrinks as pods are placed, so such nodes still hold none
-    unless their room changed: before each walk, the order's `changes` since `changes_seen`
-    that fall below `start`, and its `raised` nodes since `raised_seen` that are in `full`,
-    are checked.
+    `floor` (the least key a node that holds one such pod can have) up to `start`, but for
+    the keys in `extra`, and those in `full`. Room only shrinks as pods are placed, so such
+    nodes still hold none unless their room changed: before each walk, the order's
+    `changes` since `changes_seen` that fall below `start` and hold one pod are added to
+    `extra`, and its `raised` nodes since `raised_seen` that are in `full` are checked.
+    `extra` may also hold keys a node no longer has (it moved since): walks skip those.
+    A walk visits `extra` first, best first, then the order from `start`, so it never
+    passes again the full nodes between a node that moved down and the frontier.
     """
 
-    __slots__ = ("changes_seen", "floor", "full", "order", "pairs", "raised_seen", "start")
+    __slots__ = (
+        "changes_seen",
+        "extra",
+        "floor",
+        "full",
+        "order",
+        "pairs",
+        "raised_seen",
+        "start",
+    )
 
     def __init__(self, order: _Order, pairs: list[tuple[list[int], int]], floor: int) -> None:
         self.order = order
         self.pairs = pairs  # (free column, milli-units per pod) for each requested resource
         self.floor = floor
         self.start: float = floor
+        self.extra: list[int] = []
         self.full: set[int] = set()
         self.changes_seen = len(order.changes)
         self.raised_seen = len(order.raised)
@@ -310,10 +323,9 @@ class _Request:
             self.changes_seen = len(changes)
             start = self.start
             floor = self.floor
+            extra = self.extra
             if len(changes) - seen > _FRONTIER_CHANGES:
-                # Cheaper to walk from the floor again (past nodes known full) than to
-                # check them all.
-                self.start = floor
+                self.forget_frontier()
             elif start > floor:
                 pairs = self.pairs
                 mask = order.mask
@@ -324,8 +336,9 @@ class _Request:
                             if column[node] < value:
                                 break
                         else:
-                            start = key
-                self.start = start
+                            extra.append(key)
+                if len(extra) > _FRONTIER_CHANGES:
+                    self.forget_frontier()
         raised = order.raised
         if self.raised_seen != len(raised):
             full = self.full
@@ -334,9 +347,16 @@ class _Request:
                     full.discard(node)
             self.raised_seen = len(raised)
 
+    def forget_frontier(self) -> None:
+        """Walk from the floor again (past nodes known full): cheaper than checking many
+        changes, or visiting many keys that may have moved."""
+        self.start = self.floor
+        self.extra = []
+
     def clone(self, order: _Order, columns: Mapping[int, list[int]]) -> _Request:
         copy = _Request(order, [(columns[id(c)], v) for c, v in self.pairs], self.floor)
         copy.start = self.start
+        copy.extra = list(self.extra)
         copy.full = set(self.full)
         return copy
 
@@ -491,7 +511,7 @@ class ClusterState:
             copied = request.clone(orders[id(request.order)], by_id)
             if not kept(request.order):
                 # Not caught up with the log: start over.
-                copied.start = copied.floor
+                copied.forget_frontier()
                 copied.full = set()
             requests[id(request)] = copy._requests[request_key] = copied
         copy._plans = {
@@ -705,16 +725,39 @@ class ClusterState:
         if request.changes_seen != len(order.changes) or request.raised_seen != len(order.raised):
             request.catch_up()
         items = order.items
+        rooms = order.rooms
+        changes = order.changes
         mask = order.mask
         pairs = request.pairs
+        # One pod's share of a node's key: a node's key drops by this much per pod placed.
+        per_pod = request.floor
         remaining = step.count
         position = bisect_left(items, request.start)
         end = len(items)
         full = request.full
-        while position < end:
-            key = items[position]
-            position += 1
-            node = key & mask
+        # Keys below the frontier first (all below `items[position]`), best first.
+        extra = request.extra
+        if len(extra) > 1:
+            extra.sort()
+        visited = 0
+        waiting = len(extra)
+        more = False  # whether the last node that took pods can take another
+        new = 0
+        while True:
+            if visited < waiting:
+                key = extra[visited]
+                visited += 1
+                node = key & mask
+                if rooms[node] != key:
+                    continue  # it moved since; its new key was looked at then
+                index = -1
+            elif position < end:
+                key = items[position]
+                position += 1
+                node = key & mask
+                index = position - 1
+            else:
+                break
             if node in full:
                 continue
             room = remaining
@@ -731,11 +774,31 @@ class ClusterState:
                 column[node] -= value * room
             log.append(node)
             applied.append((node, pairs, room, step.index))
+            # The order is kept up to date here rather than through the log: the node only
+            # moves down (it lost room), so the items from `position` on keep their places.
+            if index < 0:
+                index = bisect_left(items, key, 0, position)
+            new = key - room * per_pod
+            del items[index]
+            insort(items, new, 0, index)
+            rooms[node] = new
+            changes.append(new)
             remaining -= room
             if not remaining:
+                for column, value in pairs:
+                    if column[node] < value:
+                        break
+                else:
+                    more = True
                 break
-        # Every node walked past is full or took pods (its room changed, which the next
-        # catch-up looks at): the next walk begins where this one stopped.
+        order.seen = len(log)
+        request.changes_seen = len(changes)
+        # Every node walked past is full or took pods: the next walk begins where this one
+        # stopped, after the keys it did not get to and the last node that took pods if it
+        # can take another.
+        del extra[:visited]
+        if more:
+            extra.append(new)
         request.start = items[position] if position < end else math.inf
         return remaining
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dispatcher.core.cycle import Admit, Preempt, queue_order_key, schedule
 from dispatcher.core.fit import NodeAssignment
@@ -399,3 +401,29 @@ def test_policy_is_asked_in_every_cluster_while_a_smaller_answer_may_come() -> N
     )
     assert policy.asked == [("ns/big", "east"), ("ns/big", "west")]
     assert result.preemptions == (Preempt("ns/big", "east", ("ns/v1", "ns/v2")),)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    jobs=st.lists(
+        st.tuples(st.integers(0, 2), st.sampled_from([1.0, 2.0, 3.5, float(2**60)])),
+        min_size=1,
+        max_size=12,
+    ),
+    distinct=st.booleans(),
+)
+def test_workloads_are_taken_in_queue_order(jobs: list[tuple[int, float]], distinct: bool) -> None:
+    """With creation times shared or all distinct, admissions follow `queue_order_key`."""
+    pending = [
+        gpu_job(f"ns/w{(7 * i) % 13:02d}", 1, priority=p, created_at=t + (i if distinct else 0))
+        for i, (p, t) in enumerate(jobs)
+    ]
+    result = schedule(
+        pending,
+        [gpu_cluster("c", gpu=64)],
+        mode=QueueMode.STRICT_FIFO,
+        now=0.0,
+        starvation_after=3600.0,
+        preemption=None,
+    )
+    assert [a.key for a in result.admits] == [w.key for w in sorted(pending, key=queue_order_key)]
