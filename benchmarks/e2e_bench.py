@@ -153,6 +153,13 @@ def scrape(port: int) -> dict[str, float]:
     return counts
 
 
+def memory_report(port: int) -> str:
+    """The dispatcher's /debug/memory (top allocation sites; needs --trace-memory)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/memory", timeout=120) as answer:
+        text: str = answer.read().decode()
+    return text
+
+
 async def settled_counts(port: int, quiet: float = 3.0, timeout: float = 120) -> dict[str, float]:
     """Request counts once they stop moving: Events are posted in the background and trail
     the dispatches, and they count too."""
@@ -214,6 +221,7 @@ def start_dispatcher(
     port: int,
     profile: Path | None = None,
     settings: dict[str, Any] | None = None,
+    trace_memory: bool = False,
 ) -> subprocess.Popen[bytes]:
     config = workdir / "dispatcher.yaml"
     config.write_text(
@@ -234,6 +242,8 @@ def start_dispatcher(
         [sys.executable, *profiler, "-m", "dispatcher", "run", "--config", str(config)],
         stdout=log,
         stderr=subprocess.STDOUT,
+        # /debug/memory then tells where the memory went (the process runs slower).
+        env={**os.environ, "PYTHONTRACEMALLOC": "1"} if trace_memory else None,
     )
 
 
@@ -255,6 +265,7 @@ async def run(
     workdir: Path,
     profile: Path | None = None,
     settings: dict[str, Any] | None = None,
+    trace_memory: bool = False,
 ) -> dict[str, Any]:
     binaries = ensure_binaries()
     cluster = LocalCluster.start("bench", workdir, binaries=binaries)
@@ -322,7 +333,7 @@ async def run(
         # 2. The dispatcher: the same pairs wrapped in AppWrappers.
         port = free_port()
         # All nodes count; each workload's nodeSelector keeps it on its own pool.
-        process = start_dispatcher(cluster, workdir, {}, port, profile, settings)
+        process = start_dispatcher(cluster, workdir, {}, port, profile, settings, trace_memory)
         try:
             wait_ready(port)
             watcher = Watcher(client)
@@ -398,6 +409,10 @@ async def run(
             result["trickle"] = await trickle_phase(client, watcher)
             if churn:
                 result["churn"] = await churn_phase(client, watcher, churn, process, port)
+            if trace_memory:
+                report = memory_report(port)
+                (workdir / "memory.txt").write_text(report)
+                print(report[:3000], flush=True)
             watch_task.cancel()
         finally:
             process.terminate()
@@ -536,6 +551,11 @@ def main() -> None:
     parser.add_argument(
         "--workdir", type=Path, help="keep the cluster's and the dispatcher's logs here"
     )
+    parser.add_argument(
+        "--trace-memory",
+        action="store_true",
+        help="trace the dispatcher's allocations; their top sites go to WORKDIR/memory.txt",
+    )
     args = parser.parse_args()
     settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}
     with contextlib.ExitStack() as stack:
@@ -551,6 +571,7 @@ def main() -> None:
                 workdir,
                 args.profile and args.profile.resolve(),
                 settings,
+                args.trace_memory,
             )
         )
     result["settings"] = settings

@@ -1,7 +1,11 @@
-"""/healthz, /readyz and /metrics over plain HTTP. Side effects: listens on a TCP port."""
+"""/healthz, /readyz, /metrics and /debug/memory over plain HTTP.
+
+Side effects: listens on a TCP port.
+"""
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Callable
 
 from aiohttp import web
@@ -25,11 +29,27 @@ async def serve(
     async def metrics_handler(_: web.Request) -> web.Response:
         return web.Response(text=metrics(), content_type="text/plain")
 
+    async def memory(_: web.Request) -> web.Response:
+        return web.Response(text=memory_report(), content_type="text/plain")
+
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/debug/memory", memory)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
+
+
+def memory_report(top: int = 40) -> str:
+    """Where the live Python memory was allocated, biggest first; tracing must have been on
+    from the start (PYTHONTRACEMALLOC=1), as it slows the process down."""
+    if not tracemalloc.is_tracing():
+        return "memory tracing is off: start the dispatcher with PYTHONTRACEMALLOC=1\n"
+    stats = tracemalloc.take_snapshot().statistics("lineno")
+    total = sum(s.size for s in stats)
+    lines = [f"traced {total / 2**20:.1f} MiB in {sum(s.count for s in stats)} blocks"]
+    lines += [f"{s.size / 2**20:8.2f} MiB {s.count:9d} {s.traceback[0]}" for s in stats[:top]]
+    return "\n".join(lines) + "\n"
