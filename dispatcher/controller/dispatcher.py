@@ -507,7 +507,8 @@ class Dispatcher:
             self.queue.add_after(key, max(verdict.recheck_after, 0.05))
         if any(t is not None for t in transitions):
             await self._write_status(obj, status, transitions)
-            self.state.counts_written[key] = now
+            if not cond.is_terminal(status):  # a finished one's bookkeeping is dropped
+                self.state.counts_written[key] = now
         elif changed:
             # Pod counts alone move often (every pod start); write them at most every few
             # seconds so a large gang does not cost a status write per pod.

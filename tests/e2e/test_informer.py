@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 from typing import Any
 
-from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.client import TLS_READ_BUFFER, KubeClient, ResourceInfo
 from dispatcher.kube.informer import Informer
 from dispatcher.testing.waits import async_wait_until
 
@@ -48,5 +49,28 @@ async def test_relist_in_pages_keeps_every_object_and_then_watches(
             assert seen[-1] == "DELETED"
         finally:
             task.cancel()
+    finally:
+        await client.close()
+
+
+async def test_answers_larger_than_the_tls_read_buffer_arrive_whole(
+    cluster: Any, namespace: str
+) -> None:
+    client = await KubeClient.connect(kubeconfig=str(cluster.kubeconfig))
+    try:
+        assert asyncio.sslproto.SSLProtocol.max_size <= TLS_READ_BUFFER
+        filler = "x" * 40_000
+        for index in range(5):
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": f"big-{index}"},
+                "data": {"filler": filler, "index": str(index)},
+            }
+            await client.create(CONFIGMAPS, namespace, body)
+        listing = await client.list(CONFIGMAPS, namespace)
+        big = [i for i in listing["items"] if i["metadata"]["name"].startswith("big-")]
+        assert len(big) == 5
+        assert all(i["data"]["filler"] == filler for i in big)
     finally:
         await client.close()
