@@ -8,7 +8,9 @@ comes in addition to the `Wait` of the workload that asked for it.
 
 Speed (10,000 pending workloads are mostly a few dozen shapes): one `Demand` per gang
 shape; a workload of a shape that found no room since the last admission or hold gets
-the answer the last one got (its message naming its own pod); the best-fit cluster is
+the answer the last one got (its message naming its own pod), and so does one after an
+admission or hold when each cluster still gives the same reason (asked without placing
+anything; a cluster's reasons are remembered until it changes); the best-fit cluster is
 known from the aggregate before any pod is placed, so a gang is placed in one cluster,
 not tried in all; and the same reasons make the same message string.
 """
@@ -99,7 +101,8 @@ class _Cycle:
         # shape that found no room gets the same answer as the last one of that shape.
         self.version = 0
         self.demands: dict[Shape, Demand] = {}
-        self.verdicts: dict[tuple[object, ...], tuple[int, str]] = {}
+        # (version, message, the reason per usable cluster it was made of).
+        self.verdicts: dict[tuple[object, ...], tuple[int, str, list[tuple[str, str]]]] = {}
         # The same reasons give the same message (one string for all the workloads it is for).
         self._messages: dict[tuple[tuple[str, str], ...], str] = {}
 
@@ -339,6 +342,35 @@ def _best_fit(
     return [(cluster.name, reasons[cluster.name]) for cluster in usable]
 
 
+def _still_refused(
+    demand: Demand, cycle: _Cycle, usable: Sequence[ClusterSnapshot], reasons: list[tuple[str, str]]
+) -> bool:
+    """Whether `_best_fit` would answer `reasons` again (it refused the gang everywhere).
+
+    An admission or a hold changes one cluster: the others give the same reasons, and the
+    one that changed often does too (a gang that found no room per node finds none after
+    another placement either; those answers carry no free amounts). Every cluster is asked
+    only what `_best_fit` would ask first, and the answer must be the very same reason.
+    With preemption, a verdict is only kept when the policy would be asked nothing
+    (`_policy_settled`): that depends on holds and on the policy's earlier answers, which
+    admissions do not change.
+    """
+    holds = cycle.held
+    states = cycle.states
+    for cluster, (_, why) in zip(usable, reasons, strict=True):
+        if not cluster.reachable:
+            continue
+        held = holds.get(cluster.name)
+        if held is not None:
+            if held != why:
+                return False
+            continue
+        state = states.get(cluster.name)
+        if state is None or state.refusal(demand) != why:
+            return False
+    return True
+
+
 def _preempt(
     workload: Workload,
     demand: Demand,
@@ -459,12 +491,17 @@ def schedule(
         else:
             usable, names = cycle.usable(placement)
         # A workload of a shape that found no room since the last admission or hold gets
-        # the same answer (and the policy, asked already, would find no victims either).
+        # the same answer (and the policy, asked already, would find no victims either);
+        # after one, so does a workload every cluster refuses for the same reasons again.
         memo = (demand, names) if preemption is None else (demand, names, workload.priority)
         known = verdicts.get(memo)
         chosen: Preempt | None = None
-        if known is not None and known[0] == cycle.version:
+        if known is not None and (
+            known[0] == cycle.version or _still_refused(demand, cycle, usable, known[2])
+        ):
             template = known[1]
+            if known[0] != cycle.version:
+                verdicts[memo] = (cycle.version, template, known[2])
         else:
             outcome = _best_fit(demand, cycle, usable)
             if isinstance(outcome, tuple):
@@ -479,7 +516,7 @@ def schedule(
             if chosen is None and (
                 preemption is None or _policy_settled(workload, demand, cycle, usable)
             ):
-                verdicts[memo] = (cycle.version, template)
+                verdicts[memo] = (cycle.version, template, outcome)
 
         # 4. It fits nowhere: say why, maybe preempt, and hold what it is owed.
         if head_key is None:

@@ -394,6 +394,7 @@ class ClusterState:
         "_orders",
         "_overflow",
         "_plans",
+        "_refusals",
         "_requests",
         "_seq",
         "_short",
@@ -464,6 +465,9 @@ class ClusterState:
         # short that they were worked out from: a full cluster answers
         # thousands of workloads of a few shapes without formatting the same numbers again.
         self._short: dict[Shape, tuple[tuple[int | None, ...], str]] = {}
+        # `refusal`'s answers by gang shape, emptied whenever the aggregate free or the
+        # remembered failures change: a cycle asks again after every admission anywhere.
+        self._refusals: dict[Shape, str | None] = {}
 
     def _clone(self, keep: Container[frozenset[int]] | None = None) -> ClusterState:
         """An independent copy of this state (its answers are the same, its caches empty).
@@ -521,6 +525,7 @@ class ClusterState:
         copy._failures = {}
         copy._seq = self._seq
         copy._short = {}
+        copy._refusals = {}
         return copy
 
     # -- read-only views ---------------------------------------------------------------
@@ -579,6 +584,14 @@ class ClusterState:
     def refusal(self, demand: Demand) -> str | None:
         """A reason known without placing pods (aggregate short, or a remembered per-node
         failure), with tokens for pod names (see `reason_for`); None when it may fit."""
+        refusals = self._refusals
+        key = demand.key
+        if key in refusals:
+            return refusals[key]
+        answer = refusals[key] = self._refusal(demand)
+        return answer
+
+    def _refusal(self, demand: Demand) -> str | None:
         free_total = self._free_total
         for resource, value in demand.totals.items():
             if value > free_total.get(resource, 0):
@@ -617,6 +630,7 @@ class ClusterState:
                 self._unapply(applied)
                 template = self._no_match_reason(step.index)
                 self._failures[demand.key] = (template, self._seq)
+                self._refusals.pop(demand.key, None)
                 return template
             remaining = self._fill(step, applied)
             if remaining:
@@ -627,11 +641,13 @@ class ClusterState:
                 # that is the clearer answer: the aggregate counted nodes they cannot go to.
                 template = self._usable_shortfall(demand, step) or template
                 self._failures[demand.key] = (template, self._seq)
+                self._refusals.pop(demand.key, None)
                 return template
         totals = demand.totals
         free_total = self._free_total
         for resource, value in totals.items():
             free_total[resource] = free_total.get(resource, 0) - value
+        self._refusals.clear()
         self._seq += 1
         names = self._names
         # Values: the same assignment is one object (a cycle makes thousands).
@@ -676,6 +692,7 @@ class ClusterState:
             self._free_total[resource] += value
         # Room came back: failures recorded while this placement was applied may fit now.
         self._failures = {k: v for k, v in self._failures.items() if v[1] < seq}
+        self._refusals.clear()
 
     def _unapply(self, applied: _Applied) -> None:
         log = self._log
@@ -697,6 +714,7 @@ class ClusterState:
         free_total = self._free_total
         for resource, value in demand.totals.items():
             free_total[resource] = free_total.get(resource, 0) - value
+        self._refusals.clear()
 
     def _reserve_within(self, demand: Demand, orders: Container[frozenset[int]]) -> None:
         """Place a reservation's pods that may use the node sets in `orders`, nothing else.
