@@ -1215,6 +1215,10 @@ class Evictions:
         self._usage: dict[str, list[tuple[int, dict[str, int]]]] = {}
         self._room = _PodRoom(base, demand, gang_plan)
         self._tapes: dict[frozenset[str], _Tape] = {}
+        # `fits` by set of victims: a policy's searches (a prefix, then victims given back,
+        # then one at a time) come back to sets they asked about, and each answer may cost
+        # a replay of the reservations.
+        self._answers: dict[frozenset[str], bool] = {}
 
     def _holding(self, key: str) -> _Free:
         held = self._held.get(key)
@@ -1240,6 +1244,14 @@ class Evictions:
     def fits(self, keys: Iterable[str]) -> bool:
         """Whether the gang fits once the AppWrappers named by `keys` are gone."""
         victims = list(dict.fromkeys(keys))
+        asked = frozenset(victims)
+        answer = self._answers.get(asked)
+        if answer is None:
+            answer = self._answers[asked] = self._fits(victims)
+        return answer
+
+    def _fits(self, victims: list[str]) -> bool:
+        """`fits` worked out (its answer depends on the set of victims, not their order)."""
         free = dict(self._free)
         freed: dict[int, dict[str, int]] = {}
         usage_by = self._usage

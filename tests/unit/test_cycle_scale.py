@@ -502,6 +502,22 @@ def test_reservations_replay_like_a_fresh_state_after_copies() -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
+def test_evictions_answer_again_as_a_fresh_state(seed: int) -> None:
+    """Answers are remembered by set of victims: a set asked again, in another order or
+    with a key named twice, gets the fresh state's answer too."""
+    rng = random.Random(4000 + seed)
+    snapshot = random_cluster(rng, "c", nodes=30, reservations=60)
+    keys = [a.key for a in snapshot.admitted]
+    for workload in random_pending(rng, 4, ["c"]):
+        demand = Demand(workload.pod_sets)
+        check = Evictions(snapshot, demand)
+        asked = [rng.sample(keys, rng.randint(0, len(keys))) for _ in range(8)]
+        for victims in asked + [rng.sample(v, len(v)) + v[:1] for v in asked]:
+            want = ClusterState(snapshot.without(frozenset(victims))).fits(demand) is None
+            assert check.fits(victims) == want, victims
+
+
+@pytest.mark.parametrize("seed", range(4))
 def test_remembered_refusals_are_worked_out_again_alike(seed: int) -> None:
     """`refusal` remembers its answers until the cluster changes: after placements,
     failures and undos, each is what working it out again gives."""
