@@ -114,6 +114,26 @@ class PlaceResult:
     undo: Callable[[], None] = _noop
 
 
+# A frozen dataclass's `__init__` sets each field through `object.__setattr__` (to get
+# past its own `__setattr__`, which refuses); a cycle admits thousands of gangs: setting
+# the slots through their descriptors makes the same object in about half the time.
+_new = object.__new__
+_SET_OK = vars(PlaceResult)["ok"].__set__
+_SET_REASON = vars(PlaceResult)["reason"].__set__
+_SET_ASSIGNMENTS = vars(PlaceResult)["assignments"].__set__
+_SET_UNDO = vars(PlaceResult)["undo"].__set__
+
+
+def _placed(assignments: tuple[NodeAssignment, ...], undo: Callable[[], None]) -> PlaceResult:
+    """`PlaceResult(ok=True, assignments=assignments, undo=undo)`, made faster."""
+    result: PlaceResult = _new(PlaceResult)
+    _SET_OK(result, True)
+    _SET_REASON(result, "")
+    _SET_ASSIGNMENTS(result, assignments)
+    _SET_UNDO(result, undo)
+    return result
+
+
 # A gang shape (see `shape_of`): built-in strings, so hashing is cached and comparing is C.
 Shape = str | tuple[str, ...]
 
@@ -394,6 +414,7 @@ class ClusterState:
         "_orders",
         "_overflow",
         "_plans",
+        "_refusals",
         "_requests",
         "_seq",
         "_short",
@@ -464,6 +485,9 @@ class ClusterState:
         # short that they were worked out from: a full cluster answers
         # thousands of workloads of a few shapes without formatting the same numbers again.
         self._short: dict[Shape, tuple[tuple[int | None, ...], str]] = {}
+        # `refusal`'s answers by gang shape, emptied whenever the aggregate free or the
+        # remembered failures change: a cycle asks again after every admission anywhere.
+        self._refusals: dict[Shape, str | None] = {}
 
     def _clone(self, keep: Container[frozenset[int]] | None = None) -> ClusterState:
         """An independent copy of this state (its answers are the same, its caches empty).
@@ -521,6 +545,7 @@ class ClusterState:
         copy._failures = {}
         copy._seq = self._seq
         copy._short = {}
+        copy._refusals = {}
         return copy
 
     # -- read-only views ---------------------------------------------------------------
@@ -579,6 +604,14 @@ class ClusterState:
     def refusal(self, demand: Demand) -> str | None:
         """A reason known without placing pods (aggregate short, or a remembered per-node
         failure), with tokens for pod names (see `reason_for`); None when it may fit."""
+        refusals = self._refusals
+        key = demand.key
+        if key in refusals:
+            return refusals[key]
+        answer = refusals[key] = self._refusal(demand)
+        return answer
+
+    def _refusal(self, demand: Demand) -> str | None:
         free_total = self._free_total
         for resource, value in demand.totals.items():
             if value > free_total.get(resource, 0):
@@ -617,6 +650,7 @@ class ClusterState:
                 self._unapply(applied)
                 template = self._no_match_reason(step.index)
                 self._failures[demand.key] = (template, self._seq)
+                self._refusals.pop(demand.key, None)
                 return template
             remaining = self._fill(step, applied)
             if remaining:
@@ -627,11 +661,13 @@ class ClusterState:
                 # that is the clearer answer: the aggregate counted nodes they cannot go to.
                 template = self._usable_shortfall(demand, step) or template
                 self._failures[demand.key] = (template, self._seq)
+                self._refusals.pop(demand.key, None)
                 return template
         totals = demand.totals
         free_total = self._free_total
         for resource, value in totals.items():
             free_total[resource] = free_total.get(resource, 0) - value
+        self._refusals.clear()
         self._seq += 1
         names = self._names
         # Values: the same assignment is one object (a cycle makes thousands).
@@ -645,12 +681,8 @@ class ClusterState:
                     pod_set=pod_set, node=names[node], count=count
                 )
             assignments.append(assignment)
-        return PlaceResult(
-            ok=True,
-            assignments=tuple(assignments),
-            # A partial, not a closure: one is made for every admission, most never called.
-            undo=partial(self._undo, applied, totals, self._seq, []),
-        )
+        # A partial, not a closure: one is made for every admission, most never called.
+        return _placed(tuple(assignments), partial(self._undo, applied, totals, self._seq, []))
 
     def _holds(self, demand: Demand) -> bool:
         """Whether the gang fits now, for a state that is thrown away after: the placement
@@ -676,6 +708,7 @@ class ClusterState:
             self._free_total[resource] += value
         # Room came back: failures recorded while this placement was applied may fit now.
         self._failures = {k: v for k, v in self._failures.items() if v[1] < seq}
+        self._refusals.clear()
 
     def _unapply(self, applied: _Applied) -> None:
         log = self._log
@@ -697,6 +730,7 @@ class ClusterState:
         free_total = self._free_total
         for resource, value in demand.totals.items():
             free_total[resource] = free_total.get(resource, 0) - value
+        self._refusals.clear()
 
     def _reserve_within(self, demand: Demand, orders: Container[frozenset[int]]) -> None:
         """Place a reservation's pods that may use the node sets in `orders`, nothing else.
@@ -1181,6 +1215,10 @@ class Evictions:
         self._usage: dict[str, list[tuple[int, dict[str, int]]]] = {}
         self._room = _PodRoom(base, demand, gang_plan)
         self._tapes: dict[frozenset[str], _Tape] = {}
+        # `fits` by set of victims: a policy's searches (a prefix, then victims given back,
+        # then one at a time) come back to sets they asked about, and each answer may cost
+        # a replay of the reservations.
+        self._answers: dict[frozenset[str], bool] = {}
 
     def _holding(self, key: str) -> _Free:
         held = self._held.get(key)
@@ -1206,6 +1244,14 @@ class Evictions:
     def fits(self, keys: Iterable[str]) -> bool:
         """Whether the gang fits once the AppWrappers named by `keys` are gone."""
         victims = list(dict.fromkeys(keys))
+        asked = frozenset(victims)
+        answer = self._answers.get(asked)
+        if answer is None:
+            answer = self._answers[asked] = self._fits(victims)
+        return answer
+
+    def _fits(self, victims: list[str]) -> bool:
+        """`fits` worked out (its answer depends on the set of victims, not their order)."""
         free = dict(self._free)
         freed: dict[int, dict[str, int]] = {}
         usage_by = self._usage

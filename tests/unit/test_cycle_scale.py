@@ -499,3 +499,90 @@ def test_reservations_replay_like_a_fresh_state_after_copies() -> None:
     assert [state.node_free(n) for n in state.node_names()] == [
         copy.node_free(n) for n in copy.node_names()
     ]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_evictions_answer_again_as_a_fresh_state(seed: int) -> None:
+    """Answers are remembered by set of victims: a set asked again, in another order or
+    with a key named twice, gets the fresh state's answer too."""
+    rng = random.Random(4000 + seed)
+    snapshot = random_cluster(rng, "c", nodes=30, reservations=60)
+    keys = [a.key for a in snapshot.admitted]
+    for workload in random_pending(rng, 4, ["c"]):
+        demand = Demand(workload.pod_sets)
+        check = Evictions(snapshot, demand)
+        asked = [rng.sample(keys, rng.randint(0, len(keys))) for _ in range(8)]
+        for victims in asked + [rng.sample(v, len(v)) + v[:1] for v in asked]:
+            want = ClusterState(snapshot.without(frozenset(victims))).fits(demand) is None
+            assert check.fits(victims) == want, victims
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_remembered_refusals_are_worked_out_again_alike(seed: int) -> None:
+    """`refusal` remembers its answers until the cluster changes: after placements,
+    failures and undos, each is what working it out again gives."""
+    rng = random.Random(5000 + seed)
+    state = ClusterState(random_cluster(rng, "c", nodes=30, reservations=20))
+    demands = [Demand(w.pod_sets) for w in random_pending(rng, 60, ["c"])]
+    placed = []
+    for demand in demands * 2:
+        for other in demands:
+            assert state.refusal(other) == state._refusal(other)
+        result = state.place(demand)
+        if not isinstance(result, str):
+            placed.append(result)
+        if placed and rng.random() < 0.3:
+            placed.pop(rng.randrange(len(placed))).undo()
+
+
+def test_cycle_reuses_verdicts_of_unchanged_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workload refused everywhere before an admission elsewhere gets the same answer
+    without placing it again, and the cycle decides as without that shortcut."""
+    from dispatcher.core import cycle
+
+    rng = random.Random(11)
+    names = ["c0", "c1", "c2"]
+    snapshots = [random_cluster(rng, name, nodes=40, reservations=10) for name in names]
+    pending = random_pending(rng, 400, names)
+    kwargs = {
+        "mode": QueueMode.BEST_EFFORT_FIFO,
+        "now": 1000.0,
+        "starvation_after": 3000.0,
+        "preemption": None,
+    }
+    reused = Counter[bool]()
+    still_refused = cycle._still_refused
+
+    def counted(*args: object) -> bool:
+        answer = still_refused(*args)  # type: ignore[arg-type]
+        reused[answer] += 1
+        return answer
+
+    monkeypatch.setattr(cycle, "_still_refused", counted)
+    got = schedule(pending, snapshots, **kwargs)  # type: ignore[arg-type]
+    assert reused[True] > 10, reused
+    assert reused[False] > 10, reused
+    want = plain_schedule(pending, snapshots, **kwargs)  # type: ignore[arg-type]
+    assert (got.admits, got.waits, got.head_key) == (want.admits, want.waits, want.head_key)
+
+
+def test_decisions_made_the_fast_way_are_the_same_values() -> None:
+    """The cycle makes its `Admit`s, `Wait`s and `PlaceResult`s without their `__init__`."""
+    from dataclasses import FrozenInstanceError, fields
+
+    from dispatcher.core.cycle import _admit, _wait
+    from dispatcher.core.fit import PlaceResult, _placed
+
+    assignments = (NodeAssignment(0, "n1", 2),)
+    pairs = [
+        (_wait("ns/a", "why"), Wait("ns/a", "why")),
+        (_admit("ns/a", "c0", assignments), Admit("ns/a", "c0", assignments)),
+        (_placed(assignments, print), PlaceResult(ok=True, assignments=assignments, undo=print)),
+    ]
+    for fast, plain in pairs:
+        assert type(fast) is type(plain)
+        assert fast == plain
+        assert hash(fast) == hash(plain)
+        assert repr(fast) == repr(plain)
+        with pytest.raises(FrozenInstanceError):
+            setattr(fast, fields(fast)[0].name, None)
