@@ -72,35 +72,6 @@ class CycleResult:
     head_key: str | None = None  # the first workload in queue order not admitted
 
 
-# A frozen dataclass's `__init__` sets each field through `object.__setattr__` (to get
-# past its own `__setattr__`, which refuses), and a cycle makes one `Wait` or `Admit` per
-# pending workload: setting the slots through their descriptors makes the same objects
-# in about half the time.
-_new = object.__new__
-_WAIT_KEY = vars(Wait)["key"].__set__
-_WAIT_MESSAGE = vars(Wait)["message"].__set__
-_ADMIT_KEY = vars(Admit)["key"].__set__
-_ADMIT_CLUSTER = vars(Admit)["cluster"].__set__
-_ADMIT_ASSIGNMENTS = vars(Admit)["assignments"].__set__
-
-
-def _wait(key: str, message: str) -> Wait:
-    """`Wait(key, message)`, made faster (see above)."""
-    wait: Wait = _new(Wait)
-    _WAIT_KEY(wait, key)
-    _WAIT_MESSAGE(wait, message)
-    return wait
-
-
-def _admit(key: str, cluster: str, assignments: tuple[NodeAssignment, ...]) -> Admit:
-    """`Admit(key, cluster, assignments)`, made faster (see above)."""
-    admit: Admit = _new(Admit)
-    _ADMIT_KEY(admit, key)
-    _ADMIT_CLUSTER(admit, cluster)
-    _ADMIT_ASSIGNMENTS(admit, assignments)
-    return admit
-
-
 def queue_order_key(workload: Workload) -> tuple[int, float, str]:
     """Rule 3: higher priority first, then older (created_at), then key."""
     return (-workload.priority, workload.created_at, workload.key)
@@ -507,7 +478,7 @@ def schedule(
     # 3. Fit, or preempt, each workload in order.
     for workload in ordered:
         if blocked_message is not None:
-            waits.append(_wait(workload.key, blocked_message))
+            waits.append(Wait(workload.key, blocked_message))
             continue
         pod_sets = workload.pod_sets
         shape = pod_sets[0].shape if len(pod_sets) == 1 else shape_of(pod_sets)
@@ -535,7 +506,7 @@ def schedule(
             outcome = _best_fit(demand, cycle, usable)
             if isinstance(outcome, tuple):
                 cluster, result = outcome
-                admits.append(_admit(workload.key, cluster.name, result.assignments))
+                admits.append(Admit(workload.key, cluster.name, result.assignments))
                 cycle.admitted.setdefault(cluster.name, []).append(workload)
                 cycle.version += 1
                 continue
@@ -566,7 +537,7 @@ def schedule(
             cycle.hold(chosen.cluster, f"held for {workload.key}, which is preempting")
             where = "" if cycle.single else f" in {chosen.cluster}"
             message += f"; preempting {', '.join(chosen.victims)}{where}"
-        waits.append(_wait(workload.key, message))
+        waits.append(Wait(workload.key, message))
         if strict:
             if any(cycle.could_ever_fit(demand, c) for c in usable):
                 blocked_message = f"waiting behind {workload.key} (head of line)"

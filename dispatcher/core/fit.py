@@ -114,26 +114,6 @@ class PlaceResult:
     undo: Callable[[], None] = _noop
 
 
-# A frozen dataclass's `__init__` sets each field through `object.__setattr__` (to get
-# past its own `__setattr__`, which refuses); a cycle admits thousands of gangs: setting
-# the slots through their descriptors makes the same object in about half the time.
-_new = object.__new__
-_SET_OK = vars(PlaceResult)["ok"].__set__
-_SET_REASON = vars(PlaceResult)["reason"].__set__
-_SET_ASSIGNMENTS = vars(PlaceResult)["assignments"].__set__
-_SET_UNDO = vars(PlaceResult)["undo"].__set__
-
-
-def _placed(assignments: tuple[NodeAssignment, ...], undo: Callable[[], None]) -> PlaceResult:
-    """`PlaceResult(ok=True, assignments=assignments, undo=undo)`, made faster."""
-    result: PlaceResult = _new(PlaceResult)
-    _SET_OK(result, True)
-    _SET_REASON(result, "")
-    _SET_ASSIGNMENTS(result, assignments)
-    _SET_UNDO(result, undo)
-    return result
-
-
 # A gang shape (see `shape_of`): built-in strings, so hashing is cached and comparing is C.
 Shape = str | tuple[str, ...]
 
@@ -681,8 +661,12 @@ class ClusterState:
                     pod_set=pod_set, node=names[node], count=count
                 )
             assignments.append(assignment)
-        # A partial, not a closure: one is made for every admission, most never called.
-        return _placed(tuple(assignments), partial(self._undo, applied, totals, self._seq, []))
+        return PlaceResult(
+            ok=True,
+            assignments=tuple(assignments),
+            # A partial, not a closure: one is made for every admission, most never called.
+            undo=partial(self._undo, applied, totals, self._seq, []),
+        )
 
     def _holds(self, demand: Demand) -> bool:
         """Whether the gang fits now, for a state that is thrown away after: the placement

@@ -564,25 +564,3 @@ def test_cycle_reuses_verdicts_of_unchanged_clusters(monkeypatch: pytest.MonkeyP
     assert reused[False] > 10, reused
     want = plain_schedule(pending, snapshots, **kwargs)  # type: ignore[arg-type]
     assert (got.admits, got.waits, got.head_key) == (want.admits, want.waits, want.head_key)
-
-
-def test_decisions_made_the_fast_way_are_the_same_values() -> None:
-    """The cycle makes its `Admit`s, `Wait`s and `PlaceResult`s without their `__init__`."""
-    from dataclasses import FrozenInstanceError, fields
-
-    from dispatcher.core.cycle import _admit, _wait
-    from dispatcher.core.fit import PlaceResult, _placed
-
-    assignments = (NodeAssignment(0, "n1", 2),)
-    pairs = [
-        (_wait("ns/a", "why"), Wait("ns/a", "why")),
-        (_admit("ns/a", "c0", assignments), Admit("ns/a", "c0", assignments)),
-        (_placed(assignments, print), PlaceResult(ok=True, assignments=assignments, undo=print)),
-    ]
-    for fast, plain in pairs:
-        assert type(fast) is type(plain)
-        assert fast == plain
-        assert hash(fast) == hash(plain)
-        assert repr(fast) == repr(plain)
-        with pytest.raises(FrozenInstanceError):
-            setattr(fast, fields(fast)[0].name, None)
