@@ -140,8 +140,15 @@ def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, flo
     return {k: round(after[k] - before.get(k, 0.0), 2) for k in after}
 
 
+def fetch(port: int, path: str, timeout: float = 5) -> str:
+    """GET one of the dispatcher's plain-HTTP endpoints (`/metrics`, `/debug/memory`)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as answer:
+        text: str = answer.read().decode()
+    return text
+
+
 def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    text = fetch(port, "/metrics")
     counts: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("appwrapper_dispatcher_api_requests_total{"):
@@ -151,13 +158,6 @@ def scrape(port: int) -> dict[str, float]:
                 value
             )
     return counts
-
-
-def memory_report(port: int) -> str:
-    """The dispatcher's /debug/memory (top allocation sites; needs --trace-memory)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/memory", timeout=120) as answer:
-        text: str = answer.read().decode()
-    return text
 
 
 async def settled_counts(port: int, quiet: float = 3.0, timeout: float = 120) -> dict[str, float]:
@@ -410,7 +410,8 @@ async def run(
             if churn:
                 result["churn"] = await churn_phase(client, watcher, churn, process, port)
             if trace_memory:
-                report = memory_report(port)
+                # Top allocation sites; a snapshot of a traced heap takes tens of seconds.
+                report = fetch(port, "/debug/memory", timeout=120)
                 (workdir / "memory.txt").write_text(report)
                 print(report[:3000], flush=True)
             watch_task.cancel()

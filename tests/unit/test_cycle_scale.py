@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from collections.abc import Callable
 from fractions import Fraction
 
 import pytest
@@ -447,18 +448,27 @@ def test_same_reason_is_one_string() -> None:
 # -- eviction checks against fresh states ---------------------------------------------
 
 
+def _evictions_answer_as_fresh_states(
+    rng: random.Random, workloads: int, victim_sets: Callable[[list[str]], list[list[str]]]
+) -> None:
+    """For random gangs, `Evictions.fits` on each of `victim_sets(keys)` equals a fresh
+    state built without those victims."""
+    snapshot = random_cluster(rng, "c", nodes=30, reservations=60)
+    keys = [a.key for a in snapshot.admitted]
+    for workload in random_pending(rng, workloads, ["c"]):
+        demand = Demand(workload.pod_sets)
+        check = Evictions(snapshot, demand)
+        for victims in victim_sets(keys):
+            want = ClusterState(snapshot.without(frozenset(victims))).fits(demand) is None
+            assert check.fits(victims) == want, victims
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_evictions_answer_as_a_fresh_state(seed: int) -> None:
     rng = random.Random(2000 + seed)
-    snapshot = random_cluster(rng, "c", nodes=30, reservations=60)
-    keys = [a.key for a in snapshot.admitted]
-    for workload in random_pending(rng, 6, ["c"]):
-        demand = Demand(workload.pod_sets)
-        check = Evictions(snapshot, demand)
-        for _ in range(25):
-            victims = rng.sample(keys, rng.randint(0, len(keys)))
-            want = ClusterState(snapshot.without(frozenset(victims))).fits(demand) is None
-            assert check.fits(victims) == want, victims
+    _evictions_answer_as_fresh_states(
+        rng, 6, lambda keys: [rng.sample(keys, rng.randint(0, len(keys))) for _ in range(25)]
+    )
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -506,15 +516,12 @@ def test_evictions_answer_again_as_a_fresh_state(seed: int) -> None:
     """Answers are remembered by set of victims: a set asked again, in another order or
     with a key named twice, gets the fresh state's answer too."""
     rng = random.Random(4000 + seed)
-    snapshot = random_cluster(rng, "c", nodes=30, reservations=60)
-    keys = [a.key for a in snapshot.admitted]
-    for workload in random_pending(rng, 4, ["c"]):
-        demand = Demand(workload.pod_sets)
-        check = Evictions(snapshot, demand)
+
+    def asked_then_again(keys: list[str]) -> list[list[str]]:
         asked = [rng.sample(keys, rng.randint(0, len(keys))) for _ in range(8)]
-        for victims in asked + [rng.sample(v, len(v)) + v[:1] for v in asked]:
-            want = ClusterState(snapshot.without(frozenset(victims))).fits(demand) is None
-            assert check.fits(victims) == want, victims
+        return asked + [rng.sample(v, len(v)) + v[:1] for v in asked]
+
+    _evictions_answer_as_fresh_states(rng, 4, asked_then_again)
 
 
 @pytest.mark.parametrize("seed", range(4))
