@@ -33,7 +33,7 @@ from typing import Any
 
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE
 from dispatcher.api.resources import EMPTY, Resources
-from dispatcher.capacity.cache import CapacityCache, slim_pod
+from dispatcher.cluster.capacity import CapacityCache, slim_pod
 from dispatcher.core.cycle import CycleResult, schedule
 from dispatcher.core.fit import ClusterState
 from dispatcher.core.model import (

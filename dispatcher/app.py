@@ -1,4 +1,4 @@
-"""Assembly: connect the hub and members, build the Dispatcher, run it.
+"""Assembly: connect the hub and members, build the controller manager, run it.
 
 Side effects: network connections; `running` starts background tasks.
 """
@@ -18,9 +18,9 @@ import structlog
 import yaml
 
 from dispatcher import health, metrics
+from dispatcher.cluster.member import Member
 from dispatcher.config import Config, MemberConfig
-from dispatcher.controller.dispatcher import Dispatcher
-from dispatcher.controller.members import Member
+from dispatcher.controller.manager import Manager
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.leader import LeaderElector
 
@@ -28,7 +28,7 @@ LOCAL_MEMBER = "local"
 SECRETS = ResourceInfo("v1", "Secret", "secrets", namespaced=True)
 
 
-async def build(config: Config) -> Dispatcher:
+async def build(config: Config) -> Manager:
     kubeconfig = config.kubeconfig or os.environ.get("KUBECONFIG") or None
     hub = await KubeClient.connect(
         kubeconfig=kubeconfig,
@@ -60,7 +60,7 @@ async def build(config: Config) -> Dispatcher:
         else:
             client = hub
         members.append(Member.build(member, client, is_hub=client is hub))
-    return Dispatcher(config=config, hub=hub, members=members)
+    return Manager(config=config, hub=hub, members=members)
 
 
 async def _kubeconfig_from_secret(hub: KubeClient, ref: str) -> dict[str, Any]:
@@ -75,7 +75,7 @@ async def _kubeconfig_from_secret(hub: KubeClient, ref: str) -> dict[str, Any]:
     return loaded
 
 
-async def close(dispatcher: Dispatcher) -> None:
+async def close(dispatcher: Manager) -> None:
     clients = {id(dispatcher.hub): dispatcher.hub}
     for member in dispatcher.members.values():
         clients[id(member.client)] = member.client
@@ -84,7 +84,7 @@ async def close(dispatcher: Dispatcher) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running(config: Config, *, ready_timeout: float = 60) -> AsyncIterator[Dispatcher]:
+async def running(config: Config, *, ready_timeout: float = 60) -> AsyncIterator[Manager]:
     """Run a dispatcher in this event loop for the duration of the block (tests, demo)."""
     dispatcher = await build(config)
     task = asyncio.create_task(dispatcher.run(), name="dispatcher")

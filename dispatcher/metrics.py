@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dispatcher.controller.dispatcher import Dispatcher
+    from dispatcher.controller.manager import Manager
 
 
-def render(dispatcher: Dispatcher) -> str:
+def render(dispatcher: Manager) -> str:
     states = +dispatcher.states  # without the states nothing is in any more
     lines = [
         "# HELP appwrapper_dispatcher_appwrappers AppWrappers by status.state.",

@@ -258,6 +258,9 @@ class AppWrapperStatus(_Model):
     dispatchedAt: str | None = None
     """First dispatch (RFC 3339); kept across requeues."""
     lastDispatchedAt: str | None = None
+    preemptedBy: str | None = None
+    """"namespace/name" of the AppWrapper whose preemption evicted this one (the victim's own
+    record of who its room is for); cleared when it is dispatched again."""
     message: str | None = None
     priority: Int | None = None
     """Effective priority (from priorityClassName when set)."""

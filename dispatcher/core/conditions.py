@@ -1,10 +1,11 @@
 """Status transitions of an AppWrapper: conditions, state and stage. Pure, no I/O.
 
-Each function edits a working copy of `AppWrapperStatus` (the shell makes the copy and
-writes it once per reconcile) and returns whether anything changed, so the shell skips
-writes that would change nothing. Conditions hold one entry per type; a milestone is True
-once reached in the current attempt, and a requeue turns the later milestones False with
-the reason.
+Each transition edits a working copy of `AppWrapperStatus` (the shell makes the copy and
+writes it once) and returns a `Transition` naming what happened, for the Event, or None
+when it changed nothing, so the shell skips writes that would change nothing
+(`set_condition`, `set_priority` and `set_pod_counts` return that as a bool). Conditions
+hold one entry per type; a milestone is True once reached in the current attempt, and a
+requeue turns the later milestones False with the reason.
 """
 
 from __future__ import annotations
@@ -215,6 +216,12 @@ def mark_dispatched(status: AppWrapperStatus, *, cluster: str, now: datetime) ->
         message="waiting for pods to run",
         now=now,
     )
+    if status.condition(C.PREEMPTED) is not None:
+        # Preempted while Dispatched means "being evicted": a new attempt starts unpreempted.
+        set_condition(
+            status, C.PREEMPTED, true=False, reason=Reason.DISPATCHED, message=message, now=now
+        )
+    status.preemptedBy = None
     if status.queuedAt is None:
         status.queuedAt = stamp
     status.clusterName = cluster
@@ -249,6 +256,31 @@ def mark_failed(
         return None
     _settle(status, AppWrapperState.FAILED, message)
     return Transition(reason, message, warning=True)
+
+
+def mark_preempting(
+    status: AppWrapperStatus, *, by: str, message: str, now: datetime
+) -> Transition | None:
+    """Chosen as a preemption victim: still dispatched, its objects are to be removed.
+
+    The write of this status is the eviction: the reconciler removes the objects and
+    requeues it, and `preemptedBy` tells any later leader whose room is being freed.
+    """
+    changed = set_condition(
+        status,
+        C.PREEMPTED,
+        true=True,
+        reason=Reason.PREEMPTED_BY_HIGHER_PRIORITY,
+        message=message,
+        now=now,
+    )
+    if status.preemptedBy != by:
+        status.preemptedBy = by
+        changed = True
+    if not changed:
+        return None
+    _settle(status, status.state or AppWrapperState.RUNNING, message)
+    return Transition(Reason.PREEMPTED_BY_HIGHER_PRIORITY, message, warning=True)
 
 
 def mark_requeued(

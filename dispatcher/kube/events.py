@@ -35,7 +35,6 @@ class EventRecorder:
         self._client = client
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=max_pending)
         self._log = structlog.get_logger("events")
-        self.dropped = 0
 
     def record(
         self, obj: Mapping[str, Any], *, reason: str, message: str, warning: bool = False
@@ -71,7 +70,8 @@ class EventRecorder:
         try:
             self._queue.put_nowait(event)
         except asyncio.QueueFull:
-            self.dropped += 1
+            # The API server is far behind: an Event is a courtesy, the status says it all.
+            self._log.debug("event_dropped", appwrapper=meta.get("name"), reason=reason)
 
     async def run(self, *, workers: int = 4) -> None:
         """Post queued events with a few concurrent senders until cancelled."""

@@ -49,13 +49,14 @@ class Informer:
         watch_timeout: int = 300,
         page_size: int = 500,
         optional: bool = False,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.info = info
         self._cold = cold
         self.store = ObjectStore(cold)
         self.synced = asyncio.Event()
-        self.healthy = False
+        self._monotonic = monotonic
         self.last_contact = 0.0  # monotonic time of the last answer from the server
         self.relists = 0
         self.resource_version = ""
@@ -105,7 +106,6 @@ class Informer:
                     # allowed to list is an answer, not an outage to retry forever.
                     self._log.info("watch_not_permitted", error=str(exc)[:300])
                     return
-                self.healthy = False
                 self._log.warning("watch_failed", error=str(exc)[:300], retry_in=round(backoff, 2))
                 await asyncio.sleep(backoff * (1 + random.random() / 2))
                 backoff = min(backoff * 2, 10.0)
@@ -122,7 +122,7 @@ class Informer:
             if token:
                 query["continue"] = token
             listing = await self.client.list(self.info, query=query)
-            self.last_contact = time.monotonic()
+            self.last_contact = self._monotonic()
             for item in listing.get("items", []):
                 # Items of a list carry no kind/apiVersion; fill them so handlers see whole
                 # objects.
@@ -144,7 +144,6 @@ class Informer:
         for key, obj in old_store.items():
             if key not in fresh:
                 self._emit("DELETED", obj, None)
-        self.healthy = True
         self.synced.set()
         return str(listing.get("metadata", {}).get("resourceVersion", ""))
 
@@ -156,8 +155,7 @@ class Informer:
             timeout_seconds=self._watch_timeout,
             query=self._query,
         ):
-            self.last_contact = time.monotonic()
-            self.healthy = True
+            self.last_contact = self._monotonic()
             kind = event.get("type")
             obj = event.get("object") or {}
             new_version = _version(obj)
@@ -174,7 +172,7 @@ class Informer:
                 self.store[key] = accepted
                 self._emit("ADDED" if previous is None else "MODIFIED", previous, accepted)
             self.resource_version = new_version or self.resource_version
-        self.last_contact = time.monotonic()
+        self.last_contact = self._monotonic()
 
 
 def _version(obj: Obj) -> str:

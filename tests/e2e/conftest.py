@@ -19,7 +19,7 @@ import yaml
 
 from dispatcher.app import running
 from dispatcher.config import Config, MemberConfig
-from dispatcher.controller.dispatcher import Dispatcher
+from dispatcher.controller.manager import Manager
 from dispatcher.testing.manifests import appwrapper, deployment, job, pod_template, service
 from dispatcher.testing.waits import wait_until
 
@@ -51,7 +51,7 @@ def appwrapper_crd(cluster: Any) -> None:
     )
 
 
-StartDispatcher = Callable[..., Awaitable[Dispatcher]]
+StartDispatcher = Callable[..., Awaitable[Manager]]
 
 
 @pytest_asyncio.fixture
@@ -59,10 +59,10 @@ async def run_dispatcher(
     cluster: Any, namespace: str, fake_nodes: Any, appwrapper_crd: None
 ) -> AsyncIterator[StartDispatcher]:
     stack = AsyncExitStack()
-    started: list[Dispatcher] = []
+    started: list[Manager] = []
     current: list[AsyncExitStack] = []
 
-    async def start(*, restart: bool = False, **overrides: Any) -> Dispatcher:
+    async def start(*, restart: bool = False, **overrides: Any) -> Manager:
         """Start a dispatcher; with restart=True, stop the running one first."""
         if restart:
             while current:

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE
 from dispatcher.api.resources import Resources
-from dispatcher.capacity.cache import CapacityCache, slim_pod
-from dispatcher.controller.dispatcher import _unplaced
+from dispatcher.cluster.capacity import CapacityCache, slim_pod
 from dispatcher.core.model import PodSet
+from dispatcher.core.reservations import unplaced as _unplaced
 
 
 def node(name: str, cpu: str = "8", *, ready: bool = True, cordoned: bool = False) -> dict:

@@ -1,15 +1,14 @@
-"""What the controller remembers: bounded model cache, slimmed AppWrappers, pod revisions."""
+"""How the controller reads AppWrappers: a bounded model cache, slimmed objects."""
 
 from __future__ import annotations
 
 import copy
 import json
-from dataclasses import fields
 from typing import Any
 
-from dispatcher.controller import state as state_module
-from dispatcher.controller.dispatcher import LAST_APPLIED, _without_bookkeeping
-from dispatcher.controller.state import ControllerState
+from dispatcher.controller import models as models_module
+from dispatcher.controller.models import LAST_APPLIED, Models
+from dispatcher.controller.models import without_bookkeeping as _without_bookkeeping
 from dispatcher.testing.manifests import appwrapper, deployment
 
 
@@ -19,20 +18,24 @@ def stored(name: str, version: str) -> dict[str, Any]:
     return obj
 
 
+def new_models() -> Models:
+    return Models(allowed_kinds=frozenset({"Deployment"}), priority_class=lambda name: None)
+
+
 def test_parse_reuses_a_model_until_the_resource_version_moves() -> None:
-    state = ControllerState()
+    state = new_models()
     first = state.parse(stored("a", "1"))
     assert state.parse(stored("a", "1")) is first
     assert state.parse(stored("a", "2")) is not first
 
 
 def test_parse_cache_keeps_only_the_most_recently_used(monkeypatch: Any) -> None:
-    monkeypatch.setattr(state_module, "PARSED_LIMIT", 3)
-    state = ControllerState()
+    monkeypatch.setattr(models_module, "PARSED_LIMIT", 3)
+    state = new_models()
     models = {name: state.parse(stored(name, "1")) for name in ("a", "b", "c")}
     state.parse(stored("a", "1"))  # "a" is now the most recent, "b" the oldest
     state.parse(stored("d", "1"))
-    assert sorted(state.parsed) == ["ns/a", "ns/c", "ns/d"]
+    assert sorted(state._parsed) == ["ns/a", "ns/c", "ns/d"]
     assert state.parse(stored("a", "1")) is models["a"]
     assert state.parse(stored("b", "1")) is not models["b"]  # parsed again, still equal
     assert state.parse(stored("b", "1")) == models["b"]
@@ -58,24 +61,3 @@ def test_slimmed_appwrappers_share_their_keys() -> None:
     key_a = next(iter(first["spec"]))
     key_b = next(k for k in second["spec"] if k == key_a)
     assert key_a is key_b  # one string for both objects, not an equal copy each
-
-
-def test_finished_then_deleted_appwrappers_leave_nothing_behind() -> None:
-    state = ControllerState()
-    key = "ns/a"
-    state.ensured[key] = "t1"
-    state.cleaned[key] = ("uid-a", "t1")
-    state.waiting_written[key] = ("waiting", 1.0)
-    state.counts_written[key] = 1.0
-    state.evicted[key] = "t1"
-    state.phases[key] = ("finished", 1)
-    state.retire(key)
-    assert key not in state.ensured
-    assert key not in state.waiting_written
-    # A failed one's objects were removed once; that is remembered until it is deleted.
-    assert state.cleaned[key] == ("uid-a", "t1")
-    state.forget(key)
-    state.phases.pop(key)  # the watch handler drops the scheduler's index entry
-    for f in fields(state):
-        held = getattr(state, f.name)
-        assert key not in held, f.name

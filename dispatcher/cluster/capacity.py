@@ -30,7 +30,6 @@ class PodRecord:
     phase: str
     requests: Resources
     owner: str | None  # "namespace/name" of the AppWrapper on the hub, if any
-    ready: bool
 
     @property
     def holds_capacity(self) -> bool:
@@ -72,7 +71,7 @@ def slim_pod(pod: Obj) -> Obj:
         return {
             "metadata": slim_metadata(meta, (LABEL_NAME, LABEL_NAMESPACE)),
             "spec": {"nodeName": spec.get("nodeName", "")},
-            "status": {"phase": phase, "ready": False},
+            "status": {"phase": phase},
         }
     return {
         "metadata": {
@@ -90,13 +89,7 @@ def slim_pod(pod: Obj) -> Obj:
             ],
             "overhead": spec.get("overhead"),
         },
-        "status": {
-            "phase": phase,
-            "ready": any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in status.get("conditions", []) or []
-            ),
-        },
+        "status": {"phase": phase},
     }
 
 
@@ -116,7 +109,6 @@ def _pod_record(pod: Obj) -> PodRecord:
         phase=pod.get("status", {}).get("phase") or "Pending",
         requests=requests,
         owner=owner,
-        ready=bool(pod.get("status", {}).get("ready")),
     )
 
 
@@ -162,10 +154,8 @@ class CapacityCache:
     """owner -> the value of `pod_clock` when one of its pods last changed, so what is derived
     from an owner's pods can be kept until they change (never reused: the clock only grows)."""
     pod_clock: int = 0
-    generation: int = 0  # bumps on every change that can alter a fit
 
     def _changed(self, reason: str) -> None:
-        self.generation += 1
         if self.on_change is not None:
             self.on_change(reason)
 

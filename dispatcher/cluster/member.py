@@ -6,12 +6,12 @@ Side effects: holds connections to member API servers; `run` watches them until 
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
-from dispatcher.capacity.cache import TERMINAL_PHASES, CapacityCache, slim_metadata, slim_pod
+from dispatcher.clock import Clock, SystemClock
+from dispatcher.cluster.capacity import TERMINAL_PHASES, CapacityCache, slim_metadata, slim_pod
 from dispatcher.config import MemberConfig
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import KubeError
@@ -51,6 +51,7 @@ class Member:
     client: KubeClient
     is_hub: bool
     capacity: CapacityCache
+    clock: Clock = field(default_factory=SystemClock)
     nodes: Informer = field(init=False)
     pods: Informer = field(init=False)
     last_answer: float = 0.0  # monotonic time of the last successful probe
@@ -59,19 +60,30 @@ class Member:
     completion (e.g. Jobs): read from here instead of one GET per object."""
 
     def __post_init__(self) -> None:
-        self.nodes = Informer(self.client, NODES, transform=_slim_node)
-        self.pods = Informer(self.client, PODS, transform=slim_pod, cold=_finished_pod)
+        steady = self.clock.monotonic
+        self.nodes = Informer(self.client, NODES, transform=_slim_node, monotonic=steady)
+        self.pods = Informer(
+            self.client, PODS, transform=slim_pod, cold=_finished_pod, monotonic=steady
+        )
         self.nodes.add_handler(self.capacity.on_node)
         self.pods.add_handler(self.capacity.on_pod)
 
     @classmethod
-    def build(cls, config: MemberConfig, client: KubeClient, *, is_hub: bool) -> Member:
+    def build(
+        cls, config: MemberConfig, client: KubeClient, *, is_hub: bool, clock: Clock | None = None
+    ) -> Member:
         capacity = CapacityCache(
             cluster=config.name,
             labels=dict(config.labels),
             node_selector=dict(config.node_selector),
         )
-        return cls(name=config.name, client=client, is_hub=is_hub, capacity=capacity)
+        return cls(
+            name=config.name,
+            client=client,
+            is_hub=is_hub,
+            capacity=capacity,
+            clock=clock or SystemClock(),
+        )
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -94,6 +106,7 @@ class Member:
             # Read only to learn completion, once an AppWrapper's pods have all finished.
             cold=lambda _obj: True,
             optional=True,
+            monotonic=self.clock.monotonic,
         )
         self.wrapped[key] = informer
         return informer, True
@@ -104,7 +117,7 @@ class Member:
         while True:
             try:
                 await self.client.ping(timeout=every * 2)
-                self.last_answer = time.monotonic()
+                self.last_answer = self.clock.monotonic()
             except KubeError:
                 pass
             await asyncio.sleep(every)
@@ -118,7 +131,7 @@ class Member:
         last = max(self.last_answer, min(self.nodes.last_contact, self.pods.last_contact))
         if last == 0:
             return 0.0
-        return max(0.0, time.monotonic() - last)
+        return max(0.0, self.clock.monotonic() - last)
 
     def reachable(self, *, grace: float = 6.0) -> bool:
         """Answering within `grace` seconds: a member past that gets no new dispatches."""

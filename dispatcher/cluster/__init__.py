@@ -1,0 +1,1 @@
+"""One member cluster: its connection, watch caches, liveness and capacity accounting."""

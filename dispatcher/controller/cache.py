@@ -1,0 +1,335 @@
+"""The scheduler cache: the one owner of what the scheduler knows about AppWrappers.
+
+No I/O. Fed by the AppWrapper watch and by the status writer's own writes (`update`), it
+keeps one entry per AppWrapper: its phase, what it is to the scheduler at its current
+version (queued with its workload, or holding room in a member), what it holds there until
+its pods change, and a dispatch decided but not yet written (assumed). `snapshot` hands the
+scheduler the pending workloads and per-member snapshots; nothing else reads these facts.
+
+Preemption claims are not remembered here but derived from the API server's objects: a
+victim's status names its preemptor (`preemptedBy`) until it is dispatched again, so a
+restarted or new leader sees which evictions are under way and never evicts twice for one
+need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from dispatcher.api.constants import FINALIZER
+from dispatcher.api.models import ConditionType, parse_time
+from dispatcher.cluster.member import Member
+from dispatcher.controller.models import Models, resource_version
+from dispatcher.core import conditions as cond
+from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, Reservation, Workload
+from dispatcher.core.phase import SCHEDULED, Phase, phase_of_raw
+from dispatcher.core.preemption import Claim
+from dispatcher.core.reservations import Holding, holding
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """What one AppWrapper, at one resourceVersion, is to the scheduler: queued (wants
+    room), dispatched (holds room in `cluster` since `dispatched_at`), or neither."""
+
+    pending: Workload | None = None
+    held: Workload | None = None
+    cluster: str = ""
+    dispatched_at: float = 0.0
+    candidate: bool = True
+    """May be chosen as a preemption victim (not while it is being evicted already)."""
+
+
+NOT_SCHEDULED = Standing()
+
+
+@dataclass(frozen=True, slots=True)
+class Assumed:
+    """A dispatch decided by the scheduler whose status write has not returned yet: its
+    room counts from the decision, so the next cycle cannot give it to someone else."""
+
+    workload: Workload
+    cluster: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """A victim's own record of an eviction: who its room is for, where, since when."""
+
+    preemptor: str
+    cluster: str  # "" once requeued (its pods may still be terminating somewhere)
+    at: float
+
+
+@dataclass
+class _Entry:
+    version: int
+    phase: Phase
+    generation: int | None
+    eviction: Eviction | None
+    standing: Standing | None = None  # derived at `version` on first need
+    held: tuple[int, Workload, float, Holding] | None = None  # (pod revision, ..., holding)
+    assumed: Assumed | None = None
+    busy: bool = False  # an admission or eviction write for it is in flight
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    pending: list[Workload]
+    clusters: list[ClusterSnapshot]
+    claims: dict[str, Claim] = field(default_factory=dict)
+
+
+CLAIM_TIMEOUT = 120.0
+"""Seconds a preemptor's claim on the room its victims free lasts (victims stuck
+terminating must not hold a cluster for ever)."""
+
+
+def _eviction_of(obj: Obj) -> Eviction | None:
+    status = obj.get("status") or {}
+    preemptor = status.get("preemptedBy")
+    if not preemptor:
+        return None
+    condition = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == ConditionType.PREEMPTED),
+        None,
+    )
+    if condition is None or condition.get("status") != "True":
+        return None
+    try:
+        at = parse_time(condition.get("lastTransitionMicroTime") or "").timestamp()
+    except ValueError:
+        at = 0.0
+    return Eviction(str(preemptor), str(status.get("clusterName") or ""), at)
+
+
+class SchedulerCache:
+    def __init__(
+        self,
+        *,
+        models: Models,
+        current: Callable[[str], Obj | None],
+        members: Mapping[str, Member],
+    ) -> None:
+        self._models = models
+        self._current = current
+        self._members = members
+        self._entries: dict[str, _Entry] = {}
+
+    # -- fed by the watch and by our own writes -----------------------------------------
+
+    def update(self, key: str, obj: Obj | None) -> bool:
+        """Record the newest object of `key` (None: deleted); True when a scheduling
+        decision may change (a new phase, a new spec, or it went)."""
+        if obj is None:
+            return self._entries.pop(key, None) is not None
+        version = resource_version(obj)
+        entry = self._entries.get(key)
+        if entry is not None and version < entry.version:
+            return False  # an older copy than one we already saw (our own write)
+        phase = phase_of_raw(obj)
+        generation = obj["metadata"].get("generation")
+        eviction = _eviction_of(obj)
+        if entry is None:
+            self._entries[key] = _Entry(version, phase, generation, eviction)
+            return True
+        changed = (entry.phase, entry.generation) != (phase, generation)
+        entry.version, entry.phase, entry.generation = version, phase, generation
+        entry.eviction = eviction
+        entry.standing = None
+        if phase not in SCHEDULED:
+            entry.held = None  # a finished one's derived facts are most of its memory
+        return changed
+
+    def forget_standings(self) -> None:
+        """Priorities changed (a PriorityClass did): derive every standing again."""
+        for entry in self._entries.values():
+            entry.standing = None
+
+    # -- assume / forget ----------------------------------------------------------------
+
+    def assume(self, key: str, workload: Workload, cluster: str, at: float) -> None:
+        entry = self._entries[key]
+        entry.assumed = Assumed(workload, cluster, at)
+        entry.busy = True
+
+    def start(self, key: str) -> None:
+        """A write about `key` (an eviction) is in flight: decide nothing else for it."""
+        self._entries[key].busy = True
+
+    def finish(self, key: str) -> None:
+        """The write returned (the overlay shows its result) or failed: drop the guess."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.assumed = None
+            entry.busy = False
+
+    def busy(self, key: str) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry.busy
+
+    # -- reads --------------------------------------------------------------------------
+
+    def phase(self, key: str) -> Phase | None:
+        entry = self._entries.get(key)
+        return entry.phase if entry is not None else None
+
+    def keys(self, phases: frozenset[Phase]) -> Iterator[str]:
+        return (k for k, e in self._entries.items() if e.phase in phases)
+
+    def assumed_cluster(self, key: str) -> str | None:
+        entry = self._entries.get(key)
+        return entry.assumed.cluster if entry is not None and entry.assumed else None
+
+    def workload(self, key: str) -> Workload | None:
+        entry = self._entries.get(key)
+        standing = entry.standing if entry is not None else None
+        if standing is None:
+            return None
+        return standing.pending or standing.held
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def snapshot(self, now: float) -> Snapshot:
+        """Queued workloads and, per member, capacity minus what dispatched ones hold."""
+        moment = datetime.fromtimestamp(now, UTC)
+        pending: list[Workload] = []
+        held: dict[str, list[tuple[str, _Entry, Workload, float, bool]]] = {
+            name: [] for name in self._members
+        }
+        for key, entry in self._entries.items():
+            if entry.phase not in SCHEDULED:
+                continue
+            guess = entry.assumed
+            if guess is not None:
+                if guess.cluster in held:
+                    held[guess.cluster].append((key, entry, guess.workload, guess.at, True))
+                continue
+            standing = entry.standing
+            if standing is None:
+                standing = entry.standing = self._derive(key, moment)
+            if standing.held is not None:
+                if standing.cluster in held:
+                    item = (key, entry, standing.held, standing.dispatched_at, standing.candidate)
+                    held[standing.cluster].append(item)
+            elif standing.pending is not None and not entry.busy:
+                pending.append(standing.pending)
+        if not pending:
+            # Nothing to decide: what the dispatched ones hold is not worth deriving.
+            return Snapshot(pending, [])
+        clusters = []
+        for name, member in self._members.items():
+            reservations, admitted = self._holdings(member, held[name])
+            snapshot = member.capacity.snapshot(tuple(reservations), reachable=member.reachable())
+            clusters.append(
+                ClusterSnapshot(
+                    name=snapshot.name,
+                    nodes=snapshot.nodes,
+                    reservations=snapshot.reservations,
+                    labels=snapshot.labels,
+                    reachable=snapshot.reachable,
+                    admitted=tuple(admitted),
+                )
+            )
+        return Snapshot(pending, clusters, self._claims(now))
+
+    def _derive(self, key: str, now: datetime) -> Standing:
+        obj = self._current(key)
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            return NOT_SCHEDULED
+        try:
+            aw = self._models.parse(obj)
+        except ValidationError:
+            return NOT_SCHEDULED
+        status = aw.status
+        if cond.is_new(status) and FINALIZER not in aw.metadata.finalizers:
+            return NOT_SCHEDULED  # the reconciler has not taken it in yet
+        if cond.is_dispatched(status):
+            assert status is not None
+            workload = self._models.workload(aw, priority=status.priority or 0, now=now)
+            if not isinstance(workload, Workload):
+                return NOT_SCHEDULED
+            dispatched = now.timestamp()
+            if status.lastDispatchedAt:
+                with contextlib.suppress(ValueError):
+                    dispatched = parse_time(status.lastDispatchedAt).timestamp()
+            return Standing(
+                held=workload,
+                cluster=status.clusterName or self._only_member(),
+                dispatched_at=dispatched,
+                candidate=not status.is_true(ConditionType.PREEMPTED),
+            )
+        if cond.is_queued(status) or cond.is_new(status):
+            priority, error = self._models.priority(aw)
+            if error:
+                return NOT_SCHEDULED
+            workload = self._models.workload(aw, priority=priority, now=now)
+            if isinstance(workload, Workload):
+                return Standing(pending=workload)
+        return NOT_SCHEDULED
+
+    def _only_member(self) -> str:
+        # Dispatched before the cluster was recorded (by MCAD, which had no clusterName):
+        # in single-cluster mode there is only one place it can be.
+        return next(iter(self._members)) if len(self._members) == 1 else ""
+
+    def _holdings(
+        self, member: Member, held: list[tuple[str, _Entry, Workload, float, bool]]
+    ) -> tuple[list[Reservation], list[AdmittedWorkload]]:
+        """Reservations for dispatched pods not yet on a node, and what each one uses; kept
+        per AppWrapper until its pods change."""
+        reservations: list[Reservation] = []
+        admitted: list[AdmittedWorkload] = []
+        capacity = member.capacity
+        for key, entry, workload, dispatched_at, candidate in held:
+            revision = capacity.owner_revision(key)
+            known = entry.held
+            if (
+                known is None
+                or known[0] != revision
+                or known[1] is not workload
+                or known[2] != dispatched_at
+            ):
+                found = holding(workload, capacity.owned_pods(key), dispatched_at=dispatched_at)
+                known = entry.held = (revision, workload, dispatched_at, found)
+            if known[3].reservation is not None:
+                reservations.append(known[3].reservation)
+            if candidate:
+                admitted.append(known[3].admitted)
+        return reservations, admitted
+
+    def _claims(self, now: float) -> dict[str, Claim]:
+        """preemptor -> the room its victims are freeing, while they still hold it."""
+        claims: dict[str, Claim] = {}
+        for key, entry in self._entries.items():
+            eviction = entry.eviction
+            if eviction is None or now - eviction.at > CLAIM_TIMEOUT:
+                continue
+            where = eviction.cluster if entry.phase is Phase.EVICTING else self._holding_pods(key)
+            if not where:
+                continue  # its pods are gone: the room is free
+            claim = claims.get(eviction.preemptor)
+            if claim is None:
+                claims[eviction.preemptor] = Claim(where, (key,), eviction.at)
+            elif claim.cluster == where:
+                claims[eviction.preemptor] = Claim(
+                    where, (*claim.victims, key), min(claim.at, eviction.at)
+                )
+        return claims
+
+    def _holding_pods(self, key: str) -> str:
+        """The member where a requeued victim's pods still hold room ("" if none)."""
+        for name, member in self._members.items():
+            if any(p.holds_capacity for p in member.capacity.owned_pods(key)):
+                return name
+        return ""

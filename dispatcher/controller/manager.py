@@ -1,0 +1,326 @@
+"""The manager: builds the controller's parts, wires the watches to them, runs them.
+
+Side effects: all of them, through its parts — watches on the hub and members, the
+reconcile workers, the scheduler, the waiting writers, upkeep, Events.
+
+Who does what (each step of an AppWrapper's life has one owner):
+- `SchedulerCache` (cache.py) knows what the scheduler needs and hands out snapshots;
+- `Scheduler` (scheduler.py) decides and writes admissions and evictions as status;
+- `WaitingWriter` (waiting.py) writes "why it waits";
+- `Reconciler` (reconciler.py) creates and deletes wrapped objects and writes every later
+  step (Running, Completed, Failed, requeues, backoff);
+- `StatusWriter` (status.py) is the one way status is written;
+- `Upkeep` (upkeep.py) hands stranded work to the reconciler and collects orphans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE
+from dispatcher.clock import Clock, SystemClock
+from dispatcher.cluster.member import Member
+from dispatcher.config import Config
+from dispatcher.controller.cache import SchedulerCache
+from dispatcher.controller.models import Models, key_of, without_bookkeeping
+from dispatcher.controller.reconciler import Reconciler
+from dispatcher.controller.scheduler import Scheduler
+from dispatcher.controller.status import APPWRAPPERS, StatusWriter
+from dispatcher.controller.upkeep import Upkeep
+from dispatcher.controller.waiting import WaitingWriter
+from dispatcher.controller.workqueue import WorkQueue
+from dispatcher.core.phase import Phase, phase_of_raw
+from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.errors import Conflict, KubeError, NotFound
+from dispatcher.kube.events import EventRecorder
+from dispatcher.kube.informer import Informer
+
+Obj = dict[str, Any]
+PRIORITY_CLASSES = ResourceInfo(
+    "scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Hops:
+    """What one AppWrapper's life cost the controller, counted until it finished."""
+
+    reconciles: int
+    cycles: int
+    writes: int
+
+
+class Manager:
+    """Create with the hub client and members; `run()` until cancelled."""
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        hub: KubeClient,
+        members: list[Member],
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = config
+        self.hub = hub
+        self.members = {m.name: m for m in members}
+        self.clock = clock or SystemClock()
+        self.queue = WorkQueue()
+        self.events = EventRecorder(hub)
+        self.appwrappers = Informer(
+            hub,
+            APPWRAPPERS,
+            transform=without_bookkeeping,
+            # A finished one is read again only when it is deleted: kept as text.
+            cold=lambda obj: phase_of_raw(obj) is Phase.FINISHED,
+        )
+        self.priority_classes = Informer(hub, PRIORITY_CLASSES)
+        self.models = Models(
+            allowed_kinds=frozenset(config.allowed_kinds),
+            # Through the informer each time: a relist replaces its store.
+            priority_class=lambda name: self.priority_classes.store.get(name),
+        )
+        self.status = StatusWriter(
+            hub,
+            self.events,
+            watched=lambda key: self.appwrappers.store.get(key),
+            on_written=self._on_written,
+        )
+        self.cache = SchedulerCache(
+            models=self.models, current=self.status.current, members=self.members
+        )
+        self.waiting = WaitingWriter(
+            models=self.models, status=self.status, clock=self.clock, on_conflict=self._kick
+        )
+        self.scheduler = Scheduler(
+            config=config,
+            cache=self.cache,
+            models=self.models,
+            status=self.status,
+            waiting=self.waiting,
+            members=self.members,
+            clock=self.clock,
+            wrote=self.queue.add,
+        )
+        self.reconciler = Reconciler(
+            config=config,
+            models=self.models,
+            status=self.status,
+            members=self.members,
+            clock=self.clock,
+            schedule_soon=self._kick,
+            start_task=self._start,
+            wake_owner=self._wake_owner,
+        )
+        self.upkeep = Upkeep(
+            members=self.members,
+            clock=self.clock,
+            timeout=config.member_timeout_seconds,
+            stranded_on=self._stranded_on,
+            reconcile=self.queue.add,
+            placements=self._placements,
+        )
+        self.states: Counter[str] = Counter()
+        """AppWrappers in the cache by status.state, kept by the watch handler (metrics)."""
+        self.reconciles: Counter[str] = Counter()
+        self.finished: Counter[str] = Counter()
+        """Sums of hops over the AppWrappers that finished: reconciles, cycles, writes, count."""
+        self.ready = asyncio.Event()
+        self._group: asyncio.TaskGroup | None = None
+        self._log = structlog.get_logger("manager")
+        self.appwrappers.add_handler(self._on_appwrapper)
+        self.priority_classes.add_handler(self._on_priority_class)
+        for member in members:
+            member.capacity.on_change = self._on_capacity
+            member.pods.add_handler(self._wake_owner)
+
+    @property
+    def cycles(self) -> int:
+        return self.scheduler.cycles
+
+    @property
+    def preemptions(self) -> int:
+        return self.scheduler.preemptions
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            group.create_task(self.appwrappers.run(), name="appwrappers")
+            group.create_task(self.priority_classes.run(), name="priorityclasses")
+            group.create_task(self.events.run(), name="events")
+            for member in self.members.values():
+                group.create_task(member.run(), name=f"member-{member.name}")
+            # Workers start only once every cache has synced: decisions on a partial view
+            # could overcommit (pods not yet seen) or double-create (dispatches not yet seen).
+            await self.appwrappers.synced.wait()
+            await self.priority_classes.synced.wait()
+            for member in self.members.values():
+                await member.wait_synced()
+            self._log.info(
+                "caches_synced", appwrappers=len(self.appwrappers.store), members=list(self.members)
+            )
+            for key in list(self.appwrappers.store):
+                self.queue.add(key)
+            for index in range(self.config.workers):
+                group.create_task(self._worker(), name=f"worker-{index}")
+            group.create_task(self.scheduler.run(), name="scheduler")
+            group.create_task(self.waiting.run(), name="waiting-writers")
+            group.create_task(self.upkeep.run(), name="upkeep")
+            self.ready.set()
+            self._kick()
+
+    def _kick(self) -> None:
+        self.scheduler.kick()
+
+    def _start(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        if self._group is None:
+            coro.close()
+            return
+        self._group.create_task(coro, name=name)
+
+    # -- handlers (they only record and enqueue) ------------------------------------------
+
+    def _on_appwrapper(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        if old is not None:
+            self.states[_state_of(old)] -= 1
+        if new is not None:
+            self.states[_state_of(new)] += 1
+        obj = new or old
+        if obj is None:
+            return
+        key = key_of(obj)
+        echo = self.status.observe(key, new)
+        if new is None:
+            self.cache.update(key, None)
+            self._forget(key)
+            self._kick()
+            return
+        if self.cache.update(key, new):
+            self._kick()
+            if phase_of_raw(new) is Phase.FINISHED:
+                self._retire(key)
+        if not echo:
+            # Our own writes' echoes are skipped: whoever wrote already knows what follows.
+            self.queue.add(key)
+
+    def _on_written(self, key: str, obj: Obj) -> None:
+        if self.cache.update(key, obj):
+            self._kick()
+            if phase_of_raw(obj) is Phase.FINISHED:
+                self._retire(key)
+
+    def _on_priority_class(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        # A queued AppWrapper's priority comes from its class: derive every standing again.
+        self.cache.forget_standings()
+        self._kick()
+
+    def _on_capacity(self, reason: str) -> None:
+        if reason != "pod-changed":
+            self._kick()
+
+    def _wake_owner(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        """A pod or wrapped object labelled with its AppWrapper changed: reconcile that one."""
+        labels = (new or old or {}).get("metadata", {}).get("labels") or {}
+        name = labels.get(LABEL_NAME)
+        if name:
+            self.queue.add(f"{labels.get(LABEL_NAMESPACE)}/{name}")
+
+    def _retire(self, key: str) -> None:
+        """It finished: count its hops; drop what only a live AppWrapper needs."""
+        hops = Hops(
+            reconciles=self.reconciles.pop(key, 0),
+            cycles=self.scheduler.considered.pop(key, 0),
+            writes=self.status.writes.pop(key, 0),
+        )
+        self.finished.update(
+            reconciles=hops.reconciles, cycles=hops.cycles, writes=hops.writes, count=1
+        )
+        self._log.info(
+            "lifecycle_hops",
+            appwrapper=key,
+            reconciles=hops.reconciles,
+            cycles=hops.cycles,
+            writes=hops.writes,
+        )
+        self.models.forget(key)
+        self.reconciler.forget(key)
+        self.waiting.forget(key)
+
+    def _forget(self, key: str) -> None:
+        self.models.forget(key)
+        self.reconciler.forget_all(key)
+        self.waiting.forget(key)
+        self.status.forget(key)
+        self.reconciles.pop(key, None)
+        self.scheduler.considered.pop(key, None)
+
+    # -- upkeep's questions -----------------------------------------------------------------
+
+    def _stranded_on(self, member: str) -> list[str]:
+        stranded = []
+        for key in self.cache.keys(frozenset({Phase.DISPATCHED, Phase.EVICTING})):
+            obj = self.status.current(key)
+            if obj is not None and (obj.get("status") or {}).get("clusterName") == member:
+                stranded.append(key)
+        return stranded
+
+    def _placements(self) -> tuple[dict[str, tuple[str, str]], set[tuple[str, str]]]:
+        keep: dict[str, tuple[str, str]] = {}
+        kinds: set[tuple[str, str]] = set()
+        for key in list(self.appwrappers.store):
+            obj = self.status.current(key)
+            if obj is None:
+                continue
+            meta = obj["metadata"]
+            for item in ((obj.get("spec") or {}).get("resources") or {}).get("GenericItems") or []:
+                template = item.get("generictemplate") or {}
+                if template.get("apiVersion") and template.get("kind"):
+                    kinds.add((str(template["apiVersion"]), str(template["kind"])))
+            cluster = self.cache.assumed_cluster(key) or (obj.get("status") or {}).get(
+                "clusterName"
+            )
+            if cluster and not meta.get("deletionTimestamp"):
+                keep[key] = (meta.get("uid", ""), cluster)
+        return keep, kinds
+
+    # -- reconcile workers ------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            self.reconciles[key] += 1
+            try:
+                result = await self.reconciler.reconcile(key)
+                self.queue.forget(key)
+                if result.requeue_after is not None:
+                    self.queue.add_after(key, result.requeue_after)
+            except Conflict:
+                # Someone (often our own earlier write) changed it: re-read and go again.
+                self.queue.add(key)
+            except NotFound:
+                self.queue.forget(key)  # it went meanwhile; the watch says the rest
+            except KubeError as exc:
+                delay = self.queue.retry(key)
+                self._log.warning(
+                    "reconcile_failed", appwrapper=key, error=str(exc)[:300], retry_in=delay
+                )
+            except Exception:
+                delay = self.queue.retry(key)
+                self._log.exception("reconcile_crashed", appwrapper=key, retry_in=delay)
+            finally:
+                self.queue.done(key)
+
+    async def drain(self, timeout: float = 10) -> None:
+        """Let in-flight writes finish (bounded) before shutdown."""
+        await self.scheduler.drain(timeout)
+        await self.events.flush(timeout=timeout)
+
+
+def _state_of(obj: Obj) -> str:
+    return str((obj.get("status") or {}).get("state") or "New")

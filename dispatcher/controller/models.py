@@ -1,0 +1,128 @@
+"""AppWrappers as the controller reads them: validated models and workloads, each derived
+once per version of its object and shared by the scheduler and the reconciler.
+
+No I/O. Validating a whole AppWrapper and inferring its pod sets are the costly steps of
+reading one; a cycle over 10k queued AppWrappers must not repeat them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from dispatcher.api.models import AppWrapper
+from dispatcher.core.model import Workload
+from dispatcher.core.workloads import InvalidSpec, workload_of
+
+Obj = dict[str, Any]
+PARSED_LIMIT = 512
+"""Models kept (most recently used): a model weighs about twice its object."""
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def resource_version(obj: Obj | None) -> int:
+    """etcd revisions are numbers; an unreadable one sorts first (treated as oldest)."""
+    try:
+        return int((obj or {}).get("metadata", {}).get("resourceVersion", "0"))
+    except ValueError:
+        return 0
+
+
+def key_of(obj: Obj) -> str:
+    meta = obj["metadata"]
+    return f"{meta['namespace']}/{meta['name']}"
+
+
+def without_bookkeeping(obj: Obj) -> Obj:
+    """Drops what the dispatcher never reads and that can be as large as the spec again
+    (server-side field ownership, kubectl's copy of the last applied object), and shares
+    the keys' strings between objects (each decoded object has its own copy of every key,
+    a quarter of its size): thousands of AppWrappers are held in memory."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict) and LAST_APPLIED in annotations:
+            meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    shared: Obj = _interned(obj)
+    return shared
+
+
+def _interned(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {sys.intern(k): _interned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interned(v) for v in value]
+    return value
+
+
+WorkloadStamp = tuple[str, int, int, int, str]
+
+
+class Models:
+    """Validated models (per resourceVersion, bounded) and workloads (per uid, generation,
+    priority and queueing time) of AppWrappers."""
+
+    def __init__(
+        self,
+        *,
+        allowed_kinds: frozenset[str],
+        priority_class: Callable[[str], Obj | None],
+    ) -> None:
+        self.allowed_kinds = allowed_kinds
+        self._priority_class = priority_class
+        self._parsed: dict[str, tuple[str, AppWrapper]] = {}
+        self._workloads: dict[str, tuple[WorkloadStamp, Workload | InvalidSpec]] = {}
+
+    def parse(self, obj: Obj) -> AppWrapper:
+        """The model of `obj`, validated once per resourceVersion (ValidationError if bad).
+
+        The returned model is shared: callers copy the status before changing it.
+        """
+        meta = obj.get("metadata", {})
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        version = str(meta.get("resourceVersion", ""))
+        cached = self._parsed.pop(key, None)
+        if cached is not None and cached[0] == version and version:
+            self._parsed[key] = cached  # most recently used last
+            return cached[1]
+        model = AppWrapper.from_kube(obj)
+        self._parsed[key] = (version, model)
+        if len(self._parsed) > PARSED_LIMIT:
+            del self._parsed[next(iter(self._parsed))]
+        return model
+
+    def priority(self, aw: AppWrapper) -> tuple[int, str]:
+        """Effective priority and, if its PriorityClass is unknown, the error."""
+        name = aw.spec.priorityClassName
+        if not name:
+            return aw.spec.priority, ""
+        found = self._priority_class(name)
+        if found is None:
+            return aw.spec.priority, f"PriorityClass {name!r} not found"
+        return int(found.get("value", 0)), ""
+
+    def workload(self, aw: AppWrapper, *, priority: int, now: datetime) -> Workload | InvalidSpec:
+        """What the scheduler sees of `aw`, inferred once per (uid, generation, priority,
+        requeues, queuedAt): age and queueing time come from status too."""
+        status = aw.status
+        stamp = (
+            aw.metadata.uid or "",
+            aw.metadata.generation or 0,
+            priority,
+            status.requeueCount if status is not None else 0,
+            (status.queuedAt or "") if status is not None else "",
+        )
+        cached = self._workloads.get(aw.key)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        result = workload_of(aw, priority=priority, allowed_kinds=self.allowed_kinds, now=now)
+        self._workloads[aw.key] = (stamp, result)
+        return result
+
+    def forget(self, key: str) -> None:
+        """It finished or went: a finished AppWrapper is read again only when deleted."""
+        self._parsed.pop(key, None)
+        self._workloads.pop(key, None)

@@ -1,0 +1,219 @@
+"""The scheduler: snapshot -> schedule -> assume -> a status-only write.
+
+Side effects: status writes on the hub (admissions and evictions), Events.
+
+It wakes on anything that can change a decision (an AppWrapper queued, capacity freed, a
+node changed), takes a snapshot from the scheduler cache, runs `core.scheduling.schedule`,
+and for each decision:
+- an admission is assumed in the cache at once (the next cycle sees the room in use), then
+  written as the `Dispatched` condition; the reconciler, woken by the write, creates the
+  objects. A failed write drops the assumption and the AppWrapper is decided again;
+- an eviction is written as the victim's `Preempted` condition (with `preemptedBy`); the
+  reconciler removes the victim's objects and requeues it;
+- a wait goes to the waiting writer, which decides whether it is worth a status write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from dispatcher.api.models import AppWrapperStatus
+from dispatcher.clock import Clock
+from dispatcher.cluster.member import Member
+from dispatcher.config import Config
+from dispatcher.controller.cache import SchedulerCache
+from dispatcher.controller.models import Models
+from dispatcher.controller.status import StatusWriter
+from dispatcher.controller.waiting import WaitingWriter
+from dispatcher.core import conditions as cond
+from dispatcher.core.conditions import Transition
+from dispatcher.core.cycle import CycleResult, schedule
+from dispatcher.core.model import Workload
+from dispatcher.core.phase import Phase
+from dispatcher.core.preemption import HonourClaims, LowestPriorityFirst, PreemptionPolicy
+from dispatcher.kube.errors import Conflict, KubeError
+
+BATCH_SECONDS = 0.005
+BATCH_MAX_SECONDS = 0.25
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        cache: SchedulerCache,
+        models: Models,
+        status: StatusWriter,
+        waiting: WaitingWriter,
+        members: Mapping[str, Member],
+        clock: Clock,
+        wrote: Callable[[str], None],
+    ) -> None:
+        self._config = config
+        self._cache = cache
+        self._models = models
+        self._status = status
+        self._waiting = waiting
+        self._members = members
+        self._clock = clock
+        self._wrote = wrote  # a status write about this key landed: the reconciler goes on
+        self._policy: PreemptionPolicy | None = LowestPriorityFirst() if config.preemption else None
+        self._kick = asyncio.Event()
+        self._slots = asyncio.Semaphore(config.dispatch_concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._cycle_seconds = 0.0
+        self.cycles = 0
+        self.preemptions = 0
+        self.considered: Counter[str] = Counter()
+        """Cycles that decided about each AppWrapper in its current life (hop metrics)."""
+        self._log = structlog.get_logger("scheduler")
+
+    def kick(self) -> None:
+        """Something that can change a decision happened: run a cycle soon."""
+        self._kick.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._kick.wait()
+            # Gather the burst of changes that usually follows one (a batch of applies, a
+            # gang's pods starting) into one cycle. Waiting twice as long as the last cycle
+            # took keeps cycles to about a third of the process's time under a long queue,
+            # leaving the rest to the writes they start.
+            await asyncio.sleep(max(BATCH_SECONDS, min(2 * self._cycle_seconds, BATCH_MAX_SECONDS)))
+            self.cycle()
+            # Let the writes this cycle started make progress before the next cycle.
+            await asyncio.sleep(0)
+
+    def cycle(self) -> CycleResult | None:
+        """One scheduling cycle; its writes run in the background. None if nothing waits."""
+        self._kick.clear()
+        started = time.perf_counter()
+        now = self._clock.time()
+        snapshot = self._cache.snapshot(now)
+        if not snapshot.pending:
+            self._cycle_seconds = time.perf_counter() - started
+            return None
+        policy = None
+        if self._policy is not None:
+            policy = HonourClaims(self._policy, snapshot.claims)
+        result = schedule(
+            snapshot.pending,
+            snapshot.clusters,
+            mode=self._config.queue_mode,
+            now=now,
+            starvation_after=self._config.starvation_after_seconds,
+            preemption=policy,
+        )
+        self.cycles += 1
+        self.considered.update(w.key for w in snapshot.pending)
+        self._apply(result, snapshot.pending, now)
+        self._cycle_seconds = time.perf_counter() - started
+        self._log.debug(
+            "cycle",
+            cycle=self.cycles,
+            pending=len(snapshot.pending),
+            admitted=len(result.admits),
+            seconds=round(self._cycle_seconds, 4),
+        )
+        return result
+
+    def _apply(self, result: CycleResult, pending: list[Workload], now: float) -> None:
+        by_key = {w.key: w for w in pending}
+        for admit in result.admits:
+            self._cache.assume(admit.key, by_key[admit.key], admit.cluster, now)
+            self._waiting.forget(admit.key)
+            self._spawn(self._admit(admit.key, admit.cluster), f"admit-{admit.key}")
+        for wait in result.waits:
+            self._waiting.note(wait.key, wait.message, head=wait.key == result.head_key, now=now)
+        for preempt in result.preemptions:
+            victims = [v for v in preempt.victims if self._evictable(v)]
+            if not victims:
+                continue  # a claim named again: its evictions are under way
+            preemptor = by_key[preempt.key]
+            self.preemptions += len(victims)
+            obj = self._status.current(preempt.key)
+            if obj is not None:
+                self._status.record(
+                    obj,
+                    reason="Preempting",
+                    message=f"evicting {', '.join(victims)} in cluster {preempt.cluster}",
+                )
+            for victim in victims:
+                self._cache.start(victim)
+                message = f"preempted by {preempt.key}, priority {preemptor.priority}"
+                self._spawn(self._evict(victim, preempt.key, message), f"evict-{victim}")
+
+    def _evictable(self, key: str) -> bool:
+        return self._cache.phase(key) is Phase.DISPATCHED and not self._cache.busy(key)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _admit(self, key: str, cluster: str) -> None:
+        """The admission is one status write: Dispatched to `cluster` (and Init/Queueing
+        when this is its first decision)."""
+        log = self._log.bind(appwrapper=key, cluster=cluster)
+        try:
+            async with self._slots:
+                obj = self._status.current(key)
+                if obj is None:
+                    return
+                aw = self._models.parse(obj)
+                status = (aw.status or AppWrapperStatus()).editable_copy()
+                new = cond.is_new(status)
+                if not (new or cond.is_queued(status)) or aw.metadata.deletionTimestamp:
+                    return
+                moment = datetime.fromtimestamp(self._clock.time(), UTC)
+                transitions: list[Transition | None] = []
+                if new:
+                    priority, _ = self._models.priority(aw)
+                    transitions.append(cond.initialize(status, priority=priority, now=moment))
+                transitions.append(cond.mark_dispatched(status, cluster=cluster, now=moment))
+                await self._status.write(obj, status, transitions)
+                log.info("dispatched", priority=status.priority)
+                self._wrote(key)
+        except Conflict:
+            log.debug("dispatch_conflict")
+        except (KubeError, ValidationError) as exc:
+            log.warning("dispatch_status_failed", error=str(exc)[:300])
+        finally:
+            self._cache.finish(key)
+            self.kick()
+
+    async def _evict(self, key: str, preemptor: str, message: str) -> None:
+        """The eviction is one status write on the victim: Preempted, by whom."""
+        try:
+            obj = self._status.current(key)
+            if obj is None:
+                return
+            aw = self._models.parse(obj)
+            status = (aw.status or AppWrapperStatus()).editable_copy()
+            if not cond.is_dispatched(status) or status.is_true(cond.C.PREEMPTED):
+                return
+            moment = datetime.fromtimestamp(self._clock.time(), UTC)
+            transition = cond.mark_preempting(status, by=preemptor, message=message, now=moment)
+            await self._status.write(obj, status, [transition])
+            self._log.info("preempted", appwrapper=key, preemptor=preemptor, reason=message)
+            self._wrote(key)
+        except (KubeError, ValidationError) as exc:
+            self._log.warning("preemption_failed", appwrapper=key, error=str(exc)[:300])
+        finally:
+            self._cache.finish(key)
+            self.kick()
+
+    async def drain(self, timeout: float) -> None:
+        """Let in-flight writes finish (bounded) before shutdown."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout)
+        await self._waiting.drain(timeout)

@@ -1,0 +1,164 @@
+"""Member clusters' upkeep: wake the reconciler for AppWrappers stranded on a silent
+member (it requeues them), and remove wrapped objects whose hub AppWrapper is gone or now
+lives elsewhere.
+
+Side effects: lists and deletes wrapped objects in member clusters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import structlog
+
+from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
+from dispatcher.clock import Clock
+from dispatcher.cluster.member import Member
+from dispatcher.kube.client import KubeClient
+from dispatcher.kube.errors import KubeError, UnknownKind, Unreachable
+
+COLLECT_EVERY = 60.0
+"""Seconds between sweeps of a member for objects no hub AppWrapper places there."""
+
+# Where each allowed kind usually lives; kinds seen in AppWrappers are added at run time.
+KNOWN_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "Pod"),
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("v1", "Secret"),
+    ("v1", "PersistentVolumeClaim"),
+    ("v1", "ServiceAccount"),
+    ("apps/v1", "Deployment"),
+    ("apps/v1", "StatefulSet"),
+    ("apps/v1", "ReplicaSet"),
+    ("batch/v1", "Job"),
+    ("networking.k8s.io/v1", "Ingress"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("ray.io/v1", "RayCluster"),
+    ("ray.io/v1", "RayJob"),
+    ("ray.io/v1", "RayService"),
+    ("kubeflow.org/v1", "PyTorchJob"),
+    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"),
+    ("scheduling.sigs.k8s.io/v1alpha1", "PodGroup"),
+    ("route.openshift.io/v1", "Route"),
+)
+
+
+def owner_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """("namespace/name", uid) of the hub AppWrapper an object was made for, if any."""
+    labels = obj.get("metadata", {}).get("labels") or {}
+    if LABEL_NAME not in labels or LABEL_UID not in labels:
+        return None
+    namespace = labels.get(LABEL_NAMESPACE) or obj["metadata"].get("namespace")
+    return f"{namespace}/{labels[LABEL_NAME]}", labels[LABEL_UID]
+
+
+async def collect(
+    client: KubeClient,
+    *,
+    member: str,
+    kinds: Iterable[tuple[str, str]],
+    keep: Mapping[str, tuple[str, str]],
+) -> list[str]:
+    """Delete objects labelled for an AppWrapper that `keep` does not place in this member.
+
+    `keep` maps AppWrapper key -> (uid, member it is dispatched or being dispatched to).
+    Returns "Kind ns/name" of what was deleted.
+    """
+    deleted: list[str] = []
+    for api_version, kind in sorted(set(kinds)):
+        try:
+            info = await client.resource_info(api_version, kind)
+        except UnknownKind:
+            continue
+        try:
+            listing = await client.list(info, query={"labelSelector": LABEL_UID})
+        except Unreachable:
+            raise  # the member went quiet: try again when it answers
+        except KubeError:
+            continue
+        for obj in listing.get("items", []):
+            owner = owner_of(obj)
+            if owner is None:
+                continue
+            key, uid = owner
+            wanted = keep.get(key)
+            if wanted is not None and wanted == (uid, member):
+                continue
+            meta = obj["metadata"]
+            await client.delete(info, meta.get("namespace"), meta["name"], uid=meta.get("uid"))
+            deleted.append(f"{kind} {meta.get('namespace')}/{meta['name']}")
+    return deleted
+
+
+Placements = Callable[[], tuple[dict[str, tuple[str, str]], set[tuple[str, str]]]]
+"""() -> (AppWrapper key -> (uid, member it is or is being dispatched to), kinds wrapped)."""
+
+
+class Upkeep:
+    """Every `every` seconds: hand AppWrappers on a member silent past the timeout to the
+    reconciler; sweep answering members for orphans (now and then, and when one comes back)."""
+
+    def __init__(
+        self,
+        *,
+        members: Mapping[str, Member],
+        clock: Clock,
+        timeout: float,
+        stranded_on: Callable[[str], list[str]],
+        reconcile: Callable[[str], None],
+        placements: Placements,
+    ) -> None:
+        self._members = members
+        self._clock = clock
+        self._timeout = timeout
+        self._stranded_on = stranded_on
+        self._reconcile = reconcile
+        self._placements = placements
+        self._collected: dict[str, float] = {}
+        self._lost: set[str] = set()
+        self._collecting: dict[str, asyncio.Task[None]] = {}
+        self._log = structlog.get_logger("upkeep")
+
+    async def run(self, every: float = 2.0) -> None:
+        while True:
+            await asyncio.sleep(every)
+            self.tick()
+
+    def tick(self) -> None:
+        for member in self._members.values():
+            if member.is_hub:
+                continue  # objects there are owned by their AppWrapper (garbage collector)
+            if member.silent_for() > self._timeout:
+                self._lost.add(member.name)
+                for key in self._stranded_on(member.name):
+                    self._reconcile(key)
+                continue
+            if not member.reachable() or member.name in self._collecting:
+                continue
+            came_back = member.name in self._lost
+            now = self._clock.monotonic()
+            due = now - self._collected.get(member.name, -COLLECT_EVERY) >= COLLECT_EVERY
+            if came_back or due:
+                self._lost.discard(member.name)
+                self._collected[member.name] = now
+                # In the background: a member that stops answering mid-sweep must not hold
+                # up handing over the work stranded on others.
+                task = asyncio.get_running_loop().create_task(self._collect(member))
+                self._collecting[member.name] = task
+
+    async def _collect(self, member: Member) -> None:
+        keep, kinds = self._placements()
+        try:
+            deleted = await collect(
+                member.client, member=member.name, kinds=kinds | set(KNOWN_KINDS), keep=keep
+            )
+        except KubeError as exc:
+            self._log.warning("collection_failed", cluster=member.name, error=str(exc)[:200])
+            return
+        finally:
+            del self._collecting[member.name]
+        for what in deleted:
+            self._log.info("collected_orphan", cluster=member.name, object=what)

@@ -1,0 +1,120 @@
+"""Writing "why it waits" into queued AppWrappers' status, without flooding the API server.
+
+Side effects: status writes on the hub (through the status writer).
+
+The scheduler hands over each cycle's waiting messages; `core.waiting` says which are worth
+a write. The head of the line's is written at once by its own task (it is the one users
+watch). The others go to a few writers rather than a task each: the first cycle over a
+queue of 10k AppWrappers would otherwise start 10k writes at once, each holding memory
+while it waits for the API server; a newer message replaces one not yet written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import structlog
+from pydantic import ValidationError
+
+from dispatcher.api.models import AppWrapperStatus
+from dispatcher.clock import Clock
+from dispatcher.controller.models import Models
+from dispatcher.controller.status import StatusWriter
+from dispatcher.core import conditions as cond
+from dispatcher.core.conditions import Transition
+from dispatcher.core.waiting import Written, worth_writing
+from dispatcher.kube.errors import Conflict, KubeError
+
+WRITERS = 16
+
+
+class WaitingWriter:
+    def __init__(
+        self,
+        *,
+        models: Models,
+        status: StatusWriter,
+        clock: Clock,
+        on_conflict: Callable[[], None],
+    ) -> None:
+        self._models = models
+        self._status = status
+        self._clock = clock
+        self._on_conflict = on_conflict
+        self._written: dict[str, Written] = {}
+        self._queued: dict[str, str] = {}  # key -> message to write, oldest first
+        self._ready = asyncio.Event()
+        self._heads: set[asyncio.Task[None]] = set()
+        self._log = structlog.get_logger("waiting")
+
+    def note(self, key: str, message: str, *, head: bool, now: float) -> None:
+        """The scheduler says `key` waits because of `message`."""
+        if not worth_writing(self._written.get(key), message, head=head, now=now):
+            return
+        self._written[key] = Written(message, now)
+        self._queued.pop(key, None)
+        if head:
+            task = asyncio.get_running_loop().create_task(self._write(key, message, head=True))
+            self._heads.add(task)
+            task.add_done_callback(self._heads.discard)
+            return
+        self._queued[key] = message
+        self._ready.set()
+
+    def forget(self, key: str) -> None:
+        """It was dispatched, finished or deleted: its next wait starts afresh."""
+        self._written.pop(key, None)
+        self._queued.pop(key, None)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for index in range(WRITERS):
+                group.create_task(self._writer(), name=f"waiting-writer-{index}")
+
+    async def _writer(self) -> None:
+        while True:
+            while not self._queued:
+                self._ready.clear()
+                await self._ready.wait()
+            key = next(iter(self._queued))
+            message = self._queued.pop(key)
+            try:
+                await self._write(key, message, head=False)
+            except Exception:
+                self._log.exception("waiting_status_failed", appwrapper=key)
+
+    async def _write(self, key: str, message: str, *, head: bool) -> None:
+        obj = self._status.current(key)
+        if obj is None:
+            return
+        try:
+            aw = self._models.parse(obj)
+        except ValidationError:
+            return
+        status = (aw.status or AppWrapperStatus()).editable_copy()
+        moment = datetime.fromtimestamp(self._clock.time(), UTC)
+        transitions: list[Transition | None] = []
+        if cond.is_new(status):
+            priority, _ = self._models.priority(aw)
+            transitions.append(cond.initialize(status, priority=priority, now=moment))
+        elif not cond.is_queued(status):
+            return
+        transitions.append(cond.mark_waiting(status, message, now=moment))
+        if head:
+            transitions.append(cond.mark_head_of_line(status, now=moment))
+        if all(t is None for t in transitions):
+            return
+        try:
+            await self._status.write(obj, status, transitions)
+        except Conflict:
+            self._written.pop(key, None)
+            self._on_conflict()
+        except KubeError as exc:
+            self._written.pop(key, None)
+            self._log.debug("waiting_status_not_written", appwrapper=key, error=str(exc)[:200])
+
+    async def drain(self, timeout: float) -> None:
+        if self._heads:
+            await asyncio.wait(list(self._heads), timeout=timeout)

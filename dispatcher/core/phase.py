@@ -1,0 +1,67 @@
+"""Where an AppWrapper is in its life, from its conditions alone. Pure, no I/O.
+
+One function answers for the raw object of the watch cache (read on every event, where
+validating the whole model would cost too much) and for the parsed model, so the scheduler's
+index and the reconciler can never disagree about what an AppWrapper is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+from typing import Any
+
+from dispatcher.api.models import AppWrapper, ConditionType
+
+C = ConditionType
+
+
+class Phase(StrEnum):
+    QUEUED = "queued"
+    """Waiting for the scheduler (new ones too: its first decision writes Init/Queueing)."""
+    DISPATCHED = "dispatched"
+    """Admitted to a member: its objects exist or are being made."""
+    EVICTING = "evicting"
+    """Dispatched and chosen as a preemption victim: its objects are being removed."""
+    BACKOFF = "backoff"
+    """Requeued, pausing before it queues again."""
+    FINISHED = "finished"
+    """Completed or Failed."""
+    DELETING = "deleting"
+    """Being deleted: its objects go, then the finalizer."""
+
+
+SCHEDULED = frozenset({Phase.QUEUED, Phase.DISPATCHED, Phase.EVICTING})
+"""Phases the scheduler reads: the ones that want room or hold it."""
+
+
+def phase(true_conditions: Iterable[str], *, deleting: bool) -> Phase:
+    """The phase given the types of the conditions that are True."""
+    if deleting:
+        return Phase.DELETING
+    true = set(true_conditions)
+    if C.COMPLETED in true or C.FAILED in true:
+        return Phase.FINISHED
+    if C.DISPATCHED in true:
+        return Phase.EVICTING if C.PREEMPTED in true else Phase.DISPATCHED
+    if C.BACKOFF in true:
+        return Phase.BACKOFF
+    return Phase.QUEUED
+
+
+def phase_of_raw(obj: Mapping[str, Any]) -> Phase:
+    """The phase of an AppWrapper as the API server returns it (a dict)."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return phase(
+        (str(c.get("type")) for c in conditions if c.get("status") == "True"),
+        deleting=bool(obj["metadata"].get("deletionTimestamp")),
+    )
+
+
+def phase_of(aw: AppWrapper) -> Phase:
+    """The phase of a parsed AppWrapper."""
+    conditions = aw.status.conditions if aw.status is not None else []
+    return phase(
+        (c.type for c in conditions if c.status == "True"),
+        deleting=bool(aw.metadata.deletionTimestamp),
+    )
