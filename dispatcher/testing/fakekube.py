@@ -69,7 +69,7 @@ class _Fault:
     times: int
 
 
-@dataclass
+@dataclass(eq=False)
 class _Watcher:
     key: _Key
     queue: asyncio.Queue[Change | str] = field(default_factory=asyncio.Queue)
