@@ -76,11 +76,11 @@ async def _kubeconfig_from_secret(hub: KubeClient, ref: str) -> dict[str, Any]:
 
 
 async def close(dispatcher: Manager) -> None:
-    clients = {id(dispatcher.hub): dispatcher.hub}
-    for member in dispatcher.members.values():
-        clients[id(member.client)] = member.client
-    for client in clients.values():
-        await client.close()
+    """Close the connections `build` opened (the hub's and each member's)."""
+    clients = [dispatcher.hub, *(m.client for m in dispatcher.members.values())]
+    for client in {id(c): c for c in clients}.values():
+        if isinstance(client, KubeClient):
+            await client.close()
 
 
 @contextlib.asynccontextmanager

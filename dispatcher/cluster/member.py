@@ -13,7 +13,8 @@ from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.cluster.capacity import TERMINAL_PHASES, CapacityCache, slim_metadata, slim_pod
 from dispatcher.config import MemberConfig
-from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.api import KubeApi
+from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import KubeError
 from dispatcher.kube.informer import Informer
 
@@ -48,7 +49,7 @@ def _finished_pod(pod: dict[str, Any]) -> bool:
 @dataclass
 class Member:
     name: str
-    client: KubeClient
+    client: KubeApi
     is_hub: bool
     capacity: CapacityCache
     clock: Clock = field(default_factory=SystemClock)
@@ -70,7 +71,7 @@ class Member:
 
     @classmethod
     def build(
-        cls, config: MemberConfig, client: KubeClient, *, is_hub: bool, clock: Clock | None = None
+        cls, config: MemberConfig, client: KubeApi, *, is_hub: bool, clock: Clock | None = None
     ) -> Member:
         capacity = CapacityCache(
             cluster=config.name,

@@ -36,7 +36,8 @@ from dispatcher.controller.upkeep import Upkeep
 from dispatcher.controller.waiting import WaitingWriter
 from dispatcher.controller.workqueue import WorkQueue
 from dispatcher.core.phase import Phase, phase_of_raw
-from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.api import KubeApi
+from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import Conflict, KubeError, NotFound
 from dispatcher.kube.events import EventRecorder
 from dispatcher.kube.informer import Informer
@@ -63,7 +64,7 @@ class Manager:
         self,
         *,
         config: Config,
-        hub: KubeClient,
+        hub: KubeApi,
         members: list[Member],
         clock: Clock | None = None,
     ) -> None:
@@ -148,7 +149,12 @@ class Manager:
     def preemptions(self) -> int:
         return self.scheduler.preemptions
 
-    async def run(self) -> None:
+    async def run(self, *, loops: bool = True) -> None:
+        """Watch, then (once every cache has synced) reconcile and schedule until cancelled.
+
+        With `loops=False` only the watches and Event posting run: tests then call
+        `reconciler.reconcile` and `scheduler.cycle` themselves, one step at a time.
+        """
         async with asyncio.TaskGroup() as group:
             self._group = group
             group.create_task(self.appwrappers.run(), name="appwrappers")
@@ -165,6 +171,9 @@ class Manager:
             self._log.info(
                 "caches_synced", appwrappers=len(self.appwrappers.store), members=list(self.members)
             )
+            if not loops:
+                self.ready.set()
+                return
             for key in list(self.appwrappers.store):
                 self.queue.add(key)
             for index in range(self.config.workers):

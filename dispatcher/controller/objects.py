@@ -15,7 +15,8 @@ from typing import Any
 from dispatcher.api.constants import API_VERSION, KIND, LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.api.models import AppWrapper
 from dispatcher.core.podsets import inject_labels
-from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.api import KubeApi
+from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import (
     AlreadyExists,
     BadRequest,
@@ -101,7 +102,7 @@ def _permanent(exc: KubeError) -> bool:
     return isinstance(exc, BadRequest | Forbidden | Invalid | UnknownKind)
 
 
-async def ensure_namespace(client: KubeClient, namespace: str) -> None:
+async def ensure_namespace(client: KubeApi, namespace: str) -> None:
     try:
         await client.create(
             NAMESPACES,
@@ -112,9 +113,7 @@ async def ensure_namespace(client: KubeClient, namespace: str) -> None:
         return
 
 
-async def create_all(
-    client: KubeClient, namespace: str, objects: list[Wrapped], *, uid: str
-) -> int:
+async def create_all(client: KubeApi, namespace: str, objects: list[Wrapped], *, uid: str) -> int:
     """Create every object; adopt ones that already carry this AppWrapper's uid.
 
     Returns how many were created anew. On any failure, removes what this call created and
@@ -161,7 +160,7 @@ async def create_all(
 
 
 async def delete_all(
-    client: KubeClient, namespace: str, objects: list[Wrapped], *, uid: str
+    client: KubeApi, namespace: str, objects: list[Wrapped], *, uid: str
 ) -> list[str]:
     """Ask for every object this AppWrapper owns to go; returns those that still exist.
 
@@ -207,7 +206,7 @@ class Completion:
 
 
 async def completion(
-    client: KubeClient,
+    client: KubeApi,
     namespace: str,
     objects: list[Wrapped],
     *,

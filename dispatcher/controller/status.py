@@ -19,7 +19,8 @@ from dispatcher.api.constants import API_VERSION, FINALIZER, KIND, PLURAL
 from dispatcher.api.models import AppWrapperStatus, status_to_kube
 from dispatcher.controller.models import key_of, resource_version, without_bookkeeping
 from dispatcher.core.conditions import Transition
-from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.api import KubeApi
+from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.events import EventRecorder
 
 Obj = dict[str, Any]
@@ -31,7 +32,7 @@ class StatusWriter:
 
     def __init__(
         self,
-        hub: KubeClient,
+        hub: KubeApi,
         events: EventRecorder,
         *,
         watched: Callable[[str], Obj | None],

@@ -16,7 +16,7 @@ import structlog
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
-from dispatcher.kube.client import KubeClient
+from dispatcher.kube.api import KubeApi
 from dispatcher.kube.errors import KubeError, UnknownKind, Unreachable
 
 COLLECT_EVERY = 60.0
@@ -56,7 +56,7 @@ def owner_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
 
 
 async def collect(
-    client: KubeClient,
+    client: KubeApi,
     *,
     member: str,
     kinds: Iterable[tuple[str, str]],

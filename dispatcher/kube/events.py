@@ -1,6 +1,6 @@
 """Kubernetes Events on AppWrappers, so `kubectl describe aw` tells the story.
 
-Side effects: creates core/v1 Events through a KubeClient, in the background.
+Side effects: creates core/v1 Events through a KubeApi, in the background.
 
 Events are best effort: a failure to record one is logged, never raised, and never
 holds up a scheduling decision. Posting runs in a bounded background queue.
@@ -17,7 +17,8 @@ from typing import Any
 
 import structlog
 
-from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.api import KubeApi
+from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import KubeError
 
 EVENTS = ResourceInfo("v1", "Event", "events", namespaced=True)
@@ -31,7 +32,7 @@ def _now() -> str:
 class EventRecorder:
     """Queues Events and posts them from one background task (`run`)."""
 
-    def __init__(self, client: KubeClient, *, max_pending: int = 10_000) -> None:
+    def __init__(self, client: KubeApi, *, max_pending: int = 10_000) -> None:
         self._client = client
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=max_pending)
         self._log = structlog.get_logger("events")

@@ -19,7 +19,8 @@ from typing import Any
 
 import structlog
 
-from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.api import KubeApi
+from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import Forbidden, Gone, KubeError
 from dispatcher.kube.store import ObjectStore
 
@@ -39,7 +40,7 @@ class Informer:
 
     def __init__(
         self,
-        client: KubeClient,
+        client: KubeApi,
         info: ResourceInfo,
         *,
         label_selector: str = "",

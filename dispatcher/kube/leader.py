@@ -18,7 +18,8 @@ from typing import Any
 
 import structlog
 
-from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.api import KubeApi
+from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
 
 LEASES = ResourceInfo("coordination.k8s.io/v1", "Lease", "leases", namespaced=True)
@@ -41,7 +42,7 @@ def _parse(text: str | None) -> float:
 class LeaderElector:
     def __init__(
         self,
-        client: KubeClient,
+        client: KubeApi,
         *,
         namespace: str,
         name: str,
