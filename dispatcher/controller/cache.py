@@ -83,6 +83,14 @@ class _Entry:
 
 
 @dataclass(frozen=True, slots=True)
+class Update:
+    decision: bool = False
+    """A scheduling decision may change: a new phase, a new spec, or it went."""
+    finished: bool = False
+    """It just finished (Completed or Failed), having been seen alive."""
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     pending: list[Workload]
     clusters: list[ClusterSnapshot]
@@ -127,28 +135,28 @@ class SchedulerCache:
 
     # -- fed by the watch and by our own writes -----------------------------------------
 
-    def update(self, key: str, obj: Obj | None) -> bool:
-        """Record the newest object of `key` (None: deleted); True when a scheduling
-        decision may change (a new phase, a new spec, or it went)."""
+    def update(self, key: str, obj: Obj | None) -> Update:
+        """Record the newest object of `key` (None: deleted) and say what that changed."""
         if obj is None:
-            return self._entries.pop(key, None) is not None
+            return Update(decision=self._entries.pop(key, None) is not None)
         version = resource_version(obj)
         entry = self._entries.get(key)
         if entry is not None and version < entry.version:
-            return False  # an older copy than one we already saw (our own write)
+            return Update()  # an older copy than one we already saw (our own write)
         phase = phase_of_raw(obj)
         generation = obj["metadata"].get("generation")
         eviction = _eviction_of(obj)
         if entry is None:
             self._entries[key] = _Entry(version, phase, generation, eviction)
-            return True
+            return Update(decision=True)
         changed = (entry.phase, entry.generation) != (phase, generation)
+        finished = phase is Phase.FINISHED and entry.phase is not Phase.FINISHED
         entry.version, entry.phase, entry.generation = version, phase, generation
         entry.eviction = eviction
         entry.standing = None
         if phase not in SCHEDULED:
             entry.held = None  # a finished one's derived facts are most of its memory
-        return changed
+        return Update(decision=changed, finished=finished)
 
     def forget_standings(self) -> None:
         """Priorities changed (a PriorityClass did): derive every standing again."""

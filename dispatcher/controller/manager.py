@@ -210,19 +210,20 @@ class Manager:
             self._forget(key)
             self._kick()
             return
-        if self.cache.update(key, new):
-            self._kick()
-            if phase_of_raw(new) is Phase.FINISHED:
-                self._retire(key)
+        self._record(key, new)
         if not echo:
             # Our own writes' echoes are skipped: whoever wrote already knows what follows.
             self.queue.add(key)
 
     def _on_written(self, key: str, obj: Obj) -> None:
-        if self.cache.update(key, obj):
+        self._record(key, obj)
+
+    def _record(self, key: str, obj: Obj) -> None:
+        update = self.cache.update(key, obj)
+        if update.decision:
             self._kick()
-            if phase_of_raw(obj) is Phase.FINISHED:
-                self._retire(key)
+        if update.finished:
+            self._retire(key)
 
     def _on_priority_class(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         # A queued AppWrapper's priority comes from its class: derive every standing again.
@@ -303,7 +304,8 @@ class Manager:
     async def _worker(self) -> None:
         while True:
             key = await self.queue.get()
-            self.reconciles[key] += 1
+            if self.cache.phase(key) not in (None, Phase.FINISHED):  # gone, or counted
+                self.reconciles[key] += 1
             try:
                 result = await self.reconciler.reconcile(key)
                 self.queue.forget(key)

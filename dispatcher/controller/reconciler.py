@@ -250,6 +250,9 @@ class Reconciler:
 
     async def _evict(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> None:
         preempted = status.condition(C.PREEMPTED)
+        member = self.member_of(status)
+        if member is not None and member.silent_for() > self._config.member_timeout_seconds:
+            member = None  # out of reach: the collector removes its copies when it answers
         await self._requeue(
             aw,
             obj,
@@ -257,7 +260,7 @@ class Reconciler:
             Reason.PREEMPTED,
             preempted.message if preempted is not None else "preempted",
             backoff=True,
-            remove_from=self.member_of(status),
+            remove_from=member,
             preempted_by=status.preemptedBy or "",
         )
 

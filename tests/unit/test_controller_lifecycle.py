@@ -4,7 +4,7 @@ waiting writers), counting what each life costs: reconciles, cycles, status writ
 from __future__ import annotations
 
 from dispatcher.kube.client import ResourceInfo
-from dispatcher.testing.fakeenv import NAMESPACE, FakeEnv, fake_env
+from dispatcher.testing.fakeenv import APPWRAPPER, NAMESPACE, FakeEnv, fake_env
 from dispatcher.testing.manifests import appwrapper, job
 
 JOB = ("batch/v1", "Job")
@@ -39,3 +39,29 @@ async def test_a_job_from_apply_to_completed_costs_four_status_writes() -> None:
         # when changes arrive together; never one for the echo of its own write.
         assert hops["reconciles"] <= 8, hops
         assert condition(env, "a", "Running") == "True"
+
+
+async def test_a_deleted_appwrapper_leaves_nothing_behind_in_memory() -> None:
+    async with fake_env(loops=True) as env:
+        await env.add_node("n1", cpu="8")
+        await env.apply(appwrapper("a", job("a", 1, {"cpu": "1"}), completion="Complete"))
+        await env.until(lambda: condition(env, "a", "Dispatched") == "True", "dispatched")
+        await env.until(lambda: len(env.objects(*JOB)) == 1, "the Job is created")
+        await env.delete("a")
+        await env.until(lambda: not env.objects(*APPWRAPPER), "the AppWrapper is gone")
+        key = f"{NAMESPACE}/a"
+        await env.until(lambda: len(env.manager.cache) == 0, "the cache forgot it")
+        manager = env.manager
+        held = {
+            "reconciles": manager.reconciles,
+            "considered": manager.scheduler.considered,
+            "writes": manager.status.writes,
+            "overlay": manager.status._overlay,
+            "parsed": manager.models._parsed,
+            "workloads": manager.models._workloads,
+            "ensured": manager.reconciler._ensured,
+            "cleaned": manager.reconciler._cleaned,
+            "counts": manager.reconciler._counts_written,
+            "waiting": manager.waiting._written,
+        }
+        assert [name for name, store in held.items() if key in store] == []
