@@ -34,8 +34,13 @@ def test_holds_for_reports_an_assert_inside_the_probe() -> None:
 
 
 def test_holds_for_zero_seconds_still_looks_once() -> None:
-    calls = []
-    assert holds_for(lambda: calls.append(1) or True, seconds=0) == 1
+    calls: list[int] = []
+
+    def probe() -> bool:
+        calls.append(1)
+        return True
+
+    assert holds_for(probe, seconds=0) == 1
     assert calls == [1]
 
 
