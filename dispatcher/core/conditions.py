@@ -241,9 +241,26 @@ def mark_running(status: AppWrapperStatus, message: str, *, now: datetime) -> Tr
 
 
 def mark_completed(status: AppWrapperStatus, message: str, *, now: datetime) -> Transition | None:
-    if not set_condition(
+    """Completed, and so Running too: pods that finished ran, however briefly.
+
+    A Job whose pods succeed between two looks is Completed without ever having been seen
+    Running; Running turns True in the same write so `kubectl wait --for=condition=Running`
+    returns for it as for a longer one.
+    """
+    changed = False
+    if not status.is_true(C.RUNNING):
+        changed = set_condition(
+            status,
+            C.RUNNING,
+            true=True,
+            reason=Reason.PODS_RUNNING,
+            message=f"ran to completion: {message}",
+            now=now,
+        )
+    changed |= set_condition(
         status, C.COMPLETED, true=True, reason=Reason.WORKLOAD_COMPLETED, message=message, now=now
-    ):
+    )
+    if not changed:
         return None
     _settle(status, AppWrapperState.COMPLETED, message)
     return Transition(Reason.WORKLOAD_COMPLETED, message)

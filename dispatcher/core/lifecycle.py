@@ -99,8 +99,10 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
             f"dispatched {int(elapsed)}s ago, over dispatchDuration.limit of {duration_limit}s",
         )
     duration_left = (duration_limit - elapsed) if duration_limit else None
+    # Pods that succeeded have run: a short pod may go from Pending to Succeeded between two
+    # looks and must count toward minAvailable as if it had been seen Running (as in MCAD).
     active = p.running + p.succeeded
-    # 4. Enough pods run.
+    # 4. Enough pods run or ran.
     if active >= p.min_available:
         message = (
             f"{p.running} pods running, {p.succeeded} succeeded (minAvailable {p.min_available})"
@@ -110,14 +112,15 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
         return Assessment(
             Verdict.WAIT,
             Reason.MIN_AVAILABLE_NOT_REACHED,
-            f"{active} of minAvailable {p.min_available} pods running",
+            f"{active} of minAvailable {p.min_available} pods running or succeeded",
             duration_left,
         )
     # 5. Not enough pods within the window: requeue, or give up after maxNumRequeuings.
     window = requeue_window(requeuing, p.requeue_count)
     if elapsed >= window:
         message = (
-            f"{active} of minAvailable {p.min_available} pods running {int(elapsed)}s after "
+            f"{active} of minAvailable {p.min_available} pods running or succeeded "
+            f"{int(elapsed)}s after "
             f"dispatch (window {int(window)}s)"
         )
         if requeuing.maxNumRequeuings and p.requeue_count >= requeuing.maxNumRequeuings:
@@ -134,6 +137,6 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
     return Assessment(
         Verdict.WAIT,
         Reason.PODS_NOT_READY,
-        f"{active} of minAvailable {p.min_available} pods running",
+        f"{active} of minAvailable {p.min_available} pods running or succeeded",
         recheck,
     )

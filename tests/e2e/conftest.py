@@ -54,6 +54,25 @@ def appwrapper_crd(cluster: Any) -> None:
 StartDispatcher = Callable[..., Awaitable[Manager]]
 
 
+def dispatcher_config(cluster: Any, fake_nodes: Any, **overrides: Any) -> Config:
+    """The settings `run_dispatcher` starts with: this test's node pool, no health port."""
+    settings: dict[str, Any] = {
+        "kubeconfig": str(cluster.kubeconfig),
+        "members": [MemberConfig(name="local", node_selector=fake_nodes.pool)],
+        "health_port": 0,
+        "requeue_pause_seconds": 0.5,
+        "log_level": "warning",
+    }
+    settings.update(overrides)
+    return Config(**settings)
+
+
+# How long a negative check ("nothing was preempted", "still pending") is held, sampled
+# every fraction of a second: many scheduling cycles (each change wakes one, and a waiting
+# AppWrapper is looked at again within a second or two), so a wrong decision would show.
+QUIET_SECONDS = 4.0
+
+
 @pytest_asyncio.fixture
 async def run_dispatcher(
     cluster: Any, namespace: str, fake_nodes: Any, appwrapper_crd: None
@@ -67,16 +86,9 @@ async def run_dispatcher(
         if restart:
             while current:
                 await current.pop().aclose()
-        settings: dict[str, Any] = {
-            "kubeconfig": str(cluster.kubeconfig),
-            "members": [MemberConfig(name="local", node_selector=fake_nodes.pool)],
-            "health_port": 0,
-            "requeue_pause_seconds": 0.5,
-            "log_level": "warning",
-        }
-        settings.update(overrides)
         own = AsyncExitStack()
-        dispatcher = await own.enter_async_context(running(Config(**settings)))
+        config = dispatcher_config(cluster, fake_nodes, **overrides)
+        dispatcher = await own.enter_async_context(running(config))
         current.append(own)
         stack.push_async_callback(own.aclose)
         started.append(dispatcher)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dispatcher.testing.localcluster import KubectlError
+from dispatcher.testing.waits import async_holds_for
 from tests.e2e.conftest import (
+    QUIET_SECONDS,
     apply,
     appwrapper,
     deployment,
@@ -76,10 +78,15 @@ async def test_request_larger_than_the_cluster_says_so(
     await apply(cluster, namespace, appwrapper("huge", huge))
     await apply(cluster, namespace, appwrapper("good", deployment("good", 1, {"cpu": "1"})))
     await wait_condition(cluster, namespace, "good", "Running")
-    status = (await get_aw(cluster, namespace, "huge"))["status"]
-    assert "nvidia.com/gpu 16" in status["message"]
-    assert "has 2" in status["message"] or "of 2" in status["message"]
-    assert status["state"] == "Pending"
+
+    async def huge_waits_saying_why() -> bool:
+        status = (await get_aw(cluster, namespace, "huge"))["status"]
+        # "good" takes CPU only: both GPUs stay free, and 16 are asked for.
+        assert status["message"] == "needs nvidia.com/gpu 16, free 2 of 2", status
+        assert status["state"] == "Pending", status
+        return True
+
+    await async_holds_for(huge_waits_saying_why, seconds=QUIET_SECONDS, what="huge waits")
 
 
 async def test_kind_without_crd_fails_and_cleans_up(cluster, namespace, fake_nodes, run_dispatcher):
@@ -102,9 +109,15 @@ async def test_kind_without_crd_fails_and_cleans_up(cluster, namespace, fake_nod
     assert failed["reason"] == "DispatchFailed"
     assert "PyTorchJob" in failed["message"]
     assert "CustomResourceDefinition" in failed["message"]
-    # All or nothing: the ConfigMap created beside it was removed again.
-    out = await cluster.akubectl("get", "configmap", "cm", "-n", namespace, check=False)
-    assert out.returncode != 0
+
+    # All or nothing: the ConfigMap created beside it was removed again, and stays removed.
+    async def configmap_gone() -> bool:
+        out = await cluster.akubectl("get", "configmap", "cm", "-n", namespace, check=False)
+        assert out.returncode != 0, out.stdout
+        assert "NotFound" in out.stderr, out.stderr
+        return True
+
+    await async_holds_for(configmap_gone, seconds=QUIET_SECONDS, what="no ConfigMap cm")
 
 
 @pytest.mark.parametrize(
@@ -152,8 +165,14 @@ async def test_object_of_someone_else_is_never_touched(
     await wait_condition(cluster, namespace, "grabber", "Failed")
     status = (await get_aw(cluster, namespace, "grabber"))["status"]
     assert "does not belong to this AppWrapper" in status["message"]
+
+    async def untouched() -> bool:
+        out = await cluster.akubectl(
+            "get", "configmap", "taken", "-n", namespace, "-o", "jsonpath={.data.owner}"
+        )
+        assert out.stdout == "someone else"
+        return True
+
+    await async_holds_for(untouched, seconds=QUIET_SECONDS / 2, what="their ConfigMap, failed")
     await cluster.akubectl("delete", "aw", "grabber", "-n", namespace, "--timeout=60s")
-    out = await cluster.akubectl(
-        "get", "configmap", "taken", "-n", namespace, "-o", "jsonpath={.data.owner}"
-    )
-    assert out.stdout == "someone else"
+    await async_holds_for(untouched, seconds=QUIET_SECONDS / 2, what="their ConfigMap, deleted")

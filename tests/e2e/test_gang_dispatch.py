@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.testing.waits import async_wait_until
+from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
+    QUIET_SECONDS,
     apply,
     appwrapper,
     conditions,
@@ -49,9 +50,11 @@ async def test_two_ray_clusters_capacity_for_one(cluster, namespace, fake_nodes,
 
     message = await async_wait_until(second_waits_for_gpu, timeout=30, what="GPU message")
     assert "free 0 of 4" in message
-    second = await conditions(cluster, namespace, "glue-2")
-    assert second["Dispatched"] == "False"
-    assert await pods_of(cluster, namespace, "glue-2") == []
+    await async_holds_for(
+        lambda: _waits_without_pods(cluster, namespace, "glue-2"),
+        seconds=QUIET_SECONDS,
+        what="glue-2 waits, no pods",
+    )
 
     await cluster.akubectl("delete", "appwrapper", "glue-1", "-n", namespace, "--timeout=60s")
     await wait_condition(cluster, namespace, "glue-2", "Running", timeout=120)
@@ -74,8 +77,17 @@ async def test_aggregate_fits_but_no_node_holds_a_pod(
 
     message = await async_wait_until(says_no_node, timeout=30, what="per-node message")
     assert "nvidia.com/gpu" in message
-    assert (await conditions(cluster, namespace, "eight-gpus"))["Dispatched"] == "False"
-    assert await pods_of(cluster, namespace, "eight-gpus") == []
+    await async_holds_for(
+        lambda: _waits_without_pods(cluster, namespace, "eight-gpus"),
+        seconds=QUIET_SECONDS,
+        what="eight-gpus waits, no pods",
+    )
+
+
+async def _waits_without_pods(cluster, namespace, name) -> bool:
+    assert (await conditions(cluster, namespace, name))["Dispatched"] == "False"
+    assert await pods_of(cluster, namespace, name) == []
+    return True
 
 
 async def test_service_only_appwrapper_dispatches_at_once(

@@ -6,12 +6,14 @@ import json
 
 import pytest
 
+from dispatcher.app import running
 from dispatcher.testing.waits import async_wait_until
 from tests.e2e.conftest import (
     apply,
     appwrapper,
     conditions,
     deployment,
+    dispatcher_config,
     get_aw,
     job,
     load_sample,
@@ -53,6 +55,81 @@ async def test_job_completes_and_frees_capacity(cluster, namespace, fake_nodes, 
     await async_wait_until(packed, timeout=30, what="finished AppWrappers held as text")
     assert dispatcher.appwrappers.store[f"{namespace}/first"]["status"]["state"] == "Completed"
     assert dispatcher.states["Completed"] >= 2
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        pytest.param("Complete", id="completionstatus"),
+        pytest.param(None, id="pods-succeeded"),
+    ],
+)
+async def test_brief_job_is_running_then_completed(
+    cluster, namespace, fake_nodes, run_dispatcher, completion
+):
+    # KWOK turns a Job's pod Succeeded as soon as it runs: it may never be seen Running.
+    fake_nodes.add("n1")
+    await run_dispatcher()
+    await apply(
+        cluster,
+        namespace,
+        appwrapper("brief", job("brief", 1, {"cpu": "1"}), completion=completion),
+    )
+    await wait_condition(cluster, namespace, "brief", "Running", timeout=60)
+    await wait_condition(cluster, namespace, "brief", "Completed", timeout=60)
+    status = (await get_aw(cluster, namespace, "brief"))["status"]
+    assert (status["state"], status["stage"], status["succeeded"]) == ("Completed", "Completed", 1)
+    kinds = {c["type"]: c for c in status["conditions"]}
+    assert kinds["Running"]["status"] == "True"
+    assert kinds["Running"]["reason"] == "PodsRunning"
+    assert kinds["Completed"]["status"] == "True"
+    assert kinds["Completed"]["reason"] == "WorkloadCompleted"
+    assert kinds["Dispatched"]["status"] == "True"
+    assert "Failed" not in kinds
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        pytest.param("Complete", id="completionstatus"),
+        pytest.param(None, id="pods-succeeded"),
+    ],
+)
+async def test_job_that_finished_unseen_is_running_and_completed(
+    cluster, namespace, fake_nodes, run_dispatcher, completion
+):
+    # The pod runs and succeeds while no dispatcher watches, so none ever sees it Running:
+    # the next one finds it Succeeded (and the Job Complete) at its first look.
+    node = fake_nodes.add("n1")
+    gate = {"appwrapper.test/open": "yes"}  # no node has it yet: the pod waits unscheduled
+    declared = [{"replicas": 1, "requests": {"cpu": "1"}}]  # so the fit check dispatches
+    brief = job("brief", 1, {"cpu": "1"}, nodeSelector=gate)
+    async with running(dispatcher_config(cluster, fake_nodes)):
+        await apply(
+            cluster,
+            namespace,
+            appwrapper("brief", brief, completion=completion, custom=declared),
+        )
+        await wait_condition(cluster, namespace, "brief", "Dispatched")
+        assert (await conditions(cluster, namespace, "brief"))["Running"] == "False"
+    await cluster.akubectl("label", "node", node, "appwrapper.test/open=yes")
+
+    async def pod_succeeded() -> bool:
+        pods = await pods_of(cluster, namespace, "brief")
+        return [p["status"].get("phase") for p in pods] == ["Succeeded"]
+
+    await async_wait_until(pod_succeeded, timeout=60, what="the pod ran and succeeded")
+    await cluster.akubectl(
+        "wait", "-n", namespace, "--for=condition=Complete", "job/brief", "--timeout=60s"
+    )
+    await run_dispatcher()
+    await wait_condition(cluster, namespace, "brief", "Running", timeout=60)
+    await wait_condition(cluster, namespace, "brief", "Completed", timeout=60)
+    status = (await get_aw(cluster, namespace, "brief"))["status"]
+    assert (status["state"], status["succeeded"]) == ("Completed", 1)
+    running_condition = next(c for c in status["conditions"] if c["type"] == "Running")
+    assert running_condition["reason"] == "PodsRunning"
+    assert running_condition["message"].startswith("ran to completion: ")
 
 
 async def test_job_sample_completes(cluster, namespace, fake_nodes, run_dispatcher):
@@ -164,17 +241,30 @@ async def test_deletion_removes_objects_in_every_state(
         "delete", "appwrapper", "victim", "-n", namespace, "--timeout=60s", timeout=90
     )
 
-    out = await cluster.akubectl("get", "all", "-n", namespace, "-o", "json")
-    leftovers = [
-        f"{o['kind']}/{o['metadata']['name']}"
-        for o in json.loads(out.stdout)["items"]
-        if o["metadata"]["name"].startswith("web") and not o["metadata"].get("deletionTimestamp")
-    ]
-    assert leftovers == [] or all(k.startswith("Pod/") for k in leftovers)
+    # The finalizer goes only once the wrapped objects are gone: none is left when the
+    # delete returns.
+    wrapped = [f"{item['kind']}/{item['metadata']['name']}" for item in items]
+    assert [o for o in await _objects_named_web(cluster, namespace) if o in wrapped] == []
+
+    # What those owned (ReplicaSets, pods) is removed by the garbage collector after them,
+    # in the background: all of it goes, live or terminating.
+    async def all_gone() -> bool:
+        return await _objects_named_web(cluster, namespace) == []
+
+    await async_wait_until(all_gone, timeout=60, what="every object of the AppWrapper gone")
 
     # The capacity is free again: a new AppWrapper needing all of it dispatches.
     await apply(cluster, namespace, appwrapper("after", deployment("after", 1, {"cpu": "2"})))
     await wait_condition(cluster, namespace, "after", "Running", timeout=60)
+
+
+async def _objects_named_web(cluster, namespace) -> list[str]:
+    out = await cluster.akubectl("get", "all", "-n", namespace, "-o", "json")
+    return [
+        f"{o['kind']}/{o['metadata']['name']}"
+        for o in json.loads(out.stdout)["items"]
+        if o["metadata"]["name"].startswith("web")
+    ]
 
 
 async def _message(cluster, namespace, name) -> str | None:

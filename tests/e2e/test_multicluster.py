@@ -11,8 +11,9 @@ import pytest
 
 from dispatcher.config import MemberConfig
 from dispatcher.testing.localcluster import LocalCluster, ensure_binaries
-from dispatcher.testing.waits import async_wait_until
+from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
+    QUIET_SECONDS,
     apply,
     appwrapper,
     deployment,
@@ -97,9 +98,14 @@ async def test_lands_where_it_fits_and_reports_back(
     status = (await get_aw(cluster, namespace, "train"))["status"]
     assert status["clusterName"] == "west"
     assert status["running"] == 2
-    assert await member_objects(members["west"], namespace) == ["train"]
-    assert await member_objects(members["east"], namespace) == []
-    assert await member_objects(cluster, namespace) == []  # the hub runs nothing itself
+
+    async def only_west_runs_it() -> bool:
+        assert await member_objects(members["west"], namespace) == ["train"]
+        assert await member_objects(members["east"], namespace) == []
+        assert await member_objects(cluster, namespace) == []  # the hub runs nothing itself
+        return True
+
+    await async_holds_for(only_west_runs_it, seconds=QUIET_SECONDS, what="objects only in west")
     table = (await cluster.akubectl("get", "aw", "-n", namespace)).stdout
     assert "west" in table
 

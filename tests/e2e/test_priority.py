@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.testing.waits import async_wait_until
+from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
+    QUIET_SECONDS,
     apply,
     appwrapper,
     conditions,
@@ -94,7 +95,7 @@ async def test_no_preemption_when_not_allowed(
     cluster, namespace, fake_nodes, run_dispatcher, victim_settings, dispatcher_settings
 ):
     fake_nodes.add("n1", cpu="2", memory="8Gi")
-    await run_dispatcher(**dispatcher_settings)
+    dispatcher = await run_dispatcher(**dispatcher_settings)
     victim = appwrapper("victim", deployment("victim", 1, {"cpu": "2"}), priority=1)
     victim["spec"].update(victim_settings)
     await apply(cluster, namespace, victim)
@@ -108,10 +109,18 @@ async def test_no_preemption_when_not_allowed(
         return status.get("message") if status.get("state") == "Pending" else None
 
     await async_wait_until(urgent_waits, timeout=30, what="urgent waiting")
-    # Give a wrong preemption every chance to happen before checking it did not.
-    await cluster.akubectl("get", "aw", "-n", namespace)
-    assert await _condition(cluster, namespace, "victim", "Running")
-    assert not await _condition(cluster, namespace, "victim", "Preempted")
+
+    async def nothing_preempted() -> bool:
+        status = (await get_aw(cluster, namespace, "victim")).get("status") or {}
+        seen = {c["type"]: c["status"] for c in status.get("conditions", [])}
+        assert seen.get("Running") == "True", status
+        assert seen.get("Preempted") != "True", status
+        assert status.get("requeueCount", 0) == 0, status
+        assert (await conditions(cluster, namespace, "urgent")).get("Dispatched") != "True"
+        assert dispatcher.preemptions == 0
+        return True
+
+    await async_holds_for(nothing_preempted, seconds=QUIET_SECONDS, what="no preemption")
 
 
 async def test_big_gang_is_not_starved_by_small_ones(
@@ -143,10 +152,22 @@ async def test_big_gang_is_not_starved_by_small_ones(
             timeout=30,
             what="small ones held back for the big one",
         )
-        assert not await _condition(cluster, namespace, f"small-{index}", "Dispatched")
+
+    async def none_dispatched(*names: str) -> bool:
+        return not [n for n in names if await _condition(cluster, namespace, n, "Dispatched")]
+
+    await async_holds_for(
+        lambda: none_dispatched("small-1", "small-2", "big"),
+        seconds=QUIET_SECONDS,
+        what="small ones (and big, which does not fit yet) held back",
+    )
     await cluster.akubectl("delete", "aw", "small-0", "-n", namespace, "--timeout=60s")
     await wait_condition(cluster, namespace, "big", "Running", timeout=60)
-    assert not await _condition(cluster, namespace, "small-1", "Dispatched")
+    await async_holds_for(
+        lambda: none_dispatched("small-1", "small-2"),
+        seconds=QUIET_SECONDS,
+        what="small ones still held back once big runs",
+    )
 
 
 async def _message_has(cluster, namespace, name, text) -> bool:

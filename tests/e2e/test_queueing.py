@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from dispatcher.testing.waits import async_wait_until
+from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
+    QUIET_SECONDS,
     apply,
     appwrapper,
     conditions,
@@ -55,13 +56,18 @@ async def test_higher_priority_goes_first_then_older(
             "--timeout=60s",
         )
 
-        async def next_dispatched(done=tuple(order)) -> str | None:
-            for name in ("high", "low-old", "low-new"):
-                if name not in done and await dispatched(cluster, namespace, name):
-                    return name
-            return None
+        async def newly_dispatched(done=tuple(order)) -> list[str] | None:
+            names = [
+                name
+                for name in ("high", "low-old", "low-new")
+                if name not in done and await dispatched(cluster, namespace, name)
+            ]
+            return names or None
 
-        order.append(await async_wait_until(next_dispatched, timeout=60, what="next dispatch"))
+        # Room for exactly one at a time: each step dispatches one, the highest then oldest.
+        names = await async_wait_until(newly_dispatched, timeout=60, what="next dispatch")
+        assert len(names) == 1, names
+        order.append(names[0])
     assert order == ["high", "low-old", "low-new"]
 
 
@@ -102,8 +108,14 @@ async def test_queue_mode(cluster, namespace, fake_nodes, run_dispatcher, mode, 
             what="small blocked behind the head",
         )
         assert f"{namespace}/big" in message
-        assert not await dispatched(cluster, namespace, "small")
-    assert not await dispatched(cluster, namespace, "big")
+
+    async def as_the_mode_says() -> bool:
+        # big never fits (another workload holds half the node); small passes it or not.
+        assert not await dispatched(cluster, namespace, "big")
+        assert await dispatched(cluster, namespace, "small") is small_passes
+        return True
+
+    await async_holds_for(as_the_mode_says, seconds=QUIET_SECONDS, what=f"{mode} order")
 
 
 async def _message_containing(cluster, namespace, name, text) -> str | None:
@@ -138,7 +150,13 @@ async def test_other_pods_and_unusable_nodes_do_not_count(
         what="cpu message",
     )
     assert "needs cpu 2, free 1 of 4 on the 1 nodes its pods may use" in message
-    assert await pods_of(cluster, namespace, "two-cpus") == []
+
+    async def still_waiting() -> bool:
+        assert not await dispatched(cluster, namespace, "two-cpus")
+        assert await pods_of(cluster, namespace, "two-cpus") == []
+        return True
+
+    await async_holds_for(still_waiting, seconds=QUIET_SECONDS, what="two-cpus waits, no pods")
 
     await cluster.akubectl("delete", "deployment", "other", "-n", namespace)
     await wait_condition(cluster, namespace, "two-cpus", "Running")
@@ -171,4 +189,13 @@ async def test_not_ready_node_does_not_count(cluster, namespace, fake_nodes, run
         timeout=30,
         what="no capacity message",
     )
-    assert "free 0 of 0" in message or "no schedulable node" in message
+    # The NotReady node's 32 CPUs are not counted: the pool has none.
+    assert message == "needs cpu 1, free 0 of 0"
+
+    async def still_waiting() -> bool:
+        status = (await get_aw(cluster, namespace, "needs-cpu")).get("status") or {}
+        assert (status.get("state"), status.get("message")) == ("Pending", message), status
+        assert await pods_of(cluster, namespace, "needs-cpu") == []
+        return True
+
+    await async_holds_for(still_waiting, seconds=QUIET_SECONDS, what="needs-cpu waits")

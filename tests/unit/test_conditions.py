@@ -97,6 +97,61 @@ def test_terminal_states(terminal: str, state: str) -> None:
     assert not cond.is_queued(status)
 
 
+def _dispatched(*, running: bool) -> AppWrapperStatus:
+    status = AppWrapperStatus()
+    cond.initialize(status, priority=0, now=T0)
+    cond.mark_dispatched(status, cluster="c", now=T0)
+    if running:
+        cond.mark_running(status, "1 pods running", now=T0)
+    return status
+
+
+LATER = T0 + timedelta(seconds=3)
+
+
+@pytest.mark.parametrize(
+    ("running_before", "want_running_message", "want_running_since"),
+    [
+        # A pod that ran and succeeded between two looks: never seen Running.
+        pytest.param(False, "ran to completion: all 1 pods succeeded", LATER, id="never-seen"),
+        # Seen Running earlier: that entry, its message and its time, are kept.
+        pytest.param(True, "1 pods running", T0, id="seen-running"),
+    ],
+)
+def test_completed_implies_running(
+    running_before: bool, want_running_message: str, want_running_since: datetime
+) -> None:
+    status = _dispatched(running=running_before)
+    transition = cond.mark_completed(status, "all 1 pods succeeded", now=LATER)
+    # One transition, so one status write carries both conditions.
+    assert transition == cond.Transition(Reason.WORKLOAD_COMPLETED, "all 1 pods succeeded")
+    assert true_types(status) >= {"Running", "Completed"}
+    running = status.condition("Running")
+    assert running is not None
+    assert running.reason == Reason.PODS_RUNNING
+    assert running.message == want_running_message
+    assert running.lastTransitionMicroTime == want_running_since.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    assert (status.state, status.stage) == ("Completed", "Completed")
+
+
+def test_completed_twice_changes_nothing() -> None:
+    status = _dispatched(running=False)
+    assert cond.mark_completed(status, "done", now=T0) is not None
+    before = status.model_copy(deep=True)
+    assert cond.mark_completed(status, "done", now=LATER) is None
+    assert status == before
+
+
+def test_completed_after_a_requeue_marks_the_new_attempt_running() -> None:
+    status = _dispatched(running=True)
+    cond.mark_requeued(status, Reason.PREEMPTED, "preempted", now=T0, backoff=False)
+    cond.mark_dispatched(status, cluster="c", now=LATER)
+    cond.mark_completed(status, "done", now=LATER)
+    running = status.condition("Running")
+    assert running is not None
+    assert (running.status, running.reason) == ("True", Reason.PODS_RUNNING)
+
+
 STEPS = st.sampled_from(["init", "wait", "head", "dispatch", "run", "requeue", "backoff_end"])
 
 
@@ -124,3 +179,23 @@ def test_any_sequence_keeps_one_entry_per_type(steps: list[str]) -> None:
         types = [c.type for c in status.conditions]
         assert len(types) == len(set(types))
         assert not (cond.is_queued(status) and cond.is_dispatched(status))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["dispatch", "run", "requeue"]), max_size=20))
+def test_completed_is_never_shown_without_running(steps: list[str]) -> None:
+    status = AppWrapperStatus()
+    cond.initialize(status, priority=1, now=T0)
+    now = T0
+    for step in [*steps, "dispatch", "complete"]:
+        now += timedelta(seconds=1)
+        if step == "dispatch":
+            cond.mark_dispatched(status, cluster="c", now=now)
+        elif step == "run":
+            cond.mark_running(status, "ok", now=now)
+        elif step == "requeue":
+            cond.mark_requeued(status, Reason.PREEMPTED, "x", now=now, backoff=False)
+        elif step == "complete" and cond.is_dispatched(status):
+            cond.mark_completed(status, "done", now=now)
+    assert status.is_true(cond.C.COMPLETED)
+    assert status.is_true(cond.C.RUNNING)

@@ -77,6 +77,62 @@ CASES = [
         Verdict.FAILED,
         Reason.DISPATCH_DURATION_EXCEEDED,
     ),
+    # Succeeded pods have run: they count toward minAvailable with the running ones.
+    (
+        "succeeded-only-reach-min-available",
+        {"pending": 0, "succeeded": 3, "completion_items": 1},
+        None,
+        Verdict.RUNNING,
+        Reason.PODS_RUNNING,
+    ),
+    (
+        "running-plus-succeeded-reach-min-available",
+        {"pending": 0, "running": 1, "succeeded": 2},
+        None,
+        Verdict.RUNNING,
+        Reason.PODS_RUNNING,
+    ),
+    (
+        "brief-pod-succeeded-before-seen-running",
+        {
+            "expected_pods": 1,
+            "min_available": 1,
+            "pending": 0,
+            "succeeded": 1,
+            "completion_items": 1,
+        },
+        None,
+        Verdict.RUNNING,
+        Reason.PODS_RUNNING,
+    ),
+    (
+        "succeeded-after-window-not-requeued",
+        {"pending": 0, "succeeded": 3, "completion_items": 1, "seconds_since_dispatch": 1000},
+        None,
+        Verdict.RUNNING,
+        Reason.PODS_RUNNING,
+    ),
+    (
+        "succeeded-after-running-keeps-running",
+        {"pending": 0, "running": 1, "succeeded": 2, "reached_running": True},
+        None,
+        Verdict.RUNNING,
+        Reason.PODS_RUNNING,
+    ),
+    (
+        "too-few-running-or-succeeded-waits",
+        {"pending": 1, "running": 1, "succeeded": 1},
+        None,
+        Verdict.WAIT,
+        Reason.PODS_NOT_READY,
+    ),
+    (
+        "brief-pods-all-succeeded-complete",
+        {"pending": 0, "succeeded": 3, "seconds_since_dispatch": 0.5},
+        None,
+        Verdict.COMPLETED,
+        Reason.WORKLOAD_COMPLETED,
+    ),
     (
         "no-pods-service-only",
         {"expected_pods": 0, "min_available": 0, "pending": 0},
@@ -116,3 +172,15 @@ def test_wait_says_when_to_look_again() -> None:
 def test_requeue_window(growth, count, cap, want) -> None:
     requeuing = Requeuing(timeInSeconds=60, growthType=growth, maxTimeInSeconds=cap)
     assert requeue_window(requeuing, count) == want
+
+
+def test_succeeded_pods_are_named_in_the_running_message() -> None:
+    progress = replace(BASE, pending=0, running=1, succeeded=2)
+    result = assess(progress, requeuing=REQUEUING, duration_limit=None)
+    assert result.message == "1 pods running, 2 succeeded (minAvailable 3)"
+
+
+def test_waiting_message_counts_succeeded_pods() -> None:
+    progress = replace(BASE, pending=1, running=1, succeeded=1)
+    result = assess(progress, requeuing=REQUEUING, duration_limit=None)
+    assert result.message == "2 of minAvailable 3 pods running or succeeded"
