@@ -104,9 +104,9 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
     active = p.running + p.succeeded
     # 4. Enough pods run or ran.
     if active >= p.min_available:
-        message = (
-            f"{p.running} pods running, {p.succeeded} succeeded (minAvailable {p.min_available})"
-        )
+        # No counts in the message: they are in status (running, succeeded), and a message
+        # that moved with every pod would cost a status write and an Event per pod.
+        message = f"minAvailable {p.min_available} reached (pods running or succeeded)"
         return Assessment(Verdict.RUNNING, Reason.PODS_RUNNING, message, duration_left)
     if p.reached_running:
         return Assessment(

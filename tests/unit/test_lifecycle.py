@@ -177,7 +177,7 @@ def test_requeue_window(growth, count, cap, want) -> None:
 def test_succeeded_pods_are_named_in_the_running_message() -> None:
     progress = replace(BASE, pending=0, running=1, succeeded=2)
     result = assess(progress, requeuing=REQUEUING, duration_limit=None)
-    assert result.message == "1 pods running, 2 succeeded (minAvailable 3)"
+    assert result.message == "minAvailable 3 reached (pods running or succeeded)"
 
 
 def test_waiting_message_counts_succeeded_pods() -> None:
