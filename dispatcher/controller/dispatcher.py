@@ -58,7 +58,6 @@ from dispatcher.controller.state import (
 from dispatcher.controller.workqueue import WorkQueue
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
-from dispatcher.core.cycle import CycleResult, schedule
 from dispatcher.core.lifecycle import Progress, Verdict, assess
 from dispatcher.core.model import (
     AdmittedWorkload,
@@ -68,7 +67,13 @@ from dispatcher.core.model import (
     Workload,
     pod_count,
 )
-from dispatcher.core.preemption import Claim, HonourClaims, LowestPriorityFirst
+from dispatcher.core.scheduling import (
+    Claim,
+    CycleResult,
+    HonourClaims,
+    LowestPriorityFirst,
+    schedule,
+)
 from dispatcher.core.workloads import InvalidSpec
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import Conflict, KubeError, NotFound

@@ -12,7 +12,7 @@ from typing import Any
 
 from dispatcher.api.models import AppWrapper
 from dispatcher.core.model import AdmittedWorkload, Reservation, Workload
-from dispatcher.core.preemption import Claim
+from dispatcher.core.scheduling import Claim
 from dispatcher.core.workloads import InvalidSpec, workload_of
 
 Obj = dict[str, Any]

@@ -1,0 +1,118 @@
+"""Choosing preemption victims (rule 4). Pure, no I/O.
+
+`PreemptionPolicy` is the one-method seam the scheduling cycle calls when a workload fits
+nowhere; tests hand the cycle canned answers through it. `LowestPriorityFirst` is the
+default policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, Workload
+from dispatcher.core.scheduling.evictions import evict
+from dispatcher.core.scheduling.placement import ClusterState, Gang
+
+__all__ = ["Claim", "HonourClaims", "LowestPriorityFirst", "PreemptionPolicy"]
+
+
+class PreemptionPolicy(Protocol):
+    def choose_victims(
+        self, workload: Workload, cluster: ClusterSnapshot
+    ) -> tuple[str, ...] | None:
+        """Keys of the dispatched AppWrappers in `cluster` to evict so that `workload` fits.
+
+        None when eviction cannot help: there is nothing it may evict, or evicting all of
+        that still leaves it short. () when it fits already.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LowestPriorityFirst:
+    """Evict the fewest, least important AppWrappers that make room.
+
+    Candidates are the cluster's dispatched AppWrappers that are preemptible and of strictly
+    lower priority than the workload (equal or higher priority is never evicted, so two
+    workloads can never evict each other in turn). They are taken lowest priority first,
+    then most recently dispatched first (the least work lost), until the workload fits;
+    then every victim whose eviction turns out unnecessary is given back, last taken first,
+    until each remaining victim is needed: sparing any one of them would leave the workload
+    short. The set is minimal in that sense, not necessarily the smallest possible (finding
+    that is a knapsack problem).
+
+    "Fits" is checked on one `ClusterState` of the cluster, built as the cycle builds
+    it, with the victims evicted on it (see `evictions`: each gives back what it holds).
+    """
+
+    def choose_victims(
+        self, workload: Workload, cluster: ClusterSnapshot
+    ) -> tuple[str, ...] | None:
+        candidates: list[AdmittedWorkload] = sorted(
+            (a for a in cluster.admitted if a.preemptible and a.priority < workload.priority),
+            key=lambda a: (a.priority, -a.dispatched_at, a.key),
+        )
+        if not candidates:
+            return None
+        gang = Gang.of(workload.pod_sets)
+        state = ClusterState(cluster)
+        if state.fits(gang):
+            return ()
+        # Evict candidates in order until it fits.
+        undo: dict[str, Callable[[], None]] = {}
+        taken: list[AdmittedWorkload] = []
+        for candidate in candidates:
+            undo[candidate.key] = evict(state, candidate)
+            taken.append(candidate)
+            if state.fits(gang):
+                break
+        else:
+            return None  # evicting all of them still leaves it short
+        # Give back victims that are not needed, last taken first, until each one left is
+        # needed (after one is given back, an earlier one may have become unneeded).
+        given_back = True
+        while given_back:
+            given_back = False
+            for victim in reversed(taken):
+                undo[victim.key]()
+                if state.fits(gang):
+                    taken.remove(victim)
+                    given_back = True
+                    break
+                undo[victim.key] = evict(state, victim)
+        return tuple(v.key for v in taken)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A preemptor's hold on the room its victims are freeing, in one cluster."""
+
+    cluster: str
+    victims: tuple[str, ...]
+    at: float  # when the victims were chosen
+
+
+@dataclass(frozen=True, slots=True)
+class HonourClaims:
+    """Wraps a policy so that a preemptor with a claim never asks for more victims.
+
+    Between the eviction and the moment the victims' pods are gone, the preemptor still
+    does not fit. Asking the inner policy again then would evict a second set for the same
+    need. Instead the claim's victims are named again: the cycle records the preemption and
+    holds the cluster for the preemptor (lower priorities cannot take the freed room), and
+    the shell evicts nobody twice. A claim elsewhere keeps the preemptor from preempting in
+    another cluster as well.
+    """
+
+    inner: PreemptionPolicy
+    claims: Mapping[str, Claim]
+
+    def choose_victims(
+        self, workload: Workload, cluster: ClusterSnapshot
+    ) -> tuple[str, ...] | None:
+        claim = self.claims.get(workload.key)
+        if claim is None:
+            return self.inner.choose_victims(workload, cluster)
+        return claim.victims if claim.cluster == cluster.name else None
