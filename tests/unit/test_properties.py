@@ -8,8 +8,8 @@
     more than its allocatable, and a cycle never admits into a cluster beyond its
     schedulable capacity.
 (b) The default preemption policy never picks a victim of equal or higher priority; when
-    it names victims the workload fits once they are gone, and keeping any one of them
-    breaks the fit.
+    it names victims the workload fits once they hand back what they hold, and keeping any
+    one of them breaks the fit (checked with the plain best fit of `test_cycle_scale`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dispatcher.api.resources import EMPTY, Resources
-from dispatcher.core.cycle import schedule
-from dispatcher.core.fit import ClusterState
 from dispatcher.core.model import (
     AdmittedWorkload,
     ClusterSnapshot,
@@ -35,8 +33,9 @@ from dispatcher.core.model import (
     Toleration,
     Workload,
 )
-from dispatcher.core.preemption import LowestPriorityFirst
-from tests.unit.builders import GPU
+from dispatcher.core.scheduling import LowestPriorityFirst, schedule
+from tests.unit.builders import GPU, admitted_placements
+from tests.unit.test_cycle_scale import PlainState
 
 SETTINGS = settings(
     max_examples=200,
@@ -285,8 +284,9 @@ def apply_event(world: World, event: tuple[Any, ...]) -> None:
 
 def run_cycle(world: World, *, mode: QueueMode, preempt: bool, bind_now: bool) -> None:
     snapshots = [world.snapshot(c) for c in world.clusters]
+    pending = list(world.pending.values())
     result = schedule(
-        list(world.pending.values()),
+        pending,
         snapshots,
         mode=mode,
         now=world.clock,
@@ -299,16 +299,17 @@ def run_cycle(world: World, *, mode: QueueMode, preempt: bool, bind_now: bool) -
     admitted_to: dict[str, list[Workload]] = {}
     witness: dict[str, list[tuple[int, int]]] = {}
     witness_nodes: dict[str, list[tuple[int, str]]] = {}
+    placements = admitted_placements(result, pending, snapshots)
     for admit in result.admits:
         workload = world.pending.pop(admit.key)
-        placed = witness_by_node(workload, admit.assignments)
+        placed = witness_by_node(workload, placements[admit.key])
         run = Running(workload=workload, dispatched_at=world.clock, witness=placed)
         if bind_now:  # pods bound at once, exactly where the cycle placed them
             run.bound, run.reserved = dict(placed), False
         world.running[admit.cluster][admit.key] = run
         admitted_to.setdefault(admit.cluster, []).append(workload)
-        witness[admit.key] = [(a.pod_set, a.count) for a in admit.assignments]
-        witness_nodes[admit.key] = [(a.pod_set, a.node) for a in admit.assignments]
+        witness[admit.key] = [(a.pod_set, a.count) for a in placements[admit.key]]
+        witness_nodes[admit.key] = [(a.pod_set, a.node) for a in placements[admit.key]]
     check_cycle(world, admitted_to, witness, witness_nodes)
     for preemption in result.preemptions:
         preemptor = world.pending[preemption.key]
@@ -419,7 +420,13 @@ def preemption_world(draw: st.DrawFn) -> tuple[ClusterSnapshot, Workload]:
 
 
 def fits(snapshot: ClusterSnapshot, workload: Workload, evicted: set[str]) -> bool:
-    return ClusterState(snapshot.without(frozenset(evicted))).fits(workload.pod_sets) is None
+    """Whether the workload fits once `evicted` hand back what they hold (their bound pods,
+    their reservations' charges), by the plain best fit of the tests."""
+    plain = PlainState(snapshot)
+    for admitted in snapshot.admitted:
+        if admitted.key in evicted:
+            plain.evict(admitted)
+    return plain.place(workload.pod_sets) is not None
 
 
 @SETTINGS

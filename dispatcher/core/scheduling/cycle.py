@@ -9,12 +9,12 @@ comes in addition to the `Wait` of the workload that asked for it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from dispatcher.core.model import ClusterSnapshot, Placement, QueueMode, Reservation, Workload
-from dispatcher.core.scheduling.placement import ClusterState, Gang, Placed, Refusal
+from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
+from dispatcher.core.scheduling.clusters import CycleState, best_fit
+from dispatcher.core.scheduling.placement import Gang
 from dispatcher.core.scheduling.preemption import PreemptionPolicy
 
 __all__ = ["Admit", "CycleResult", "Preempt", "Wait", "queue_order_key", "schedule"]
@@ -58,137 +58,10 @@ def queue_order_key(workload: Workload) -> tuple[int, float, str]:
     return (-workload.priority, workload.created_at, workload.key)
 
 
-Reasons = list[tuple[str, Refusal]]  # (cluster name, why it does not fit there)
-
-
-class _Cycle:
-    """What one `schedule` call carries from one workload to the next."""
-
-    def __init__(self, clusters: Sequence[ClusterSnapshot], now: float) -> None:
-        self.clusters = sorted(clusters, key=lambda c: c.name)
-        self.now = now
-        self.states: dict[str, ClusterState] = {}  # built on first use
-        self.gangs: dict[tuple[str, ...], Gang] = {}
-        self.usable_for: dict[Placement, list[ClusterSnapshot]] = {}
-        self.ever: dict[tuple[str, tuple[str, ...]], bool] = {}
-        self.empty: dict[str, ClusterState] = {}
-        # Clusters later workloads may not use this cycle, and why (a preemptor's claim,
-        # a starving head's reservation).
-        self.held: dict[str, str] = {}
-        self.admitted: dict[str, list[Workload]] = {}
-        # (cluster, gang shape) -> the highest priority for which the policy found no
-        # victims: room only shrinks within a cycle, and a lower priority has fewer
-        # candidates, so asking again could not do better.
-        self.no_victims: dict[tuple[str, tuple[str, ...]], int] = {}
-        # Equal messages share one string: thousands of waits often say the same.
-        self.messages: dict[str, str] = {}
-
-    def state(self, cluster: ClusterSnapshot) -> ClusterState:
-        state = self.states.get(cluster.name)
-        if state is None:
-            state = self.states[cluster.name] = ClusterState(cluster)
-        return state
-
-    def gang(self, workload: Workload) -> Gang:
-        shape = tuple(p.shape for p in workload.pod_sets)
-        gang = self.gangs.get(shape)
-        if gang is None:
-            gang = self.gangs[shape] = Gang.of(workload.pod_sets)
-        return gang
-
-    def usable(self, placement: Placement) -> list[ClusterSnapshot]:
-        clusters = self.usable_for.get(placement)
-        if clusters is None:
-            clusters = self.usable_for[placement] = [
-                c for c in self.clusters if placement.allows(c)
-            ]
-        return clusters
-
-    def could_ever_fit(self, gang: Gang, cluster: ClusterSnapshot) -> bool:
-        """Whether it fits the cluster emptied; an unreachable cluster may (we cannot tell)."""
-        if not cluster.reachable:
-            return True
-        key = (cluster.name, gang.shape)
-        if key not in self.ever:
-            empty = self.empty.get(cluster.name)
-            if empty is None:
-                empty = self.empty[cluster.name] = ClusterState(cluster, empty=True)
-            self.ever[key] = empty.fits(gang)
-        return self.ever[key]
-
-    def with_admitted(self, cluster: ClusterSnapshot) -> ClusterSnapshot:
-        """The snapshot plus this cycle's admissions to it, as reservations."""
-        extra = self.admitted.get(cluster.name)
-        if not extra:
-            return cluster
-        added = tuple(
-            Reservation(w.key, w.pod_sets, w.priority, self.now, w.preemptible) for w in extra
-        )
-        return replace(cluster, reservations=cluster.reservations + added)
-
-    def message(self, workload: Workload, reasons: Reasons) -> str:
-        if not reasons:
-            text = "no member cluster matches the placement (clusterScheduling)"
-        elif len(self.clusters) == 1:
-            text = reasons[0][1].message(workload.pod_sets)
-        else:
-            text = "no cluster fits: " + "; ".join(
-                f"{name}: {why.message(workload.pod_sets)}" for name, why in reasons
-            )
-        return self.messages.setdefault(text, text)
-
-
-def _best_fit(
-    cycle: _Cycle, gang: Gang, usable: Sequence[ClusterSnapshot]
-) -> tuple[ClusterState, Placed] | Reasons:
-    """Place the gang in the best cluster that fits, or say why none does.
-
-    Best fit: among the clusters where the whole gang fits, the one left with the least
-    free of the gang's scarcest resource (the requested resource it takes the largest share
-    of, over the clusters where it fits) after placement; ties by cluster name. Packing
-    the tightest cluster keeps larger holes elsewhere for larger workloads.
-    """
-    reasons: Reasons = []
-    fitting: list[tuple[ClusterState, Placed]] = []
-    for cluster in usable:
-        if not cluster.reachable:
-            reasons.append((cluster.name, Refusal("unreachable")))
-        elif cluster.name in cycle.held:
-            reasons.append((cluster.name, Refusal(cycle.held[cluster.name])))
-        else:
-            state = cycle.state(cluster)
-            placed = state.place(gang)
-            if isinstance(placed, Refusal):
-                reasons.append((cluster.name, placed))
-            else:
-                fitting.append((state, placed))
-    if not fitting:
-        return reasons
-    scarcest = _scarcest(gang, [state for state, _ in fitting])
-    chosen = min(
-        fitting, key=lambda f: (0 if scarcest is None else f[0].free_of(scarcest), f[0].name)
-    )
-    for state, placed in fitting:
-        if state is not chosen[0]:
-            placed.undo()
-    return chosen
-
-
-def _scarcest(gang: Gang, states: Sequence[ClusterState]) -> str | None:
-    """The requested resource the gang takes the largest share of, over `states`."""
-    best: tuple[float, str] | None = None
-    for resource, value in gang.totals:
-        capacity = sum(s.capacity_of(resource) for s in states)
-        share = value / capacity if capacity > 0 else math.inf
-        if best is None or share > best[0]:
-            best = (share, resource)
-    return None if best is None else best[1]
-
-
 def _preempt(
     workload: Workload,
     gang: Gang,
-    cycle: _Cycle,
+    cycle: CycleState,
     usable: Sequence[ClusterSnapshot],
     policy: PreemptionPolicy,
 ) -> Preempt | None:
@@ -205,7 +78,21 @@ def _preempt(
             cycle.no_victims[(cluster.name, gang.shape)] = workload.priority
         elif victims and (best is None or len(victims) < len(best.victims)):
             best = Preempt(key=workload.key, cluster=cluster.name, victims=victims)
+            if len(victims) == 1:
+                break  # no later cluster can name fewer, and a tie goes to the earlier one
     return best
+
+
+def _policy_done(
+    workload: Workload, gang: Gang, cycle: CycleState, usable: Sequence[ClusterSnapshot]
+) -> bool:
+    """Whether `_preempt` would ask the policy nothing for this workload now."""
+    for cluster in usable:
+        if cluster.reachable and cluster.name not in cycle.held:
+            failed_at = cycle.no_victims.get((cluster.name, gang.shape))
+            if failed_at is None or workload.priority > failed_at:
+                return False
+    return True
 
 
 def schedule(
@@ -238,7 +125,7 @@ def schedule(
     ordered = sorted(pending, key=queue_order_key)
 
     # 2. Snapshot: one mutable simulation per cluster, built on first use.
-    cycle = _Cycle(clusters, now)
+    cycle = CycleState(clusters, now)
     admits: list[Admit] = []
     waits: list[Wait] = []
     preemptions: list[Preempt] = []
@@ -252,21 +139,33 @@ def schedule(
             continue
         gang = cycle.gang(workload)
         usable = cycle.usable(workload.placement)
-        outcome = _best_fit(cycle, gang, usable)
-        if isinstance(outcome, tuple):
-            admits.append(Admit(workload.key, outcome[0].name))
-            cycle.admitted.setdefault(outcome[0].name, []).append(workload)
-            continue
-        chosen = None
-        if preemption is not None:
-            chosen = _preempt(workload, gang, cycle, usable, preemption)
+        # (The policy's answers depend on the priority; without a policy it plays no part.)
+        priority = None if preemption is None else workload.priority
+        question = (gang.shape, workload.placement, priority)
+        reasons = cycle.known_refusal(question)
+        chosen: Preempt | None = None
+        if reasons is None:
+            outcome = best_fit(cycle, gang, usable)
+            if isinstance(outcome, tuple):
+                admits.append(Admit(workload.key, outcome[0].name))
+                cycle.admitted.setdefault(outcome[0].name, []).append(workload)
+                cycle.version += 1
+                continue
+            reasons = outcome
+            if preemption is not None:
+                chosen = _preempt(workload, gang, cycle, usable, preemption)
+            if chosen is None and (
+                preemption is None or _policy_done(workload, gang, cycle, usable)
+            ):
+                cycle.refused[question] = (cycle.version, reasons)
 
         # 4. It fits nowhere: say why, maybe preempt, and hold what it is owed.
         head_key = head_key or workload.key
-        message = cycle.message(workload, outcome)
+        message = cycle.message(workload, reasons)
         if chosen is not None:
             preemptions.append(chosen)
             cycle.held[chosen.cluster] = f"held for {workload.key}, which is preempting"
+            cycle.version += 1
             where = "" if len(cycle.clusters) == 1 else f" in {chosen.cluster}"
             message += f"; preempting {', '.join(chosen.victims)}{where}"
         waits.append(Wait(workload.key, message))
@@ -280,6 +179,7 @@ def schedule(
                         f"held for {workload.key}, queued longer than {starvation_after:g}s"
                         " (starvation guard)"
                     )
+                    cycle.version += 1
 
     # 5. Hand the decisions back to the controller.
     return CycleResult(

@@ -28,6 +28,7 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 from dispatcher.api.quantity import format_milli
 from dispatcher.api.resources import Resources
@@ -40,6 +41,9 @@ __all__ = ["ClusterState", "Gang", "NodeAssignment", "Placed", "Refusal"]
 POD = "\x00"
 
 Requests = tuple[tuple[str, int], ...]  # (resource, milli-units), positive amounts only
+# Pods of one pod set applied to one node: (pod set index, node index, per-pod requests,
+# pods).
+_Applied = tuple[int, int, Requests, int]
 Constraint = tuple[tuple[tuple[str, str], ...], tuple[Toleration, ...]]  # selector, tolerations
 
 
@@ -94,17 +98,22 @@ class Gang:
 
 @dataclass(frozen=True, slots=True)
 class Placed:
-    """A gang placed in a `ClusterState`: where its pods went, and how to take them off."""
+    """A gang placed in a `ClusterState`, and how to take it off again."""
 
-    assignments: tuple[NodeAssignment, ...]
-    undo: Callable[[], None] = field(compare=False)
+    applied: tuple[_Applied, ...]
+    node_names: Sequence[str] = field(repr=False)
+    undo: Callable[[], None] = field(repr=False, compare=False)
+
+    @property
+    def assignments(self) -> tuple[NodeAssignment, ...]:
+        """Where its pods went, in the order they were placed."""
+        return tuple(
+            NodeAssignment(pod_set=pod_set, node=self.node_names[node], count=count)
+            for pod_set, node, _, count in self.applied
+        )
 
 
 _UNEXPLAINED = Refusal("does not fit")
-
-# Pods of one pod set applied to one node: (pod set index, node index, per-pod requests,
-# pods).
-_Applied = tuple[int, int, Requests, int]
 
 
 class _Order:
@@ -120,12 +129,16 @@ class _Order:
         self.multipliers = [
             math.prod(c for j, c in enumerate(capacities) if j != i) for i in range(len(resources))
         ]
+        self._terms = list(zip(self.columns, self.multipliers, strict=True))
         self.nodes = nodes
         self.keys = {n: (self.room(n), n) for n in nodes}
         self.sorted = sorted(self.keys.values())
 
     def room(self, node: int) -> int:
-        return sum(c[node] * m for c, m in zip(self.columns, self.multipliers, strict=True))
+        total = 0
+        for column, multiplier in self._terms:
+            total += column[node] * multiplier
+        return total
 
     def moved(self, node: int) -> None:
         """Re-sort `node` after its free room changed."""
@@ -160,12 +173,13 @@ class ClusterState:
                     column[index] -= value
         self.index = {name: i for i, name in enumerate(self.names)}
         self.free_total = {r: sum(column) for r, column in self.free.items()}
-        self.overflow: dict[str, int] = {}  # reserved pods charged to the aggregate only
         # Per reservation key, what it was charged: (pods applied to nodes, totals).
         self.reserved: dict[str, tuple[list[_Applied], Requests]] = {}
         self._orders: dict[tuple[tuple[str, ...], Constraint], _Order] = {}
         self._admitting: dict[Constraint, list[int]] = {}
         self._full: dict[Requests, set[int]] = {}  # see `_fill`
+        self._gangs: dict[tuple[str, ...], Gang] = {}  # reservations' gangs by shape
+        self._largest: dict[tuple[str, ...], list[int]] = {}  # see `_largest_first`
         # Gang shapes that found no room per node, with why and how many placements had
         # been made then: room only shrinks, until one of those placements is undone.
         self._failed: dict[tuple[str, ...], tuple[Refusal, int]] = {}
@@ -212,12 +226,13 @@ class ClusterState:
     def reserve(self, reservation: Reservation) -> None:
         """Charge a dispatched AppWrapper's unbound pods: per node where they fit, and
         always against the aggregate."""
-        gang = Gang.of(reservation.pod_sets)
+        shape = tuple(p.shape for p in reservation.pod_sets)
+        gang = self._gangs.get(shape)
+        if gang is None:
+            gang = self._gangs[shape] = Gang.of(reservation.pod_sets)
         applied: list[_Applied] = []
         for index in self._largest_first(gang):
-            left = self._fill(gang, index, applied)
-            for resource, value in gang.requests[index]:
-                self.overflow[resource] = self.overflow.get(resource, 0) + value * left
+            self._fill(gang, index, applied)  # pods that find no node: aggregate only
         self._charge(gang.totals, -1)
         self.reserved[reservation.key] = (applied, gang.totals)
 
@@ -279,11 +294,7 @@ class ClusterState:
             # Room came back: a failure recorded while this placement stood may fit now.
             self._failed = {k: v for k, v in self._failed.items() if v[1] < made}
 
-        assignments = tuple(
-            NodeAssignment(pod_set=pod_set, node=self.names[node], count=count)
-            for pod_set, node, _, count in applied
-        )
-        return Placed(assignments=assignments, undo=undo)
+        return Placed(applied=tuple(applied), node_names=self.names, undo=undo)
 
     def _charge(self, totals: Requests, sign: int) -> None:
         for resource, value in totals:
@@ -308,7 +319,7 @@ class ClusterState:
         full = self._full.setdefault(asked, set())
         left = max(pod_set.count, 0)
         touched = []
-        for _, node in order.sorted[start:]:
+        for _, node in islice(order.sorted, start, None):
             if not left:
                 break
             if node in full:
@@ -351,15 +362,19 @@ class ClusterState:
         """Pod set indices, the pods with the largest dominant share of the cluster first
         (they are the hardest to place; small ones fill the gaps left)."""
 
-        def share(index: int) -> float:
-            largest = 0.0
-            for resource, value in gang.requests[index]:
-                capacity = self.capacity.get(resource, 0)
-                largest = max(largest, value / capacity if capacity > 0 else math.inf)
-            return largest
+        order = self._largest.get(gang.shape)
+        if order is None:
 
-        used = [i for i, p in enumerate(gang.pod_sets) if p.count > 0]
-        return sorted(used, key=lambda i: (-share(i), i))
+            def share(index: int) -> float:
+                largest = 0.0
+                for resource, value in gang.requests[index]:
+                    capacity = self.capacity.get(resource, 0)
+                    largest = max(largest, value / capacity if capacity > 0 else math.inf)
+                return largest
+
+            used = [i for i, p in enumerate(gang.pod_sets) if p.count > 0]
+            order = self._largest[gang.shape] = sorted(used, key=lambda i: (-share(i), i))
+        return order
 
     def _admitting_nodes(self, pod_set: PodSet) -> list[int]:
         """The nodes whose labels and taints let these pods on, in snapshot order."""
