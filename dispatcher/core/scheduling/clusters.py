@@ -13,8 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from dispatcher.core.model import ClusterSnapshot, Placement, Reservation, Workload
-from dispatcher.core.scheduling.placement import ClusterState, Gang, Placed, Refusal
+from dispatcher.core.model import ClusterSnapshot, Placement, PodSet, Reservation, Workload
+from dispatcher.core.scheduling.placement import POD, ClusterState, Gang, Placed, Refusal
 
 __all__ = ["CycleState", "Reasons", "best_fit", "scarcest_of"]
 
@@ -45,6 +45,7 @@ class CycleState:
         self.no_victims: dict[tuple[str, tuple[str, ...]], int] = {}
         # Equal messages share one string: thousands of waits often say the same.
         self.messages: dict[str, str] = {}
+        self.combined: dict[tuple[tuple[str, Refusal], ...], Refusal] = {}  # see `message`
         # Answers for gangs that fit nowhere, by (gang shape, usable clusters, priority),
         # each with the `version` it was found at. Room only shrinks within a cycle and
         # holds only add, so until the next admission or hold the same question gets the
@@ -60,7 +61,7 @@ class CycleState:
         return state
 
     def gang(self, workload: Workload) -> Gang:
-        shape = tuple(p.shape for p in workload.pod_sets)
+        shape = tuple([p.shape for p in workload.pod_sets])
         gang = self.gangs.get(shape)
         if gang is None:
             gang = self.gangs[shape] = Gang.of(workload.pod_sets)
@@ -121,15 +122,30 @@ class CycleState:
         return known[1] if known is not None and known[0] == self.version else None
 
     def message(self, workload: Workload, reasons: Reasons) -> str:
-        if not reasons:
-            text = "no member cluster matches the placement (clusterScheduling)"
-        elif len(self.clusters) == 1:
-            text = reasons[0][1].message(workload.pod_sets)
-        else:
-            text = "no cluster fits: " + "; ".join(
-                f"{name}: {why.message(workload.pod_sets)}" for name, why in reasons
-            )
+        """Why the workload waits, from the reasons each usable cluster gave."""
+        why = self.combined.get(tuple(reasons))
+        if why is None:
+            why = self.combined[tuple(reasons)] = self._combine(reasons)
+        if why.pod_set >= 0 or why.text.find(POD) < 0:
+            text = why.message(workload.pod_sets)
+        else:  # the reasons name different pod sets
+            text = self._combine(reasons, workload.pod_sets).text
         return self.messages.setdefault(text, text)
+
+    def _combine(self, reasons: Reasons, pod_sets: Sequence[PodSet] = ()) -> Refusal:
+        """One `Refusal` for all the clusters (naming the pods, given `pod_sets`)."""
+        if not reasons:
+            return Refusal("no member cluster matches the placement (clusterScheduling)")
+        if len(self.clusters) == 1 and not pod_sets:
+            return reasons[0][1]
+        named = {why.pod_set for _, why in reasons if why.pod_set >= 0}
+        pod_set = named.pop() if len(named) == 1 else -1
+        parts = [
+            f"{name}: {why.message(pod_sets) if pod_sets else why.text}" for name, why in reasons
+        ]
+        if len(self.clusters) == 1:
+            return Refusal(parts[0].partition(": ")[2], pod_set)
+        return Refusal("no cluster fits: " + "; ".join(parts), pod_set)
 
 
 def best_fit(

@@ -152,6 +152,11 @@ class _Order:
             self.keys[node] = new
 
 
+# See `ClusterState._step`: the order walked, the key it starts from, (free column,
+# milli-units per pod) per resource, and the nodes known full for such pods.
+_Step = tuple[_Order, tuple[int, int], list[tuple[list[int], int]], set[int]]
+
+
 class ClusterState:
     """A mutable simulation of one cluster's free room for one scheduling cycle."""
 
@@ -180,13 +185,14 @@ class ClusterState:
         self._full: dict[Requests, set[int]] = {}  # see `_fill`
         self._gangs: dict[tuple[str, ...], Gang] = {}  # reservations' gangs by shape
         self._largest: dict[tuple[str, ...], list[int]] = {}  # see `_largest_first`
+        self._steps: dict[tuple[tuple[str, ...], int], _Step] = {}  # by gang shape, pod set
         # Gang shapes that found no room per node, with why and how many placements had
         # been made then: room only shrinks, until one of those placements is undone.
         self._failed: dict[tuple[str, ...], tuple[Refusal, int]] = {}
         self._placements = 0
         # Aggregate shortfalls by (totals, free amounts): thousands of workloads of a few
         # shapes are refused with the same numbers.
-        self._shortfalls: dict[tuple[Requests, tuple[int, ...]], Refusal] = {}
+        self._shortfalls: dict[tuple[Requests, tuple[int | None, ...]], Refusal] = {}
         if not empty:
             by_age = sorted(snapshot.reservations, key=lambda r: (r.dispatched_at, r.key))
             for reservation in by_age:
@@ -309,14 +315,11 @@ class ClusterState:
         found no node."""
         pod_set = gang.pod_sets[index]
         asked = gang.requests[index]
-        order = self._order(pod_set, asked)
-        # A node that holds one pod has at least this room: the walk starts there.
-        floor = sum(value * m for (_, value), m in zip(asked, order.multipliers, strict=True))
-        start = bisect_left(order.sorted, (floor, -1))
-        columns = list(zip(order.columns, [value for _, value in asked], strict=True))
-        # Nodes known to hold no pod of this size: room only shrinks as pods are placed,
-        # so they stay full until room comes back to them (see `_moved`).
-        full = self._full.setdefault(asked, set())
+        step = self._steps.get((gang.shape, index))
+        if step is None:
+            step = self._steps[(gang.shape, index)] = self._step(pod_set, asked)
+        order, start_key, columns, full = step
+        start = bisect_left(order.sorted, start_key)
         left = max(pod_set.count, 0)
         touched = []
         for _, node in islice(order.sorted, start, None):
@@ -386,6 +389,17 @@ class ClusterState:
             ]
         return nodes
 
+    def _step(self, pod_set: PodSet, asked: Requests) -> _Step:
+        """How pods of this size and these constraints are placed (worked out once)."""
+        order = self._order(pod_set, asked)
+        # A node that holds one pod has at least this room: the walk starts there.
+        floor = sum(value * m for (_, value), m in zip(asked, order.multipliers, strict=True))
+        columns = list(zip(order.columns, [value for _, value in asked], strict=True))
+        # Nodes known to hold no pod of this size: room only shrinks as pods are placed,
+        # so they stay full until room comes back to them (see `_moved`).
+        full = self._full.setdefault(asked, set())
+        return (order, (floor, -1), columns, full)
+
     def _order(self, pod_set: PodSet, asked: Requests) -> _Order:
         resources = tuple(r for r, _ in asked)
         key = (resources, (pod_set.node_selector, pod_set.tolerations))
@@ -404,16 +418,21 @@ class ClusterState:
     # -- why not -----------------------------------------------------------------------
 
     def _aggregate_shortfall(self, gang: Gang) -> Refusal:
-        free = tuple(self.free_total.get(r, 0) for r, _ in gang.totals)
-        known = self._shortfalls.get((gang.totals, free))
+        # The message names only the resources short, with what is free of them: the key
+        # holds those amounts (None for the others), so room taken elsewhere keeps it.
+        free = self.free_total
+        short = tuple(
+            free.get(r, 0) if value > free.get(r, 0) else None for r, value in gang.totals
+        )
+        known = self._shortfalls.get((gang.totals, short))
         if known is None:
             clauses = [
                 f"needs {_amount(r, value)}, free {_amount_of(r, have)} of "
                 f"{format_milli(self.capacity.get(r, 0), r)}"
-                for (r, value), have in zip(gang.totals, free, strict=True)
-                if value > have
+                for (r, value), have in zip(gang.totals, short, strict=True)
+                if have is not None
             ]
-            known = self._shortfalls[(gang.totals, free)] = Refusal("; ".join(clauses))
+            known = self._shortfalls[(gang.totals, short)] = Refusal("; ".join(clauses))
         return known
 
     def _no_nodes(self) -> Refusal:
@@ -437,12 +456,15 @@ class ClusterState:
         def roomiest(nodes: list[int]) -> tuple[float, int]:
             if not asked:
                 return (0.0, nodes[0])
-            best = (-math.inf, nodes[0])
-            for node in nodes:
-                ratio = min(self.free[r][node] / value for r, value in asked)
-                if ratio > best[0]:
-                    best = (ratio, node)
-            return best
+            # Per node, how many pods its free room holds, by its scarcest resource; one
+            # list per resource, combined pairwise (this runs over every node).
+            holds: list[float] = []
+            for resource, value in asked:
+                column = self.free[resource]
+                these = [column[node] / value for node in nodes]
+                holds = list(map(min, holds, these)) if holds else these
+            best = max(holds)
+            return (best, nodes[holds.index(best)])
 
         pod_set = gang.pod_sets[index]
         # Nodes that have none of a requested resource hold no room for it: a node that
