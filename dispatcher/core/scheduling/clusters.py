@@ -45,12 +45,11 @@ class CycleState:
         self.no_victims: dict[tuple[str, tuple[str, ...]], int] = {}
         # Equal messages share one string: thousands of waits often say the same.
         self.messages: dict[str, str] = {}
-        self.combined: dict[tuple[tuple[str, Refusal], ...], Refusal] = {}  # see `message`
         # Answers for gangs that fit nowhere, by (gang shape, usable clusters, priority),
         # each with the `version` it was found at. Room only shrinks within a cycle and
         # holds only add, so until the next admission or hold the same question gets the
         # same answer; the version counts admissions and holds.
-        self.refused: dict[tuple[object, ...], tuple[int, Reasons]] = {}
+        self.refused: dict[tuple[object, ...], tuple[int, Reasons, Refusal]] = {}
         self.version = 0
         self.scarcest: dict[tuple[object, ...], tuple[bool, str | None]] = {}  # see `settled`
 
@@ -68,6 +67,8 @@ class CycleState:
         return gang
 
     def usable(self, placement: Placement) -> list[ClusterSnapshot]:
+        if placement.clusters is None and not placement.match_labels:
+            return self.clusters  # the usual case, without hashing the placement
         clusters = self.usable_for.get(placement)
         if clusters is None:
             clusters = self.usable_for[placement] = [
@@ -116,23 +117,23 @@ class CycleState:
             self.scarcest[key] = answer
         return answer
 
-    def known_refusal(self, question: tuple[object, ...]) -> Reasons | None:
-        """The reasons found for the same question since the last admission or hold."""
+    def known_refusal(self, question: tuple[object, ...]) -> tuple[Reasons, Refusal] | None:
+        """The reasons found for the same question since the last admission or hold, and
+        the message they make."""
         known = self.refused.get(question)
-        return known[1] if known is not None and known[0] == self.version else None
+        if known is None or known[0] != self.version:
+            return None
+        return known[1], known[2]
 
-    def message(self, workload: Workload, reasons: Reasons) -> str:
-        """Why the workload waits, from the reasons each usable cluster gave."""
-        why = self.combined.get(tuple(reasons))
-        if why is None:
-            why = self.combined[tuple(reasons)] = self._combine(reasons)
-        if why.pod_set >= 0 or why.text.find(POD) < 0:
+    def message(self, workload: Workload, reasons: Reasons, why: Refusal) -> str:
+        """Why the workload waits: `why` combines the `reasons` each usable cluster gave."""
+        if why.pod_set >= 0 or POD not in why.text:
             text = why.message(workload.pod_sets)
         else:  # the reasons name different pod sets
-            text = self._combine(reasons, workload.pod_sets).text
+            text = self.combine(reasons, workload.pod_sets).text
         return self.messages.setdefault(text, text)
 
-    def _combine(self, reasons: Reasons, pod_sets: Sequence[PodSet] = ()) -> Refusal:
+    def combine(self, reasons: Reasons, pod_sets: Sequence[PodSet] = ()) -> Refusal:
         """One `Refusal` for all the clusters (naming the pods, given `pod_sets`)."""
         if not reasons:
             return Refusal("no member cluster matches the placement (clusterScheduling)")
@@ -181,7 +182,7 @@ def best_fit(
         resource = scarcest
         candidates.sort(key=lambda state: (state.free_of(resource), state.name))
     for state in candidates:
-        placed = state.place(gang)
+        placed = state.place(gang, checked=True)
         if isinstance(placed, Refusal):
             why[state.name] = placed
             continue

@@ -142,26 +142,28 @@ def schedule(
         # (The policy's answers depend on the priority; without a policy it plays no part.)
         priority = None if preemption is None else workload.priority
         question = (gang.shape, workload.placement, priority)
-        reasons = cycle.known_refusal(question)
+        known = cycle.known_refusal(question)
         chosen: Preempt | None = None
-        if reasons is None:
+        if known is not None:
+            reasons, why = known
+        else:
             outcome = best_fit(cycle, gang, usable)
             if isinstance(outcome, tuple):
                 admits.append(Admit(workload.key, outcome[0].name))
                 cycle.admitted.setdefault(outcome[0].name, []).append(workload)
                 cycle.version += 1
                 continue
-            reasons = outcome
+            reasons, why = outcome, cycle.combine(outcome)
             if preemption is not None:
                 chosen = _preempt(workload, gang, cycle, usable, preemption)
             if chosen is None and (
                 preemption is None or _policy_done(workload, gang, cycle, usable)
             ):
-                cycle.refused[question] = (cycle.version, reasons)
+                cycle.refused[question] = (cycle.version, reasons, why)
 
         # 4. It fits nowhere: say why, maybe preempt, and hold what it is owed.
         head_key = head_key or workload.key
-        message = cycle.message(workload, reasons)
+        message = cycle.message(workload, reasons, why)
         if chosen is not None:
             preemptions.append(chosen)
             cycle.held[chosen.cluster] = f"held for {workload.key}, which is preempting"

@@ -261,10 +261,13 @@ class ClusterState:
         placed.undo()
         return True
 
-    def place(self, gang: Gang, *, explain: bool = True) -> Placed | Refusal:
+    def place(self, gang: Gang, *, explain: bool = True, checked: bool = False) -> Placed | Refusal:
         """Place every pod of the gang, or none and say why (unless not `explain`: a
-        reason costs a pass over the nodes, and a yes-or-no question needs none)."""
-        if explain:
+        reason costs a pass over the nodes, and a yes-or-no question needs none).
+        `checked`: `refusal` just said None."""
+        if checked:
+            pass
+        elif explain:
             refused = self.refusal(gang)
             if refused is not None:
                 return refused
