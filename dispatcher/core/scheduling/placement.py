@@ -113,6 +113,7 @@ class Placed:
         )
 
 
+# The answer of `place(explain=False)`: working out why costs a pass over the nodes.
 _UNEXPLAINED = Refusal("does not fit")
 
 
@@ -187,7 +188,8 @@ class ClusterState:
         self._largest: dict[tuple[str, ...], list[int]] = {}  # see `_largest_first`
         self._steps: dict[tuple[tuple[str, ...], int], _Step] = {}  # by gang shape, pod set
         # Gang shapes that found no room per node, with why and how many placements had
-        # been made then: room only shrinks, until one of those placements is undone.
+        # been made then (a count that never goes down): room only shrinks, until one of
+        # those placements is undone.
         self._failed: dict[tuple[str, ...], tuple[Refusal, int]] = {}
         self._placements = 0
         # Aggregate shortfalls by (totals, free amounts): thousands of workloads of a few
@@ -265,14 +267,15 @@ class ClusterState:
         """Place every pod of the gang, or none and say why (unless not `explain`: a
         reason costs a pass over the nodes, and a yes-or-no question needs none).
         `checked`: `refusal` just said None."""
-        if checked:
-            pass
-        elif explain:
-            refused = self.refusal(gang)
+        if not checked:
+            if explain:
+                refused = self.refusal(gang)
+            elif any(value > self.free_total.get(r, 0) for r, value in gang.totals):
+                refused = _UNEXPLAINED
+            else:
+                refused = None
             if refused is not None:
                 return refused
-        elif any(value > self.free_total.get(r, 0) for r, value in gang.totals):
-            return _UNEXPLAINED
         applied: list[_Applied] = []
         for index in self._largest_first(gang):
             if not self._admitting_nodes(gang.pod_sets[index]):
@@ -299,7 +302,6 @@ class ClusterState:
             undone.append(True)
             self._unapply(applied)
             self._charge(gang.totals, +1)
-            self._placements -= 1
             # Room came back: a failure recorded while this placement stood may fit now.
             self._failed = {k: v for k, v in self._failed.items() if v[1] < made}
 
