@@ -53,6 +53,16 @@ class CycleState:
         self.version = 0
         self.scarcest: dict[tuple[object, ...], tuple[bool, str | None]] = {}  # see `settled`
 
+    def admit(self, workload: Workload, cluster: str) -> None:
+        """Record an admission (its pods are placed in the cluster's state already)."""
+        self.admitted.setdefault(cluster, []).append(workload)
+        self.version += 1
+
+    def hold(self, cluster: str, why: str) -> None:
+        """Keep later workloads out of `cluster` for the rest of the cycle."""
+        self.held[cluster] = why
+        self.version += 1
+
     def state(self, cluster: ClusterSnapshot) -> ClusterState:
         state = self.states.get(cluster.name)
         if state is None:

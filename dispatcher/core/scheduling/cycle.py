@@ -139,7 +139,9 @@ def schedule(
             continue
         gang = cycle.gang(workload)
         usable = cycle.usable(workload.placement)
-        # (The policy's answers depend on the priority; without a policy it plays no part.)
+        # A gang of the same shape and placement refused since the last admission or hold
+        # is refused again for the same reasons (the policy's answers also depend on the
+        # priority; without a policy it plays no part).
         priority = None if preemption is None else workload.priority
         question = (gang.shape, workload.placement, priority)
         known = cycle.known_refusal(question)
@@ -150,8 +152,7 @@ def schedule(
             outcome = best_fit(cycle, gang, usable)
             if isinstance(outcome, tuple):
                 admits.append(Admit(workload.key, outcome[0].name))
-                cycle.admitted.setdefault(outcome[0].name, []).append(workload)
-                cycle.version += 1
+                cycle.admit(workload, outcome[0].name)
                 continue
             reasons, why = outcome, cycle.combine(outcome)
             if preemption is not None:
@@ -166,8 +167,7 @@ def schedule(
         message = cycle.message(workload, reasons, why)
         if chosen is not None:
             preemptions.append(chosen)
-            cycle.held[chosen.cluster] = f"held for {workload.key}, which is preempting"
-            cycle.version += 1
+            cycle.hold(chosen.cluster, f"held for {workload.key}, which is preempting")
             where = "" if len(cycle.clusters) == 1 else f" in {chosen.cluster}"
             message += f"; preempting {', '.join(chosen.victims)}{where}"
         waits.append(Wait(workload.key, message))
@@ -177,11 +177,11 @@ def schedule(
         elif now - workload.queued_since > starvation_after:
             for cluster in usable:
                 if cluster.name not in cycle.held and cycle.could_ever_fit(gang, cluster):
-                    cycle.held[cluster.name] = (
+                    cycle.hold(
+                        cluster.name,
                         f"held for {workload.key}, queued longer than {starvation_after:g}s"
-                        " (starvation guard)"
+                        " (starvation guard)",
                     )
-                    cycle.version += 1
 
     # 5. Hand the decisions back to the controller.
     return CycleResult(
