@@ -10,6 +10,7 @@
 (b) The default preemption policy never picks a victim of equal or higher priority; when
     it names victims the workload fits once they hand back what they hold, and keeping any
     one of them breaks the fit (checked with the plain best fit of `test_cycle_scale`).
+(c) Decisions follow the queue order (rule 3), and StrictFIFO admits nothing past its head.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dispatcher.core.model import (
     Toleration,
     Workload,
 )
-from dispatcher.core.scheduling import LowestPriorityFirst, schedule
+from dispatcher.core.scheduling import LowestPriorityFirst, queue_order_key, schedule
 from tests.unit.builders import GPU, admitted_placements
 from tests.unit.test_cycle_scale import PlainState
 
@@ -454,3 +455,66 @@ def test_preemption_victims_are_lower_priority_sufficient_and_minimal(
     assert fits(snapshot, preemptor, set(victims))
     for victim in victims:
         assert not fits(snapshot, preemptor, set(victims) - {victim}), f"{victim} not needed"
+
+
+@st.composite
+def queue_world(draw: st.DrawFn) -> tuple[list[Workload], list[ClusterSnapshot]]:
+    clusters = []
+    for index in range(draw(st.integers(1, 3))):
+        nodes = tuple(
+            NodeState(
+                name=f"c{index}-n{i}",
+                allocatable=allocatable,
+                labels=dict(labels),
+                taints=(TAINT,) if tainted else (),
+            )
+            for i, (allocatable, labels, tainted) in enumerate(
+                draw(st.lists(nodes_strategy, max_size=4))
+            )
+        )
+        clusters.append(ClusterSnapshot(name=f"c{index}", nodes=nodes))
+    pending = [
+        Workload(
+            key=f"ns/w{i}",
+            priority=draw(st.integers(0, 2)),
+            created_at=float(draw(st.integers(0, 3))),  # ties are common
+            pod_sets=tuple(draw(st.lists(pod_set_strategy, min_size=1, max_size=2))),
+            queued_since=float(draw(st.sampled_from([0, 100]))),
+        )
+        for i in range(draw(st.integers(0, 12)))
+    ]
+    return pending, clusters
+
+
+@SETTINGS
+@given(world=queue_world(), mode=st.sampled_from(list(QueueMode)), preempt=st.booleans())
+def test_decisions_follow_queue_order(
+    world: tuple[list[Workload], list[ClusterSnapshot]], mode: QueueMode, preempt: bool
+) -> None:
+    """Rule 3: workloads are decided in queue order (priority, age, key) whatever order
+    they come in; `head_key` is the first not admitted; under StrictFIFO, everything after
+    a head that could fit an empty cluster waits behind it."""
+    pending, clusters = world
+    result = schedule(
+        pending[::-1],
+        clusters,
+        mode=mode,
+        now=50.0,
+        starvation_after=10.0,
+        preemption=LowestPriorityFirst() if preempt else None,
+    )
+    order = [w.key for w in sorted(pending, key=queue_order_key)]
+    position = {key: i for i, key in enumerate(order)}
+    admitted = [a.key for a in result.admits]
+    waiting = [w.key for w in result.waits]
+    assert admitted == sorted(admitted, key=position.__getitem__)
+    assert waiting == sorted(waiting, key=position.__getitem__)
+    assert sorted(admitted + waiting) == sorted(order)
+    first_waiting = next((key for key in order if key not in set(admitted)), None)
+    assert result.head_key == first_waiting
+    if mode is QueueMode.STRICT_FIFO and first_waiting is not None:
+        behind = [w for w in result.waits if "(head of line)" in w.message]
+        if behind:
+            after = order[order.index(behind[0].key) :]
+            assert not set(after) & set(admitted), "nothing is admitted past the head"
+            assert all(w.message == behind[0].message for w in result.waits[-len(behind) :])
