@@ -143,7 +143,9 @@ def schedule(
         # is refused again for the same reasons (the policy's answers also depend on the
         # priority; without a policy it plays no part).
         priority = None if preemption is None else workload.priority
-        question = (gang.shape, workload.placement, priority)
+        placement = workload.placement
+        anywhere = placement.clusters is None and not placement.match_labels  # (not hashed)
+        question = (gang.shape, None if anywhere else placement, priority)
         known = cycle.known_refusal(question)
         chosen: Preempt | None = None
         if known is not None:
