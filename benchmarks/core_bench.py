@@ -34,8 +34,6 @@ from typing import Any
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE
 from dispatcher.api.resources import EMPTY, Resources
 from dispatcher.cluster.capacity import CapacityCache, slim_pod
-from dispatcher.core.cycle import CycleResult, schedule
-from dispatcher.core.fit import ClusterState
 from dispatcher.core.model import (
     AdmittedWorkload,
     ClusterSnapshot,
@@ -48,7 +46,8 @@ from dispatcher.core.model import (
     Toleration,
     Workload,
 )
-from dispatcher.core.preemption import LowestPriorityFirst, PreemptionPolicy
+from dispatcher.core.scheduling import CycleResult, LowestPriorityFirst, PreemptionPolicy, schedule
+from dispatcher.core.scheduling.placement import ClusterState, Gang, Refusal
 
 GPU = "nvidia.com/gpu"
 GI = 2**30 * 1000  # milli-units of one Gi of memory
@@ -174,7 +173,7 @@ def build_cluster(
             break
         key = f"starting/{name}-{attempt:04d}"
         pod_sets = _pod_sets(rng.choice(SHAPES), key)
-        if not state.try_place(pod_sets).ok:
+        if isinstance(state.place(Gang.of(pod_sets)), Refusal):
             continue
         priority = rng.choice([0, 0, 1])
         dispatched_at = NOW - 60 + attempt * 60 / (wanted * 4)

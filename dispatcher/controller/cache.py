@@ -29,8 +29,8 @@ from dispatcher.controller.models import Models, resource_version
 from dispatcher.core import conditions as cond
 from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, Reservation, Workload
 from dispatcher.core.phase import SCHEDULED, Phase, phase_of_raw
-from dispatcher.core.preemption import Claim
 from dispatcher.core.reservations import Holding, holding
+from dispatcher.core.scheduling import Claim
 
 Obj = dict[str, Any]
 

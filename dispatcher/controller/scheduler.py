@@ -35,10 +35,15 @@ from dispatcher.controller.status import StatusWriter
 from dispatcher.controller.waiting import WaitingWriter
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
-from dispatcher.core.cycle import CycleResult, schedule
 from dispatcher.core.model import Workload
 from dispatcher.core.phase import Phase
-from dispatcher.core.preemption import HonourClaims, LowestPriorityFirst, PreemptionPolicy
+from dispatcher.core.scheduling import (
+    CycleResult,
+    HonourClaims,
+    LowestPriorityFirst,
+    PreemptionPolicy,
+    schedule,
+)
 from dispatcher.kube.errors import Conflict, KubeError
 
 BATCH_SECONDS = 0.005

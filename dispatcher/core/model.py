@@ -7,7 +7,7 @@ caches (nodes, pods, AppWrappers) and handed to the core; the core never mutates
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from dispatcher.api.resources import EMPTY, Resources
@@ -155,28 +155,6 @@ class ClusterSnapshot:
     labels: Mapping[str, str] = field(default_factory=dict)
     reachable: bool = True
     admitted: tuple[AdmittedWorkload, ...] = ()  # dispatched AppWrappers (preemption candidates)
-
-    def without(self, keys: frozenset[str]) -> ClusterSnapshot:
-        """This cluster as it would be once the AppWrappers named by `keys` were evicted."""
-        if not keys:
-            return self
-        freed: dict[str, Resources] = {}
-        for admitted in self.admitted:
-            if admitted.key in keys:
-                for node_name, used in admitted.usage:
-                    freed[node_name] = freed.get(node_name, EMPTY) + used
-        nodes = tuple(
-            replace(node, requested=node.requested - freed[node.name])
-            if node.name in freed
-            else node
-            for node in self.nodes
-        )
-        return replace(
-            self,
-            nodes=nodes,
-            reservations=tuple(r for r in self.reservations if r.key not in keys),
-            admitted=tuple(a for a in self.admitted if a.key not in keys),
-        )
 
 
 @dataclass(frozen=True, slots=True)

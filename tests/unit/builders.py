@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dispatcher.api.resources import Resources
+from dispatcher.api.resources import EMPTY, Resources
 from dispatcher.core.model import (
     AdmittedWorkload,
     ClusterSnapshot,
@@ -16,6 +17,13 @@ from dispatcher.core.model import (
     Taint,
     Toleration,
     Workload,
+)
+from dispatcher.core.scheduling import CycleResult
+from dispatcher.core.scheduling.placement import (
+    ClusterState,
+    Gang,
+    NodeAssignment,
+    Refusal,
 )
 
 GPU = "nvidia.com/gpu"
@@ -319,3 +327,72 @@ def pytorch_job(
             }
         },
     )
+
+
+# -- the scheduling core's placements, for tests -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tried:
+    """What `try_place` found: `ok` and where the pods went, or the reason with names."""
+
+    ok: bool
+    reason: str = ""
+    assignments: tuple[NodeAssignment, ...] = ()
+    undo: Callable[[], None] = field(default=lambda: None, compare=False)
+
+
+def try_place(state: ClusterState, pod_sets: Sequence[PodSet]) -> Tried:
+    """Place a gang in `state` (it stays placed until `undo`), or say why not."""
+    placed = state.place(Gang.of(pod_sets))
+    if isinstance(placed, Refusal):
+        return Tried(ok=False, reason=placed.message(pod_sets))
+    return Tried(ok=True, assignments=placed.assignments, undo=placed.undo)
+
+
+def node_free(state: ClusterState, node_name: str) -> Resources:
+    """Free room on a schedulable node (KeyError for others)."""
+    index = state.index[node_name]
+    return Resources({r: column[index] for r, column in state.free.items()})
+
+
+def free_room(state: ClusterState) -> tuple[Resources, list[Resources]]:
+    """The aggregate free and each schedulable node's free room, in snapshot order."""
+    return Resources(state.free_total), [node_free(state, name) for name in state.names]
+
+
+def without(snapshot: ClusterSnapshot, keys: frozenset[str]) -> ClusterSnapshot:
+    """The cluster as it would be once the AppWrappers named by `keys` were evicted."""
+    if not keys:
+        return snapshot
+    freed: dict[str, Resources] = {}
+    for admitted in snapshot.admitted:
+        if admitted.key in keys:
+            for node_name, used in admitted.usage:
+                freed[node_name] = freed.get(node_name, EMPTY) + used
+    nodes = tuple(
+        replace(node, requested=node.requested - freed[node.name]) if node.name in freed else node
+        for node in snapshot.nodes
+    )
+    return replace(
+        snapshot,
+        nodes=nodes,
+        reservations=tuple(r for r in snapshot.reservations if r.key not in keys),
+        admitted=tuple(a for a in snapshot.admitted if a.key not in keys),
+    )
+
+
+def admitted_placements(
+    result: CycleResult, pending: Sequence[Workload], clusters: Sequence[ClusterSnapshot]
+) -> dict[str, tuple[NodeAssignment, ...]]:
+    """Where the cycle's admissions put their pods: each cluster's admissions placed again,
+    in order, on a state built from its snapshot (placement is deterministic, and each
+    admission saw exactly the admissions to its cluster before it)."""
+    by_key = {w.key: w for w in pending}
+    states = {c.name: ClusterState(c) for c in clusters}
+    found: dict[str, tuple[NodeAssignment, ...]] = {}
+    for admit in result.admits:
+        tried = try_place(states[admit.cluster], by_key[admit.key].pod_sets)
+        assert tried.ok, (admit, tried.reason)
+        found[admit.key] = tried.assignments
+    return found

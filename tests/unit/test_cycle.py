@@ -8,11 +8,26 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher.core.cycle import Admit, Preempt, queue_order_key, schedule
-from dispatcher.core.fit import NodeAssignment
 from dispatcher.core.model import ClusterSnapshot, Placement, QueueMode, Workload
-from dispatcher.core.preemption import LowestPriorityFirst, PreemptionPolicy
-from tests.unit.builders import cluster, node, pods, res, running, with_running, workload
+from dispatcher.core.scheduling import (
+    Admit,
+    LowestPriorityFirst,
+    Preempt,
+    PreemptionPolicy,
+    queue_order_key,
+    schedule,
+)
+from dispatcher.core.scheduling.placement import NodeAssignment
+from tests.unit.builders import (
+    admitted_placements,
+    cluster,
+    node,
+    pods,
+    res,
+    running,
+    with_running,
+    workload,
+)
 
 STRICT = QueueMode.STRICT_FIFO
 BEST = QueueMode.BEST_EFFORT_FIFO
@@ -317,10 +332,13 @@ def test_queue_order_key() -> None:
     ]
 
 
-def test_admit_carries_a_placement() -> None:
+def test_admit_has_a_placement() -> None:
+    """The admission fits per node: best fit puts a pod on the tighter node first."""
+    pending = [workload("ns/a", pods(2, gpu=2, name="Job/a"))]
+    clusters = [cluster("c", node("n1", gpu=4), node("n2", gpu=2))]
     result = schedule(
-        [workload("ns/a", pods(2, gpu=2, name="Job/a"))],
-        [cluster("c", node("n1", gpu=4), node("n2", gpu=2))],
+        pending,
+        clusters,
         mode=BEST,
         now=NOW,
         starvation_after=60,
@@ -330,7 +348,8 @@ def test_admit_carries_a_placement() -> None:
         NodeAssignment(pod_set=0, node="n2", count=1),
         NodeAssignment(pod_set=0, node="n1", count=1),
     )
-    assert result.admits == (Admit("ns/a", "c", placement),)
+    assert result.admits == (Admit("ns/a", "c"),)
+    assert admitted_placements(result, pending, clusters) == {"ns/a": placement}
 
 
 class CannedPolicy:

@@ -1,8 +1,8 @@
 """The node walk of `ClusterState` places every pod exactly where a plain best fit would.
 
-Pins what the walk's shortcuts rely on: a node that takes pods is re-keyed in place (the
-order stays what a rebuild would give), and the nodes a walk skips (below its frontier, but
-for the keys it keeps aside, or known full) hold none of its pods.
+Pins what the walk relies on: a node whose room changes is re-sorted in place (every order
+stays what sorting afresh would give), and the nodes a walk skips (below the least room
+one pod needs, or known full) hold none of its pods, through placements and undos.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher.core.fit import ClusterState
 from dispatcher.core.model import ClusterSnapshot
-from tests.unit.builders import cluster, node, pods, res
+from dispatcher.core.scheduling.placement import ClusterState
+from tests.unit.builders import cluster, node, node_free, pods, res, try_place
 
 RESOURCES = ("cpu", "memory")
 
 
 def _free(state: ClusterState) -> list[dict[str, int]]:
-    return [dict(state.node_free(name)) for name in state.node_names()]
+    return [dict(node_free(state, name)) for name in state.names]
 
 
 def _best_fit(
@@ -32,14 +32,14 @@ def _best_fit(
     free = _free(state)
     capacity = {r: state.capacity_of(r) or 1 for r in RESOURCES}
     want = {"cpu": cpu * 1000, "memory": memory * 2**30 * 1000}
-    names = state.node_names()
+    names = state.names
     placed: list[tuple[str, int]] = []
     while count:
         holders = [
             i
             for i, room in enumerate(free)
             if all(room.get(r, 0) >= want[r] for r in RESOURCES)
-            and all(state._allocatable[r][i] > 0 for r in RESOURCES)
+            and all(state.allocatable[r][i] > 0 for r in RESOURCES)
         ]
         if not holders:
             return None
@@ -58,12 +58,7 @@ def _best_fit(
 
 def _orders_as_rebuilt(state: ClusterState) -> bool:
     for order in state._orders.values():
-        if order.seen < 0:
-            continue
-        order.catch_up(state._log)
-        items, rooms = list(order.items), dict(order.rooms)
-        order.rebuild(order.seen)
-        if items != order.items or rooms != order.rooms:
+        if order.sorted != sorted((order.room(n), n) for n in order.nodes):
             return False
     return True
 
@@ -93,7 +88,7 @@ def test_walk_places_as_plain_best_fit(
     state = ClusterState(_snapshot(used))
     for count, cpu, memory, undo in gangs:
         expected = _best_fit(state, count, cpu, memory)
-        result = state.try_place((pods(count, cpu=cpu, memory=f"{memory}Gi", name="Job/x"),))
+        result = try_place(state, (pods(count, cpu=cpu, memory=f"{memory}Gi", name="Job/x"),))
         if expected is None:
             assert not result.ok
         else:

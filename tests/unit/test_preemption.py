@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dispatcher.core.model import ClusterSnapshot, Workload
-from dispatcher.core.preemption import LowestPriorityFirst, PreemptionPolicy
+from dispatcher.core.scheduling import LowestPriorityFirst, PreemptionPolicy
 from tests.unit.builders import (
     cluster,
     node,
@@ -16,6 +16,7 @@ from tests.unit.builders import (
     reservation,
     running,
     with_running,
+    without,
     workload,
 )
 
@@ -133,14 +134,15 @@ def test_lowest_priority_first(
 
 
 def test_without_removes_usage_and_reservations() -> None:
+    """(The test helper that builds a cluster as it is once victims are gone.)"""
     snapshot = with_running(
         cluster("c", node("n1", gpu=8), reservations=(reservation("ns/r", pods(1, gpu=2)),)),
         running("ns/a", usage={"n1": res(gpu=3)}),
         running("ns/r"),
     )
     assert snapshot.nodes[0].requested == res(gpu=3)
-    emptied = snapshot.without(frozenset({"ns/a", "ns/r"}))
+    emptied = without(snapshot, frozenset({"ns/a", "ns/r"}))
     assert emptied.nodes[0].requested == res()
     assert emptied.reservations == ()
     assert emptied.admitted == ()
-    assert snapshot.without(frozenset()) is snapshot
+    assert without(snapshot, frozenset()) is snapshot

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from dispatcher.api.resources import EMPTY, Resources
-from dispatcher.core.cycle import schedule
 from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, QueueMode, Workload
-from dispatcher.core.preemption import Claim, HonourClaims, LowestPriorityFirst
-from tests.unit.builders import node, pods
+from dispatcher.core.scheduling import Claim, HonourClaims, LowestPriorityFirst, schedule
+from tests.unit.builders import admitted_placements, node, pods
 
 TERMINATION_CYCLES = 3
 BACKOFF_CYCLES = 2
@@ -79,18 +78,21 @@ def step(world: World, cycle: int) -> list[tuple[str, tuple[str, ...]]]:
     for key, claim in list(world.claims.items()):
         if cycle - claim.at > CLAIM_TIMEOUT_CYCLES:
             del world.claims[key]
+    queued = list(world.queued.values())
+    snapshots = [world.snapshot()]
     result = schedule(
-        list(world.queued.values()),
-        [world.snapshot()],
+        queued,
+        snapshots,
         mode=QueueMode.BEST_EFFORT_FIFO,
         now=float(cycle),
         starvation_after=1e9,
         preemption=HonourClaims(LowestPriorityFirst(), dict(world.claims)),
     )
+    placements = admitted_placements(result, queued, snapshots)
     for admit in result.admits:
         workload = world.queued.pop(admit.key)
         usage: dict[str, Resources] = {}
-        for assignment in admit.assignments:
+        for assignment in placements[admit.key]:
             requests = workload.pod_sets[assignment.pod_set].requests.scale(assignment.count)
             usage[assignment.node] = usage.get(assignment.node, EMPTY) + requests
         world.running[admit.key] = Running(workload, usage, cycle)

@@ -8,8 +8,9 @@
     more than its allocatable, and a cycle never admits into a cluster beyond its
     schedulable capacity.
 (b) The default preemption policy never picks a victim of equal or higher priority; when
-    it names victims the workload fits once they are gone, and keeping any one of them
-    breaks the fit.
+    it names victims the workload fits once they hand back what they hold, and keeping any
+    one of them breaks the fit (checked with the plain best fit of `test_cycle_scale`).
+(c) Decisions follow the queue order (rule 3), and StrictFIFO admits nothing past its head.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dispatcher.api.resources import EMPTY, Resources
-from dispatcher.core.cycle import schedule
-from dispatcher.core.fit import ClusterState
 from dispatcher.core.model import (
     AdmittedWorkload,
     ClusterSnapshot,
@@ -35,8 +34,9 @@ from dispatcher.core.model import (
     Toleration,
     Workload,
 )
-from dispatcher.core.preemption import LowestPriorityFirst
-from tests.unit.builders import GPU
+from dispatcher.core.scheduling import LowestPriorityFirst, queue_order_key, schedule
+from tests.unit.builders import GPU, admitted_placements
+from tests.unit.test_cycle_scale import PlainState
 
 SETTINGS = settings(
     max_examples=200,
@@ -285,8 +285,9 @@ def apply_event(world: World, event: tuple[Any, ...]) -> None:
 
 def run_cycle(world: World, *, mode: QueueMode, preempt: bool, bind_now: bool) -> None:
     snapshots = [world.snapshot(c) for c in world.clusters]
+    pending = list(world.pending.values())
     result = schedule(
-        list(world.pending.values()),
+        pending,
         snapshots,
         mode=mode,
         now=world.clock,
@@ -299,16 +300,17 @@ def run_cycle(world: World, *, mode: QueueMode, preempt: bool, bind_now: bool) -
     admitted_to: dict[str, list[Workload]] = {}
     witness: dict[str, list[tuple[int, int]]] = {}
     witness_nodes: dict[str, list[tuple[int, str]]] = {}
+    placements = admitted_placements(result, pending, snapshots)
     for admit in result.admits:
         workload = world.pending.pop(admit.key)
-        placed = witness_by_node(workload, admit.assignments)
+        placed = witness_by_node(workload, placements[admit.key])
         run = Running(workload=workload, dispatched_at=world.clock, witness=placed)
         if bind_now:  # pods bound at once, exactly where the cycle placed them
             run.bound, run.reserved = dict(placed), False
         world.running[admit.cluster][admit.key] = run
         admitted_to.setdefault(admit.cluster, []).append(workload)
-        witness[admit.key] = [(a.pod_set, a.count) for a in admit.assignments]
-        witness_nodes[admit.key] = [(a.pod_set, a.node) for a in admit.assignments]
+        witness[admit.key] = [(a.pod_set, a.count) for a in placements[admit.key]]
+        witness_nodes[admit.key] = [(a.pod_set, a.node) for a in placements[admit.key]]
     check_cycle(world, admitted_to, witness, witness_nodes)
     for preemption in result.preemptions:
         preemptor = world.pending[preemption.key]
@@ -419,7 +421,13 @@ def preemption_world(draw: st.DrawFn) -> tuple[ClusterSnapshot, Workload]:
 
 
 def fits(snapshot: ClusterSnapshot, workload: Workload, evicted: set[str]) -> bool:
-    return ClusterState(snapshot.without(frozenset(evicted))).fits(workload.pod_sets) is None
+    """Whether the workload fits once `evicted` hand back what they hold (their bound pods,
+    their reservations' charges), by the plain best fit of the tests."""
+    plain = PlainState(snapshot)
+    for admitted in snapshot.admitted:
+        if admitted.key in evicted:
+            plain.evict(admitted)
+    return plain.place(workload.pod_sets) is not None
 
 
 @SETTINGS
@@ -447,3 +455,66 @@ def test_preemption_victims_are_lower_priority_sufficient_and_minimal(
     assert fits(snapshot, preemptor, set(victims))
     for victim in victims:
         assert not fits(snapshot, preemptor, set(victims) - {victim}), f"{victim} not needed"
+
+
+@st.composite
+def queue_world(draw: st.DrawFn) -> tuple[list[Workload], list[ClusterSnapshot]]:
+    clusters = []
+    for index in range(draw(st.integers(1, 3))):
+        nodes = tuple(
+            NodeState(
+                name=f"c{index}-n{i}",
+                allocatable=allocatable,
+                labels=dict(labels),
+                taints=(TAINT,) if tainted else (),
+            )
+            for i, (allocatable, labels, tainted) in enumerate(
+                draw(st.lists(nodes_strategy, max_size=4))
+            )
+        )
+        clusters.append(ClusterSnapshot(name=f"c{index}", nodes=nodes))
+    pending = [
+        Workload(
+            key=f"ns/w{i}",
+            priority=draw(st.integers(0, 2)),
+            created_at=float(draw(st.integers(0, 3))),  # ties are common
+            pod_sets=tuple(draw(st.lists(pod_set_strategy, min_size=1, max_size=2))),
+            queued_since=float(draw(st.sampled_from([0, 100]))),
+        )
+        for i in range(draw(st.integers(0, 12)))
+    ]
+    return pending, clusters
+
+
+@SETTINGS
+@given(world=queue_world(), mode=st.sampled_from(list(QueueMode)), preempt=st.booleans())
+def test_decisions_follow_queue_order(
+    world: tuple[list[Workload], list[ClusterSnapshot]], mode: QueueMode, preempt: bool
+) -> None:
+    """Rule 3: workloads are decided in queue order (priority, age, key) whatever order
+    they come in; `head_key` is the first not admitted; under StrictFIFO, everything after
+    a head that could fit an empty cluster waits behind it."""
+    pending, clusters = world
+    result = schedule(
+        pending[::-1],
+        clusters,
+        mode=mode,
+        now=50.0,
+        starvation_after=10.0,
+        preemption=LowestPriorityFirst() if preempt else None,
+    )
+    order = [w.key for w in sorted(pending, key=queue_order_key)]
+    position = {key: i for i, key in enumerate(order)}
+    admitted = [a.key for a in result.admits]
+    waiting = [w.key for w in result.waits]
+    assert admitted == sorted(admitted, key=position.__getitem__)
+    assert waiting == sorted(waiting, key=position.__getitem__)
+    assert sorted(admitted + waiting) == sorted(order)
+    first_waiting = next((key for key in order if key not in set(admitted)), None)
+    assert result.head_key == first_waiting
+    if mode is QueueMode.STRICT_FIFO and first_waiting is not None:
+        behind = [w for w in result.waits if "(head of line)" in w.message]
+        if behind:
+            after = order[order.index(behind[0].key) :]
+            assert not set(after) & set(admitted), "nothing is admitted past the head"
+            assert all(w.message == behind[0].message for w in result.waits[-len(behind) :])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from dispatcher.api.models import AppWrapper
-from dispatcher.core.cycle import queue_order_key
 from dispatcher.core.model import Workload
+from dispatcher.core.scheduling import queue_order_key
 from dispatcher.core.workloads import workload_of
 
 

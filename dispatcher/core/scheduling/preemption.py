@@ -7,12 +7,13 @@ default policy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from dispatcher.core.fit import Demand, Evictions
 from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, Workload
+from dispatcher.core.scheduling.evictions import evict
+from dispatcher.core.scheduling.placement import ClusterState, Gang
 
 __all__ = ["Claim", "HonourClaims", "LowestPriorityFirst", "PreemptionPolicy"]
 
@@ -42,18 +43,8 @@ class LowestPriorityFirst:
     short. The set is minimal in that sense, not necessarily the smallest possible (finding
     that is a knapsack problem).
 
-    "Fits" is the check the next cycle will make once the victims are gone: a fresh state
-    built from the snapshot without them (`Evictions` answers it without building each
-    state). Answering from the same construction keeps the promise "evicting these makes
-    it fit" (and so avoids evicting, then evicting again).
-
-    A cluster can hold hundreds of candidates, so both searches skip checks: the shortest
-    prefix of candidates that fits is found by galloping then halving (`first_fit`), and
-    victims are given back by blocks (a run of victims, last taken first, that can all be
-    given back at once is, else the run is halved). Whenever evicting more never makes the
-    workload fit worse (the usual case; greedy packing can rarely break it) that ends
-    exactly where taking and giving back one at a time would, with far fewer checks; in
-    every case a last pass one at a time makes sure each victim left is needed.
+    "Fits" is checked on one `ClusterState` of the cluster, built as the cycle builds
+    it, with the victims evicted on it (see `evictions`: each gives back what it holds).
     """
 
     def choose_victims(
@@ -65,40 +56,33 @@ class LowestPriorityFirst:
         )
         if not candidates:
             return None
-        check = Evictions(cluster, Demand(workload.pod_sets))
-        if check.fits(()):
+        gang = Gang.of(workload.pod_sets)
+        state = ClusterState(cluster)
+        if state.fits(gang):
             return ()
-        keys = [c.key for c in candidates]
-        taken = check.first_fit(keys)  # None: evicting them all leaves it short
-        if taken is None:
-            return None
-        victims = keys[:taken]
-        # Give back victims that are not needed, last taken first, a block at a time.
-        kept = list(victims)
-
-        def give_back(block: list[str]) -> None:
-            if not block:
-                return
-            given = set(block)
-            rest = [v for v in kept if v not in given]
-            if check.fits(rest):
-                kept[:] = rest
-                return
-            if len(block) > 1:
-                half = len(block) // 2
-                give_back(block[:half])
-                give_back(block[half:])
-
-        give_back(victims[::-1])
-        # Then one at a time, last taken first, until each one left is needed.
-        while True:
-            for key in reversed(kept):
-                rest = [v for v in kept if v != key]
-                if check.fits(rest):
-                    kept = rest
+        # Evict candidates in order until it fits.
+        undo: dict[str, Callable[[], None]] = {}
+        taken: list[AdmittedWorkload] = []
+        for candidate in candidates:
+            undo[candidate.key] = evict(state, candidate)
+            taken.append(candidate)
+            if state.fits(gang):
+                break
+        else:
+            return None  # evicting all of them still leaves it short
+        # Give back victims that are not needed, last taken first, until each one left is
+        # needed (after one is given back, an earlier one may have become unneeded).
+        given_back = True
+        while given_back:
+            given_back = False
+            for victim in reversed(taken):
+                undo[victim.key]()
+                if state.fits(gang):
+                    taken.remove(victim)
+                    given_back = True
                     break
-            else:
-                return tuple(kept)
+                undo[victim.key] = evict(state, victim)
+        return tuple(v.key for v in taken)
 
 
 @dataclass(frozen=True, slots=True)

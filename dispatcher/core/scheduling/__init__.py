@@ -1,0 +1,34 @@
+"""The scheduling core: one cycle's decisions from pending workloads and cluster snapshots.
+
+Pure, no I/O. `schedule` orders the queue and decides, for every pending workload, admit
+(where) or wait (why), maybe preempting. `placement` fits a gang into one cluster,
+`evictions` tries evicting AppWrappers on a cluster's state, `preemption` chooses victims.
+"""
+
+from dispatcher.core.scheduling.cycle import (
+    Admit,
+    CycleResult,
+    Preempt,
+    Wait,
+    queue_order_key,
+    schedule,
+)
+from dispatcher.core.scheduling.preemption import (
+    Claim,
+    HonourClaims,
+    LowestPriorityFirst,
+    PreemptionPolicy,
+)
+
+__all__ = [
+    "Admit",
+    "Claim",
+    "CycleResult",
+    "HonourClaims",
+    "LowestPriorityFirst",
+    "Preempt",
+    "PreemptionPolicy",
+    "Wait",
+    "queue_order_key",
+    "schedule",
+]

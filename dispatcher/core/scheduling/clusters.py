@@ -1,0 +1,220 @@
+"""The member clusters as one scheduling cycle sees them, and the best-fit choice among
+them. Pure, no I/O.
+
+`CycleState` carries what a cycle learns from one workload to the next: a `ClusterState`
+per cluster (built on first use), the clusters held for a preemptor or a starving
+workload, this cycle's admissions, and answers that stand until the next admission or
+hold. `best_fit` places a gang in the best cluster that fits, or says why none does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from dispatcher.core.model import ClusterSnapshot, Placement, PodSet, Reservation, Workload
+from dispatcher.core.scheduling.placement import POD, ClusterState, Gang, Placed, Refusal
+
+__all__ = ["CycleState", "Reasons", "best_fit", "scarcest_of"]
+
+Reasons = list[tuple[str, Refusal]]  # (cluster name, why it does not fit there)
+
+# `_best_fit` reasons over every subset of up to this many clusters (see `settled`).
+_MAX_SUBSETS_OF = 6
+
+
+class CycleState:
+    """What one `schedule` call carries from one workload to the next."""
+
+    def __init__(self, clusters: Sequence[ClusterSnapshot], now: float) -> None:
+        self.clusters = sorted(clusters, key=lambda c: c.name)
+        self.now = now
+        self.states: dict[str, ClusterState] = {}  # built on first use
+        self.gangs: dict[tuple[str, ...], Gang] = {}
+        self.usable_for: dict[Placement, list[ClusterSnapshot]] = {}
+        self.ever: dict[tuple[str, tuple[str, ...]], bool] = {}
+        self.empty: dict[str, ClusterState] = {}
+        # Clusters later workloads may not use this cycle, and why (a preemptor's claim,
+        # a starving head's reservation).
+        self.held: dict[str, str] = {}
+        self.admitted: dict[str, list[Workload]] = {}
+        # (cluster, gang shape) -> the highest priority for which the policy found no
+        # victims: room only shrinks within a cycle, and a lower priority has fewer
+        # candidates, so asking again could not do better.
+        self.no_victims: dict[tuple[str, tuple[str, ...]], int] = {}
+        # Equal messages share one string: thousands of waits often say the same.
+        self.messages: dict[str, str] = {}
+        # Answers for gangs that fit nowhere, by (gang shape, usable clusters, priority),
+        # each with the `version` it was found at. Room only shrinks within a cycle and
+        # holds only add, so until the next admission or hold the same question gets the
+        # same answer; the version counts admissions and holds.
+        self.refused: dict[tuple[object, ...], tuple[int, Reasons, Refusal]] = {}
+        self.version = 0
+        self.scarcest: dict[tuple[object, ...], tuple[bool, str | None]] = {}  # see `settled`
+
+    def admit(self, workload: Workload, cluster: str) -> None:
+        """Record an admission (its pods are placed in the cluster's state already)."""
+        self.admitted.setdefault(cluster, []).append(workload)
+        self.version += 1
+
+    def hold(self, cluster: str, why: str) -> None:
+        """Keep later workloads out of `cluster` for the rest of the cycle."""
+        self.held[cluster] = why
+        self.version += 1
+
+    def state(self, cluster: ClusterSnapshot) -> ClusterState:
+        state = self.states.get(cluster.name)
+        if state is None:
+            state = self.states[cluster.name] = ClusterState(cluster)
+        return state
+
+    def gang(self, workload: Workload) -> Gang:
+        shape = tuple([p.shape for p in workload.pod_sets])
+        gang = self.gangs.get(shape)
+        if gang is None:
+            gang = self.gangs[shape] = Gang.of(workload.pod_sets)
+        return gang
+
+    def usable(self, placement: Placement) -> list[ClusterSnapshot]:
+        if placement.clusters is None and not placement.match_labels:
+            return self.clusters  # the usual case, without hashing the placement
+        clusters = self.usable_for.get(placement)
+        if clusters is None:
+            clusters = self.usable_for[placement] = [
+                c for c in self.clusters if placement.allows(c)
+            ]
+        return clusters
+
+    def could_ever_fit(self, gang: Gang, cluster: ClusterSnapshot) -> bool:
+        """Whether it fits the cluster emptied; an unreachable cluster may (we cannot tell)."""
+        if not cluster.reachable:
+            return True
+        key = (cluster.name, gang.shape)
+        if key not in self.ever:
+            empty = self.empty.get(cluster.name)
+            if empty is None:
+                empty = self.empty[cluster.name] = ClusterState(cluster, empty=True)
+            self.ever[key] = empty.fits(gang)
+        return self.ever[key]
+
+    def with_admitted(self, cluster: ClusterSnapshot) -> ClusterSnapshot:
+        """The snapshot plus this cycle's admissions to it, as reservations."""
+        extra = self.admitted.get(cluster.name)
+        if not extra:
+            return cluster
+        added = tuple(
+            Reservation(w.key, w.pod_sets, w.priority, self.now, w.preemptible) for w in extra
+        )
+        return replace(cluster, reservations=cluster.reservations + added)
+
+    def settled(self, gang: Gang, states: list[ClusterState]) -> tuple[bool, str | None]:
+        """(True, the gang's scarcest resource) when it is the same over every subset of
+        `states`, so whichever of them the gang turns out to fit; else (False, None).
+        Capacities do not change within a cycle: the answer is remembered."""
+        key = (gang.shape, tuple(s.name for s in states))
+        answer = self.scarcest.get(key)
+        if answer is None:
+            answer = (False, None)
+            if len(states) <= _MAX_SUBSETS_OF:
+                subsets = [
+                    [s for bit, s in enumerate(states) if mask >> bit & 1]
+                    for mask in range(1, 1 << len(states))
+                ]
+                found = {scarcest_of(gang, subset) for subset in subsets}
+                if len(found) == 1:
+                    answer = (True, found.pop())
+            self.scarcest[key] = answer
+        return answer
+
+    def known_refusal(self, question: tuple[object, ...]) -> tuple[Reasons, Refusal] | None:
+        """The reasons found for the same question since the last admission or hold, and
+        the message they make."""
+        known = self.refused.get(question)
+        if known is None or known[0] != self.version:
+            return None
+        return known[1], known[2]
+
+    def message(self, workload: Workload, reasons: Reasons, why: Refusal) -> str:
+        """Why the workload waits: `why` combines the `reasons` each usable cluster gave."""
+        if why.pod_set >= 0 or POD not in why.text:
+            text = why.message(workload.pod_sets)
+        else:  # the reasons name different pod sets
+            text = self.combine(reasons, workload.pod_sets).text
+        return self.messages.setdefault(text, text)
+
+    def combine(self, reasons: Reasons, pod_sets: Sequence[PodSet] = ()) -> Refusal:
+        """One `Refusal` for all the clusters (naming the pods, given `pod_sets`)."""
+        if not reasons:
+            return Refusal("no member cluster matches the placement (clusterScheduling)")
+        if len(self.clusters) == 1 and not pod_sets:
+            return reasons[0][1]
+        named = {why.pod_set for _, why in reasons if why.pod_set >= 0}
+        pod_set = named.pop() if len(named) == 1 else -1
+        parts = [
+            f"{name}: {why.message(pod_sets) if pod_sets else why.text}" for name, why in reasons
+        ]
+        if len(self.clusters) == 1:
+            return Refusal(parts[0].partition(": ")[2], pod_set)
+        return Refusal("no cluster fits: " + "; ".join(parts), pod_set)
+
+
+def best_fit(
+    cycle: CycleState, gang: Gang, usable: Sequence[ClusterSnapshot]
+) -> tuple[ClusterState, Placed] | Reasons:
+    """Place the gang in the best cluster that fits, or say why none does.
+
+    Best fit: among the clusters where the whole gang fits, the one left with the least
+    free of the gang's scarcest resource (the requested resource it takes the largest share
+    of, over the clusters where it fits) after placement; ties by cluster name. Packing
+    the tightest cluster keeps larger holes elsewhere for larger workloads.
+    """
+    why: dict[str, Refusal] = {}
+    candidates: list[ClusterState] = []
+    for cluster in usable:
+        if not cluster.reachable:
+            why[cluster.name] = Refusal("unreachable")
+        elif cluster.name in cycle.held:
+            why[cluster.name] = Refusal(cycle.held[cluster.name])
+        else:
+            state = cycle.state(cluster)
+            refused = state.refusal(gang)
+            if refused is None:
+                candidates.append(state)
+            else:
+                why[cluster.name] = refused
+    fitting: list[tuple[ClusterState, Placed]] = []
+    settled, scarcest = cycle.settled(gang, candidates)
+    if settled and scarcest is not None:
+        # The scarcest resource is the same whichever candidates the gang fits, and each
+        # would be left with its free room less the same amount: the first that fits,
+        # best first, is the best fit, and the others need not be tried.
+        resource = scarcest
+        candidates.sort(key=lambda state: (state.free_of(resource), state.name))
+    for state in candidates:
+        placed = state.place(gang, checked=True)
+        if isinstance(placed, Refusal):
+            why[state.name] = placed
+            continue
+        fitting.append((state, placed))
+        if settled:
+            break
+    if not fitting:
+        return [(cluster.name, why[cluster.name]) for cluster in usable]
+    best = scarcest_of(gang, [state for state, _ in fitting])
+    chosen = min(fitting, key=lambda f: (0 if best is None else f[0].free_of(best), f[0].name))
+    for state, placed in fitting:
+        if state is not chosen[0]:
+            placed.undo()
+    return chosen
+
+
+def scarcest_of(gang: Gang, states: Sequence[ClusterState]) -> str | None:
+    """The requested resource the gang takes the largest share of, over `states`."""
+    best: tuple[float, str] | None = None
+    for resource, value in gang.totals:
+        capacity = sum(s.capacity_of(resource) for s in states)
+        share = value / capacity if capacity > 0 else math.inf
+        if best is None or share > best[0]:
+            best = (share, resource)
+    return None if best is None else best[1]

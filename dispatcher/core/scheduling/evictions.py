@@ -1,0 +1,63 @@
+"""Trying an eviction on a `ClusterState`, and taking it back. Pure, no I/O.
+
+`evict` changes the state into the cluster as it would be without one dispatched
+AppWrapper and returns the function that changes it back, so a preemption policy can try
+victims one after another on one state, the way Kueue simulates a workload's removal.
+An evicted AppWrapper gives back exactly what it holds in the state: the requests of its
+bound pods to their nodes and to the aggregate, and its reservation's charges (the pods
+placed on nodes, and the whole reservation against the aggregate). The other reservations
+keep the nodes they were charged to. Evictions add room and their undos take the same
+room again, so they may be tried and taken back in any order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dispatcher.core.model import AdmittedWorkload
+from dispatcher.core.scheduling.placement import ClusterState
+
+__all__ = ["evict"]
+
+
+def _held_by(
+    state: ClusterState, victim: AdmittedWorkload
+) -> tuple[dict[int, dict[str, int]], dict[str, int]]:
+    """What `victim` holds in `state`: per node index, and in the aggregate."""
+    per_node: dict[int, dict[str, int]] = {}
+    total: dict[str, int] = {}
+
+    def add(node: int, resource: str, value: int, *, aggregate: bool) -> None:
+        on_node = per_node.setdefault(node, {})
+        on_node[resource] = on_node.get(resource, 0) + value
+        if aggregate:
+            total[resource] = total.get(resource, 0) + value
+
+    for node_name, used in victim.usage:
+        node = state.index.get(node_name)
+        if node is not None:  # pods on unschedulable nodes were never counted
+            for resource, value in used.items():
+                add(node, resource, value, aggregate=True)
+    reserved = state.reserved.get(victim.key)
+    if reserved is not None:
+        applied, totals = reserved
+        for _, node, requests, count in applied:
+            for resource, value in requests:
+                add(node, resource, value * count, aggregate=False)
+        for resource, value in totals:  # the aggregate was charged the whole reservation
+            total[resource] = total.get(resource, 0) + value
+    return per_node, total
+
+
+def evict(state: ClusterState, victim: AdmittedWorkload) -> Callable[[], None]:
+    """Give back what `victim` holds in `state`; returns the undo."""
+    per_node, total = _held_by(state, victim)
+    state.give_back(per_node, total)
+
+    def undo() -> None:
+        state.give_back(
+            {node: {r: -v for r, v in amounts.items()} for node, amounts in per_node.items()},
+            {r: -v for r, v in total.items()},
+        )
+
+    return undo
