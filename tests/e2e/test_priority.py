@@ -178,15 +178,21 @@ async def _message_has(cluster, namespace, name, text) -> bool:
 async def test_highest_priority_waits_only_for_the_eviction(
     cluster, namespace, fake_nodes, run_dispatcher
 ):
-    fake_nodes.add("a", cpu="4", memory="16Gi")
-    fake_nodes.add("b", cpu="4", memory="16Gi")
+    nodes = [fake_nodes.add(suffix, cpu="4", memory="16Gi") for suffix in ("a", "b")]
     dispatcher = await run_dispatcher()
     for index in range(8):  # a full cluster of mixed low priorities
         name = f"low-{index}"
+        # Pinned, alternating: where kube-scheduler breaks ties decides which lows share a
+        # node, and with it whether a victim coming back may rightly evict a lower one.
+        pinned = {"kubernetes.io/hostname": nodes[index % 2]}
         await apply(
             cluster,
             namespace,
-            appwrapper(name, deployment(name, 1, {"cpu": "1"}), priority=index % 3),
+            appwrapper(
+                name,
+                deployment(name, 1, {"cpu": "1"}, nodeSelector=pinned),
+                priority=index % 3,
+            ),
         )
     for index in range(8):
         await wait_condition(cluster, namespace, f"low-{index}", "Running")
