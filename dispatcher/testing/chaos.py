@@ -167,9 +167,7 @@ class Chaos:
     ) -> None:
         controller = self._gate(info.kind)
         try:
-            await self._originals["delete"](
-                info, namespace, name, propagation=propagation, uid=uid
-            )
+            await self._originals["delete"](info, namespace, name, propagation=propagation, uid=uid)
         except KubeError:
             self.errors += controller
             raise
@@ -206,13 +204,10 @@ class Chaos:
         if "Dispatched" in now and "Dispatched" not in was:
             self.admissions.append((key, len(self.evictions)))
 
-
     def _judge(self, eviction: Eviction) -> None:
         """An eviction for a preemptor whose earlier victims (chosen in another cycle,
         since its last admission) still hold their room is a second set for one need."""
-        admitted = max(
-            (n for key, n in self.admissions if key == eviction.preemptor), default=0
-        )
+        admitted = max((n for key, n in self.admissions if key == eviction.preemptor), default=0)
         earlier = [
             e
             for e in self.evictions[admitted:]
@@ -297,7 +292,9 @@ class Kubelet:
         self._names = itertools.count()
 
     def wrapped(self) -> list[Obj]:
-        return [o for info in WRAPPED_KINDS for o in self.env.objects(info.group_version, info.kind)]
+        return [
+            o for info in WRAPPED_KINDS for o in self.env.objects(info.group_version, info.kind)
+        ]
 
     def pods(self) -> list[Obj]:
         return self.env.objects("v1", "Pod")
@@ -342,14 +339,15 @@ class Kubelet:
                     name = f"{name_of(obj)}-{next(self._names)}"
                     labels = {**(template.get("metadata") or {}).get("labels", {})}
                     labels[OBJECT_UID] = uid
+                    spec: Obj = {**template["spec"]}
+                    if node:
+                        spec["nodeName"] = node
                     pod = {
                         "apiVersion": "v1",
                         "kind": "Pod",
                         "metadata": {"name": name, "labels": labels},
-                        "spec": {**template["spec"], "nodeName": node},
+                        "spec": spec,
                     }
-                    if not node:
-                        del pod["spec"]["nodeName"]
                     await self.env.fake.create(PODS, NAMESPACE, pod)
                     await self.env.set_pod_phase([name], "Pending")
                     made.append(name)
