@@ -237,7 +237,18 @@ class Walk:
                 cpu = cpu_milli(template["spec"]["template"])
                 if obj is None:
                     if not going:  # an evicted or deleted one makes no more
-                        coming[name] = coming.get(name, 0) + desired_pods(template) * cpu
+                        # Not made yet, or removed by a requeue whose status write failed
+                        # (the next reconcile requeues it again): pods of its last attempt
+                        # still bound are counted there, as the scheduler counts them.
+                        placed = sum(
+                            1
+                            for p in pods
+                            if owner_uid(p) == aw["metadata"]["uid"]
+                            and p["spec"].get("nodeName")
+                            and pod_phase(p) != "Failed"
+                        )
+                        missing = max(0, desired_pods(template) - placed)
+                        coming[name] = coming.get(name, 0) + missing * cpu
                     continue
                 made = [
                     p
