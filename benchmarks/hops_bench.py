@@ -12,7 +12,7 @@ control plane with KubeRay and KWOK nodes (the demo's nodes):
 Counted per AppWrapper, by wrapping the dispatcher in this process:
 - reconciles: calls of `Reconciler.reconcile` for its key; "idle" ones made no mutating
   request (no create, update, patch or delete: no status write, no finalizer, no object);
-- cycles: scheduler cycles whose pending list held it (calls of `core.cycle.schedule`);
+- cycles: scheduler cycles whose pending list held it (calls of `core.scheduling.schedule`);
 - empty cycles: cycles that found nothing pending (any key; one sample runs at a time);
 - writes: successful `PUT .../appwrappers/NAME/status` (conflicts counted apart).
 
@@ -137,7 +137,7 @@ class Probe:
         return counted
 
     def schedule(self, schedule: Callable[..., Any]) -> Callable[..., Any]:
-        """Wrap `core.cycle.schedule`: one cycle for every key pending in it."""
+        """Wrap `core.scheduling.schedule`: one cycle for every key pending in it."""
 
         def counted(pending: list[Any], *args: Any, **kwargs: Any) -> Any:
             for workload in pending:
@@ -194,6 +194,9 @@ class Probe:
             KubeClient.request = original  # type: ignore[method-assign]
 
 
+_saved: dict[str, Any] = {}
+
+
 def instrument_manager(manager: Manager, probe: Probe) -> None:
     """The redesigned controller: wrap the reconciler, the cycle's `schedule` and snapshot."""
     from dispatcher.controller import scheduler
@@ -202,7 +205,8 @@ def instrument_manager(manager: Manager, probe: Probe) -> None:
         manager.reconciler.reconcile
     )
     # The name `Scheduler.cycle` calls, as imported into its module.
-    scheduler.__dict__["schedule"] = probe.schedule(scheduler.__dict__["schedule"])
+    original = _saved.setdefault("schedule", scheduler.__dict__["schedule"])
+    scheduler.__dict__["schedule"] = probe.schedule(original)
     manager.cache.snapshot = probe.snapshot(  # type: ignore[method-assign]
         manager.cache.snapshot, lambda snapshot: list(snapshot.pending)
     )
@@ -210,9 +214,9 @@ def instrument_manager(manager: Manager, probe: Probe) -> None:
 
 def uninstrument_manager() -> None:
     from dispatcher.controller import scheduler
-    from dispatcher.core import cycle
 
-    scheduler.__dict__["schedule"] = cycle.schedule
+    if "schedule" in _saved:
+        scheduler.__dict__["schedule"] = _saved.pop("schedule")
 
 
 def manager_counters(manager: Manager, key: str) -> dict[str, int]:
@@ -380,7 +384,14 @@ async def measure(
         cluster.add_node("cpu-node", cpu="8", memory="32Gi")
         cluster.wait_nodes_ready(["gpu-node-1", "gpu-node-2", "gpu-node-3", "cpu-node"])
         cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "appwrapper.yaml"))
+        cluster.kubectl(
+            "wait",
+            "--for=condition=Established",
+            f"crd/{PLURAL}.{API_VERSION.split('/')[0]}",
+            "--timeout=60s",
+        )
         cluster.kubectl("create", "namespace", NAMESPACE)
+        await asyncio.sleep(2)  # let the CRD's discovery settle (as e2e_bench does)
         client = await KubeClient.connect(kubeconfig=str(cluster.kubeconfig))
         try:
             for sample in samples:
