@@ -30,10 +30,16 @@ class PodRecord:
     phase: str
     requests: Resources
     owner: str | None  # "namespace/name" of the AppWrapper on the hub, if any
+    deleting: bool = False
 
     @property
     def holds_capacity(self) -> bool:
         return bool(self.node) and self.phase not in TERMINAL_PHASES
+
+    @property
+    def may_be_bound(self) -> bool:
+        """Not on a node yet, but kube-scheduler may still put it on one."""
+        return not self.node and not self.deleting and self.phase not in TERMINAL_PHASES
 
 
 @dataclass
@@ -109,6 +115,7 @@ def _pod_record(pod: Obj) -> PodRecord:
         phase=pod.get("status", {}).get("phase") or "Pending",
         requests=requests,
         owner=owner,
+        deleting=bool(meta.get("deletionTimestamp")),
     )
 
 
@@ -251,6 +258,10 @@ class CapacityCache:
     def owner_revision(self, owner: str) -> int:
         """Differs from any earlier answer for `owner` whenever its pods changed (0: none)."""
         return self.owner_revisions.get(owner, 0)
+
+    def owners(self) -> list[str]:
+        """AppWrappers that have pods in this cluster."""
+        return list(self.pods_by_owner)
 
     def owned_pods(self, owner: str) -> list[PodRecord]:
         return list(self.pods_by_owner.get(owner, {}).values())

@@ -8,7 +8,7 @@ scheduler the pending workloads and per-member snapshots; nothing else reads the
 
 Preemption claims are not remembered here but derived from the API server's objects: a
 victim's status names its preemptor (`preemptedBy`) until it is dispatched again, so a
-restarted or new leader sees which evictions are under way and never evicts twice for one
+restarted or new leader sees which evictions were made and never evicts twice for one
 need.
 """
 
@@ -27,7 +27,13 @@ from dispatcher.api.models import ConditionType, parse_time
 from dispatcher.cluster.member import Member
 from dispatcher.controller.models import Models, resource_version
 from dispatcher.core import conditions as cond
-from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, Reservation, Workload
+from dispatcher.core.model import (
+    AdmittedWorkload,
+    ClusterSnapshot,
+    PodSet,
+    Reservation,
+    Workload,
+)
 from dispatcher.core.phase import SCHEDULED, Phase, phase_of_raw
 from dispatcher.core.reservations import Holding, holding
 from dispatcher.core.scheduling import Claim
@@ -97,9 +103,29 @@ class Snapshot:
     claims: dict[str, Claim] = field(default_factory=dict)
 
 
+HOLDING = SCHEDULED | {Phase.DELETING}
+"""Phases the snapshot walks: the ones that want room, and the ones that may hold it (a
+dispatched AppWrapper being deleted holds it until its objects are gone)."""
 CLAIM_TIMEOUT = 120.0
 """Seconds a preemptor's claim on the room its victims free lasts (victims stuck
 terminating must not hold a cluster for ever)."""
+
+
+def _strays(member: Member, held: set[str]) -> list[Reservation]:
+    """Pods of AppWrappers that hold nothing any more (requeued, evicted, deleted) that
+    are not on a node yet but may still be put on one (their objects are being removed):
+    reserved until they are gone, or a dispatch could be given their room."""
+    strays = []
+    for owner in member.capacity.owners():
+        if owner in held:
+            continue  # a dispatched one reserves its whole gang already
+        pods = [p for p in member.capacity.owned_pods(owner) if p.may_be_bound]
+        if pods:
+            pod_sets = tuple(
+                PodSet(count=1, requests=p.requests, name=f"pod {p.key}") for p in pods
+            )
+            strays.append(Reservation(key=owner, pod_sets=pod_sets, preemptible=False))
+    return strays
 
 
 def _eviction_of(obj: Obj) -> Eviction | None:
@@ -152,6 +178,15 @@ class SchedulerCache:
         changed = (entry.phase, entry.generation) != (phase, generation)
         finished = phase is Phase.FINISHED and entry.phase is not Phase.FINISHED
         entry.version, entry.phase, entry.generation = version, phase, generation
+        known = entry.eviction
+        if (
+            eviction is not None
+            and not eviction.cluster
+            and known is not None
+            and (known.preemptor, known.at) == (eviction.preemptor, eviction.at)
+        ):
+            # A requeue clears clusterName; the claim is still on that member.
+            eviction = known
         entry.eviction = eviction
         entry.standing = None
         if phase not in SCHEDULED:
@@ -216,7 +251,7 @@ class SchedulerCache:
             name: [] for name in self._members
         }
         for key, entry in self._entries.items():
-            if entry.phase not in SCHEDULED:
+            if entry.phase not in HOLDING:
                 continue
             guess = entry.assumed
             if guess is not None:
@@ -238,6 +273,7 @@ class SchedulerCache:
         clusters = []
         for name, member in self._members.items():
             reservations, admitted = self._holdings(member, held[name])
+            reservations += _strays(member, {item[0] for item in held[name]})
             snapshot = member.capacity.snapshot(tuple(reservations), reachable=member.reachable())
             clusters.append(
                 ClusterSnapshot(
@@ -253,13 +289,16 @@ class SchedulerCache:
 
     def _derive(self, key: str, now: datetime) -> Standing:
         obj = self._current(key)
-        if obj is None or obj["metadata"].get("deletionTimestamp"):
+        if obj is None:
             return NOT_SCHEDULED
         try:
             aw = self._models.parse(obj)
         except ValidationError:
             return NOT_SCHEDULED
         status = aw.status
+        deleting = bool(aw.metadata.deletionTimestamp)
+        if deleting and not cond.is_dispatched(status):
+            return NOT_SCHEDULED
         if cond.is_new(status) and FINALIZER not in aw.metadata.finalizers:
             return NOT_SCHEDULED  # the reconciler has not taken it in yet
         if cond.is_dispatched(status):
@@ -275,7 +314,9 @@ class SchedulerCache:
                 held=workload,
                 cluster=status.clusterName or self._only_member(),
                 dispatched_at=dispatched,
-                candidate=not status.is_true(ConditionType.PREEMPTED),
+                # Being evicted or deleted already: it holds its room until its objects
+                # are gone (they may still make pods), but is nobody's victim again.
+                candidate=not (deleting or status.is_true(ConditionType.PREEMPTED)),
             )
         if cond.is_queued(status) or cond.is_new(status):
             priority, error = self._models.priority(aw)
@@ -317,15 +358,23 @@ class SchedulerCache:
         return reservations, admitted
 
     def _claims(self, now: float) -> dict[str, Claim]:
-        """preemptor -> the room its victims are freeing, while they still hold it."""
+        """preemptor -> the member where its victims' room is being freed for it.
+
+        A claim lasts until its victims are dispatched again (which clears their record) or
+        CLAIM_TIMEOUT passes, not only while their pods go: room freed for a preemptor that
+        an older AppWrapper of its priority took first must not cost another eviction at
+        once. While its victims are gone but it does not fit, the preemptor waits.
+        """
         claims: dict[str, Claim] = {}
         for key, entry in self._entries.items():
             eviction = entry.eviction
             if eviction is None or now - eviction.at > CLAIM_TIMEOUT:
                 continue
-            where = eviction.cluster if entry.phase is Phase.EVICTING else self._holding_pods(key)
+            # Requeued before this process saw it evicting: its member is where its pods
+            # still are, or the only one; else the claim is not known (multi-cluster only).
+            where = eviction.cluster or self._holding_pods(key) or self._only_member()
             if not where:
-                continue  # its pods are gone: the room is free
+                continue
             claim = claims.get(eviction.preemptor)
             if claim is None:
                 claims[eviction.preemptor] = Claim(where, (key,), eviction.at)

@@ -315,8 +315,7 @@ class Reconciler:
                     if isinstance(exc, DispatchError)
                     else DispatchError(str(exc), permanent=False)
                 )
-                await self._dispatch_failed(aw, obj, status, error)
-                return DONE
+                return await self._dispatch_failed(aw, obj, status, error, member)
             self._ensured[key] = stamp
         counts = member.capacity.pod_counts(key)
         changed = cond.set_pod_counts(
@@ -427,8 +426,8 @@ class Reconciler:
         return caches
 
     async def _dispatch_failed(
-        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: DispatchError
-    ) -> None:
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: DispatchError, member: Member
+    ) -> Result:
         message = f"creating the wrapped objects failed: {exc}"
         self._log.warning(
             "dispatch_failed",
@@ -443,11 +442,13 @@ class Reconciler:
                 status, Reason.DISPATCH_FAILED, message, now=self._moment()[1]
             )
             await self._status.write(obj, status, [transition])
-            return
-        # create_all removed what it had created: nothing left to delete.
+            return await self._after_terminal(aw, status)
+        # create_all removed what this attempt created, but not objects made before a
+        # restart (or adopted): they hold room nothing reserves once it is requeued.
         await self._requeue(
-            aw, obj, status, Reason.DISPATCH_FAILED, message, backoff=True, remove_from=None
+            aw, obj, status, Reason.DISPATCH_FAILED, message, backoff=True, remove_from=member
         )
+        return DONE
 
     async def _remove_objects(self, aw: AppWrapper, member: Member) -> list[str]:
         """Delete `aw`'s wrapped objects in `member` (only those carrying its uid); returns
