@@ -210,9 +210,9 @@ def instrument_manager(manager: Manager, probe: Probe) -> None:
 
 def uninstrument_manager() -> None:
     from dispatcher.controller import scheduler
-    from dispatcher.core import cycle
+    from dispatcher.core.scheduling import schedule
 
-    scheduler.__dict__["schedule"] = cycle.schedule
+    scheduler.__dict__["schedule"] = schedule
 
 
 def manager_counters(manager: Manager, key: str) -> dict[str, int]:
