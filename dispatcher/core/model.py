@@ -181,6 +181,11 @@ class Workload:
     placement: Placement = Placement()
     queued_since: float = 0.0  # when it became head-of-line eligible (starvation guard)
     preemptible: bool = True
+    # Its pod sets' shapes: what its fit depends on (see `PodSet.shape`).
+    shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple([p.shape for p in self.pod_sets]))
 
 
 class QueueMode(StrEnum):

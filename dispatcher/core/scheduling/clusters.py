@@ -70,10 +70,9 @@ class CycleState:
         return state
 
     def gang(self, workload: Workload) -> Gang:
-        shape = tuple([p.shape for p in workload.pod_sets])
-        gang = self.gangs.get(shape)
+        gang = self.gangs.get(workload.shape)
         if gang is None:
-            gang = self.gangs[shape] = Gang.of(workload.pod_sets)
+            gang = self.gangs[workload.shape] = Gang.of(workload.pod_sets)
         return gang
 
     def usable(self, placement: Placement) -> list[ClusterSnapshot]:
