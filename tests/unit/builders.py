@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher.api.resources import EMPTY, Resources
+from dispatcher.api.resources import Resources
 from dispatcher.core.model import (
     AdmittedWorkload,
     ClusterSnapshot,
@@ -359,27 +359,6 @@ def node_free(state: ClusterState, node_name: str) -> Resources:
 def free_room(state: ClusterState) -> tuple[Resources, list[Resources]]:
     """The aggregate free and each schedulable node's free room, in snapshot order."""
     return Resources(state.free_total), [node_free(state, name) for name in state.names]
-
-
-def without(snapshot: ClusterSnapshot, keys: frozenset[str]) -> ClusterSnapshot:
-    """The cluster as it would be once the AppWrappers named by `keys` were evicted."""
-    if not keys:
-        return snapshot
-    freed: dict[str, Resources] = {}
-    for admitted in snapshot.admitted:
-        if admitted.key in keys:
-            for node_name, used in admitted.usage:
-                freed[node_name] = freed.get(node_name, EMPTY) + used
-    nodes = tuple(
-        replace(node, requested=node.requested - freed[node.name]) if node.name in freed else node
-        for node in snapshot.nodes
-    )
-    return replace(
-        snapshot,
-        nodes=nodes,
-        reservations=tuple(r for r in snapshot.reservations if r.key not in keys),
-        admitted=tuple(a for a in snapshot.admitted if a.key not in keys),
-    )
 
 
 def admitted_placements(

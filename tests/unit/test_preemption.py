@@ -8,6 +8,7 @@ import pytest
 
 from dispatcher.core.model import ClusterSnapshot, Workload
 from dispatcher.core.scheduling import LowestPriorityFirst, PreemptionPolicy
+from dispatcher.core.scheduling.evictions import without
 from tests.unit.builders import (
     cluster,
     node,
@@ -16,7 +17,6 @@ from tests.unit.builders import (
     reservation,
     running,
     with_running,
-    without,
     workload,
 )
 

@@ -35,6 +35,7 @@ from dispatcher.core.model import (
     Workload,
 )
 from dispatcher.core.scheduling import LowestPriorityFirst, queue_order_key, schedule
+from dispatcher.core.scheduling.evictions import without
 from tests.unit.builders import GPU, admitted_placements
 from tests.unit.test_cycle_scale import PlainState
 
@@ -430,6 +431,12 @@ def fits(snapshot: ClusterSnapshot, workload: Workload, evicted: set[str]) -> bo
     return plain.place(workload.pod_sets) is not None
 
 
+def fits_afresh(snapshot: ClusterSnapshot, workload: Workload, evicted: set[str]) -> bool:
+    """Whether the workload fits the member as the next cycle builds it without `evicted`
+    (the other reservations placed anew)."""
+    return PlainState(without(snapshot, frozenset(evicted))).place(workload.pod_sets) is not None
+
+
 @SETTINGS
 @given(world=preemption_world())
 def test_preemption_victims_are_lower_priority_sufficient_and_minimal(
@@ -442,7 +449,11 @@ def test_preemption_victims_are_lower_priority_sufficient_and_minimal(
         a.key for a in snapshot.admitted if a.preemptible and a.priority < preemptor.priority
     }
     if victims is None:  # nothing it may evict, or evicting all of that is not enough
-        assert not candidates or not fits(snapshot, preemptor, candidates)
+        assert (
+            not candidates
+            or not fits(snapshot, preemptor, candidates)
+            or not fits_afresh(snapshot, preemptor, candidates)
+        )
         return
     if victims == ():
         assert candidates
@@ -453,8 +464,14 @@ def test_preemption_victims_are_lower_priority_sufficient_and_minimal(
         assert by_key[victim].priority < preemptor.priority
         assert by_key[victim].preemptible
     assert fits(snapshot, preemptor, set(victims))
+    # The next cycle builds the member afresh without them: it fits there too, so evicting
+    # these never leaves it to evict again.
+    assert fits_afresh(snapshot, preemptor, set(victims))
     for victim in victims:
-        assert not fits(snapshot, preemptor, set(victims) - {victim}), f"{victim} not needed"
+        spared = set(victims) - {victim}
+        assert not (
+            fits(snapshot, preemptor, spared) and fits_afresh(snapshot, preemptor, spared)
+        ), f"{victim} not needed"
 
 
 @st.composite

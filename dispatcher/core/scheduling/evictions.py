@@ -13,11 +13,35 @@ room again, so they may be tried and taken back in any order.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
-from dispatcher.core.model import AdmittedWorkload
+from dispatcher.api.resources import EMPTY, Resources
+from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot
 from dispatcher.core.scheduling.placement import ClusterState
 
-__all__ = ["evict"]
+__all__ = ["evict", "without"]
+
+
+def without(snapshot: ClusterSnapshot, keys: frozenset[str]) -> ClusterSnapshot:
+    """The cluster as the next cycle will see it once the AppWrappers named by `keys` are
+    gone: their bound pods' requests off their nodes, their reservations dropped."""
+    if not keys:
+        return snapshot
+    freed: dict[str, Resources] = {}
+    for admitted in snapshot.admitted:
+        if admitted.key in keys:
+            for node_name, used in admitted.usage:
+                freed[node_name] = freed.get(node_name, EMPTY) + used
+    nodes = tuple(
+        replace(node, requested=node.requested - freed[node.name]) if node.name in freed else node
+        for node in snapshot.nodes
+    )
+    return replace(
+        snapshot,
+        nodes=nodes,
+        reservations=tuple(r for r in snapshot.reservations if r.key not in keys),
+        admitted=tuple(a for a in snapshot.admitted if a.key not in keys),
+    )
 
 
 def _held_by(

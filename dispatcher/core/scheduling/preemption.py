@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, Workload
-from dispatcher.core.scheduling.evictions import evict
+from dispatcher.core.scheduling.evictions import evict, without
 from dispatcher.core.scheduling.placement import ClusterState, Gang
 
 __all__ = ["Claim", "HonourClaims", "LowestPriorityFirst", "PreemptionPolicy"]
@@ -44,7 +44,12 @@ class LowestPriorityFirst:
     that is a knapsack problem).
 
     "Fits" is checked on one `ClusterState` of the cluster, built as the cycle builds
-    it, with the victims evicted on it (see `evictions`: each gives back what it holds).
+    it, with the victims evicted on it (see `evictions`: each gives back what it holds),
+    and the set found is confirmed on a state built afresh without the victims, as the next
+    cycle will build it. Where that falls short (a reservation that found no node takes the
+    room the victims free), more candidates are taken, in order, and then every victim the
+    fresh state does without is given back. Evicting the set named always makes the workload
+    fit in the next cycle; each victim is needed by one of the two checks.
     """
 
     def choose_victims(
@@ -82,7 +87,32 @@ class LowestPriorityFirst:
                     given_back = True
                     break
                 undo[victim.key] = evict(state, victim)
-        return tuple(v.key for v in taken)
+        # Confirm on the member as the next cycle will build it without the victims: there
+        # the other reservations are placed afresh and may take room the victims free (as
+        # their pending pods would). Take further candidates, in order, while it falls short,
+        # or evicting these would not make it fit and it would have to evict again.
+        chosen = [v.key for v in taken]
+
+        def fits_afresh(keys: list[str]) -> bool:
+            return ClusterState(without(cluster, frozenset(keys))).fits(gang)
+
+        if fits_afresh(chosen):
+            return tuple(chosen)
+        spare = [c.key for c in candidates if c.key not in set(chosen)]
+        while not fits_afresh(chosen):
+            if not spare:
+                return None
+            chosen.append(spare.pop(0))
+        # Then give back, last taken first, those the fresh state does without.
+        given_back = True
+        while given_back:
+            given_back = False
+            for key in reversed(chosen):
+                rest = [k for k in chosen if k != key]
+                if fits_afresh(rest):
+                    chosen, given_back = rest, True
+                    break
+        return tuple(chosen)
 
 
 @dataclass(frozen=True, slots=True)
