@@ -47,9 +47,9 @@ class LowestPriorityFirst:
     it, with the victims evicted on it (see `evictions`: each gives back what it holds),
     and the set found is confirmed on a state built afresh without the victims, as the next
     cycle will build it. Where that falls short (a reservation that found no node takes the
-    room the victims free), more candidates are taken, in order, and then every victim the
-    fresh state does without is given back. Evicting the set named always makes the workload
-    fit in the next cycle; each victim is needed by one of the two checks.
+    room the victims free), the shortest run of further candidates that makes it fit there
+    is taken, and then every victim the fresh state does without is spared. Evicting the
+    set named always makes the workload fit in the next cycle.
     """
 
     def choose_victims(
@@ -98,14 +98,36 @@ class LowestPriorityFirst:
 
         if fits_afresh(chosen):
             return tuple(chosen)
+        # Each check builds a state: the shortest run of further candidates that makes it
+        # fit is found by doubling, then halving; then every victim the fresh state does
+        # without is spared, last taken first, a block at a time while blocks can go.
         spare = [c.key for c in candidates if c.key not in set(chosen)]
-        while not fits_afresh(chosen):
-            if not spare:
-                return None
-            chosen.append(spare.pop(0))
-        # Then give back, last taken first, those the fresh state does without.
+        if not spare or not fits_afresh(chosen + spare):
+            return None
+        low, high = 0, 1
+        while high < len(spare) and not fits_afresh(chosen + spare[:high]):
+            low, high = high, min(2 * high, len(spare))
+        while high - low > 1:
+            middle = (low + high) // 2
+            if fits_afresh(chosen + spare[:middle]):
+                high = middle
+            else:
+                low = middle
+        chosen += spare[:high]
+
+        def give_back(block: list[str]) -> None:
+            """Spare `block` at once if the fresh state does without it, else its halves."""
+            nonlocal chosen
+            rest = [k for k in chosen if k not in set(block)]
+            if fits_afresh(rest):
+                chosen = rest
+            elif len(block) > 1:
+                give_back(block[: len(block) // 2])
+                give_back(block[len(block) // 2 :])
+
+        give_back(chosen[::-1])  # last taken first
         given_back = True
-        while given_back:
+        while given_back:  # then one at a time, until each one left is needed
             given_back = False
             for key in reversed(chosen):
                 rest = [k for k in chosen if k != key]
