@@ -139,7 +139,7 @@ class Manager:
         self.priority_classes.add_handler(self._on_priority_class)
         for member in members:
             member.capacity.on_change = self._on_capacity
-            member.pods.add_handler(self._wake_owner)
+            member.pods.add_handler(self._on_pod)
 
     @property
     def cycles(self) -> int:
@@ -233,6 +233,13 @@ class Manager:
     def _on_capacity(self, reason: str) -> None:
         if reason != "pod-changed":
             self._kick()
+
+    def _on_pod(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        """A pod came, went or changed phase: its AppWrapper's counts and verdict may move.
+        Other changes (bound to a node, conditions) move neither: no reconcile for them."""
+        if old is not None and new is not None and _pod_phase(old) == _pod_phase(new):
+            return
+        self._wake_owner(kind, old, new)
 
     def _wake_owner(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         """A pod or wrapped object labelled with its AppWrapper changed: reconcile that one."""
@@ -331,6 +338,10 @@ class Manager:
         """Let in-flight writes finish (bounded) before shutdown."""
         await self.scheduler.drain(timeout)
         await self.events.flush(timeout=timeout)
+
+
+def _pod_phase(pod: Obj) -> str:
+    return str((pod.get("status") or {}).get("phase") or "Pending")
 
 
 def _state_of(obj: Obj) -> str:

@@ -74,7 +74,9 @@ class StatusWriter:
     def _keep(self, written: Obj) -> Obj:
         slim = without_bookkeeping(written)
         key = key_of(slim)
-        self._overlay[key] = slim
+        watched = self._watched(key)
+        if watched is None or resource_version(watched) < resource_version(slim):
+            self._overlay[key] = slim  # else the watch has shown it already
         self._on_written(key, slim)
         return slim
 
@@ -94,10 +96,19 @@ class StatusWriter:
             },
             "status": status_to_kube(status),
         }
-        written = await self.hub.replace(
-            APPWRAPPERS, meta["namespace"], meta["name"], body, sub="status"
-        )
-        self.writes[key_of(obj)] += 1
+        key = key_of(obj)
+        # Counted before the answer: the watch may deliver the write (and the life end,
+        # whose hops are read then) before this coroutine resumes.
+        self.writes[key] += 1
+        try:
+            written = await self.hub.replace(
+                APPWRAPPERS, meta["namespace"], meta["name"], body, sub="status"
+            )
+        except BaseException:
+            self.writes[key] -= 1
+            if self.writes[key] <= 0:
+                del self.writes[key]
+            raise
         happened = [t for t in transitions if t is not None and t.reason]
         if happened:
             self.events.record(
