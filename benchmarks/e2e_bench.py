@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks.report import save
 from dispatcher.api.constants import API_VERSION, KIND, PLURAL
 from dispatcher.api.models import parse_time
 from dispatcher.config import Config
@@ -576,14 +576,7 @@ def main() -> None:
             )
         )
     result["settings"] = settings
-    result["machine"] = {
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-    }
-    result["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    save(result, args.out)
     summary = {k: v for k, v in result.get("dispatcher", {}).items() if k != "latencies"}
     print(json.dumps(summary, indent=2))
 

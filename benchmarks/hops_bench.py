@@ -32,9 +32,6 @@ import argparse
 import asyncio
 import contextlib
 import contextvars
-import json
-import os
-import platform
 import re
 import statistics
 import tempfile
@@ -45,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmarks.report import save
 from dispatcher.api.constants import API_VERSION, KIND, PLURAL
 from dispatcher.app import running
 from dispatcher.config import Config
@@ -461,14 +459,7 @@ def main(hooks: Hooks = NEW_CODE, default_out: str = "benchmarks/results/hops.js
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aw-hops-")))
         result = asyncio.run(measure(workdir, hooks, args.runs, samples))
     print(table(result))
-    result["machine"] = {
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-    }
-    result["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    save(result, args.out)
 
 
 if __name__ == "__main__":

@@ -269,30 +269,21 @@ class Reconciler:
         key = aw.key
         now, moment = self._moment()
         member = self.member_of(status)
+        stranded = ""
         if member is None:
-            message = f"dispatched to cluster {status.clusterName!r}, which is not configured"
+            stranded = f"dispatched to cluster {status.clusterName!r}, which is not configured"
+        elif not member.is_hub and member.silent_for() > self._config.member_timeout_seconds:
+            stranded = (
+                f"cluster {member.name} has not answered for {int(member.silent_for())}s; "
+                "requeued (its copies are removed when it answers again)"
+            )
+        if member is None or stranded:
             await self._requeue(
                 aw,
                 obj,
                 status,
                 Reason.CLUSTER_UNREACHABLE,
-                message,
-                backoff=False,
-                remove_from=None,
-            )
-            return DONE
-        silent = member.silent_for()
-        if not member.is_hub and silent > self._config.member_timeout_seconds:
-            message = (
-                f"cluster {member.name} has not answered for {int(silent)}s; requeued "
-                "(its copies are removed when it answers again)"
-            )
-            await self._requeue(
-                aw,
-                obj,
-                status,
-                Reason.CLUSTER_UNREACHABLE,
-                message,
+                stranded,
                 backoff=False,
                 remove_from=None,
             )
