@@ -57,6 +57,9 @@ COUNTS_INTERVAL = 5.0
 """Seconds between status writes that only update pod counts."""
 POLL_SECONDS = 2.0
 """When a wrapped object's status was read by GET, look again this much later."""
+TERMINATING_POLL_SECONDS = 1.0
+"""How often a dispatch waiting for an earlier attempt's pods to go looks again (their
+deletion also wakes it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +294,11 @@ class Reconciler:
         objects: list[Wrapped] = []
         stamp = status.lastDispatchedAt or ""
         if self._ensured.get(key) != stamp:
+            if any(p.deleting for p in member.capacity.owned_pods(key)):
+                # An earlier attempt's pods are still terminating: objects made now would
+                # make a second gang, bound wherever kube-scheduler finds room (room the
+                # dispatcher has given to others) while the first still holds its own.
+                return Result(TERMINATING_POLL_SECONDS)
             # Built only when needed: it deep-copies every template, and following runs on
             # every pod change of every dispatched AppWrapper.
             objects = wrapped_objects(aw, owner_reference=member.is_hub)

@@ -28,6 +28,9 @@ class OwnedPod(Protocol):
     @property
     def holds_capacity(self) -> bool: ...
 
+    @property
+    def deleting(self) -> bool: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Holding:
@@ -40,7 +43,11 @@ class Holding:
 def holding(workload: Workload, pods: Iterable[OwnedPod], *, dispatched_at: float) -> Holding:
     """What `workload`, dispatched at `dispatched_at` and owning `pods`, holds now."""
     owned = list(pods)
-    remaining = unplaced(workload.pod_sets, [p.requests for p in owned if p.node])
+    # A pod on its way out (an earlier attempt's, its objects deleted) still uses its node
+    # but is not one of the gang's: the objects made again will make another in its place.
+    remaining = unplaced(
+        workload.pod_sets, [p.requests for p in owned if p.node and not p.deleting]
+    )
     reservation = None
     if remaining:
         reservation = Reservation(
