@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from dispatcher.kube.client import RequestStats, ResourceInfo
+from dispatcher.kube.client import RequestStats, ResourceInfo, well_formed
 from dispatcher.kube.errors import (
     AlreadyExists,
     BadRequest,
@@ -200,6 +200,9 @@ class FakeKube:
         await self._begin("ping", "GET", "/version", None, None)
 
     async def resource_info(self, api_version: str, kind: str) -> ResourceInfo:
+        if not well_formed(api_version, kind):
+            # As the real client: an ill-formed apiVersion or kind never reaches a request.
+            raise UnknownKind(f"{api_version!r}/{kind!r} is not a valid apiVersion and kind")
         key = (api_version, kind)
         if key not in self._discovered:
             path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
