@@ -76,6 +76,8 @@ def wrapped_objects(
     for index, item in enumerate(aw.spec.items):
         try:
             body = _build(aw, item.generictemplate, labels, owner_reference)
+            if lenient and _identity(body) is None:
+                continue  # no well-formed identity: it was never created
             metadata = body["metadata"]
             result.append(
                 Wrapped(
