@@ -10,7 +10,9 @@ The controller tests below walk the same inputs through a whole reconcile and a 
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,7 +35,8 @@ from dispatcher.core.validation import (
     validate_appwrapper,
 )
 from dispatcher.core.workloads import InvalidSpec, workload_of
-from dispatcher.kube.client import ResourceInfo, well_formed
+from dispatcher.kube.client import DISCOVERY_LIMIT, KubeClient, ResourceInfo, well_formed
+from dispatcher.kube.errors import NotFound, UnknownKind
 from dispatcher.testing.fakeenv import FakeEnv, fake_env
 from dispatcher.testing.manifests import appwrapper
 
@@ -349,6 +352,36 @@ def test_status_messages_are_bounded() -> None:
     assert len(status.message) <= MAX_MESSAGE_CHARS
     [failed] = status.conditions
     assert len(failed.message) <= MAX_MESSAGE_CHARS
+
+
+async def test_discovery_is_bounded_and_refuses_ill_formed_names_without_a_request() -> None:
+    client = KubeClient.__new__(KubeClient)
+    client.name = "t"
+    client._resources = OrderedDict()
+    client._missing = OrderedDict()
+    client._discovery_lock = asyncio.Lock()
+    asked: list[str] = []
+
+    async def request(method: str, path: str, **kwargs: Any) -> Any:
+        asked.append(path)
+        if path.startswith("/apis/g"):
+            raise NotFound("not served", status=404)
+        return {"resources": [{"name": "things", "kind": "Thing", "namespaced": True}]}
+
+    client.request = request  # type: ignore[method-assign]
+    for odd in ("../api/v1/pods", "apps/v1?x=1", "v1/../x", "Apps/v1"):
+        with pytest.raises(UnknownKind):
+            await client.resource_info(odd, "Thing")
+    assert asked == []
+    for i in range(DISCOVERY_LIMIT + 50):
+        await client.resource_info(f"x{i}.io/v1", "Thing")
+    assert len(client._resources) == DISCOVERY_LIMIT
+    # Not served: asked once, then believed for a while.
+    for _ in range(3):
+        with pytest.raises(UnknownKind):
+            await client.resource_info("g.io/v1", "Thing")
+    assert asked.count("/apis/g.io/v1") == 1
+    assert len(client._missing) == 1
 
 
 # -- the controller on the in-memory API server ----------------------------------------------
