@@ -14,6 +14,8 @@ import asyncio
 import asyncio.sslproto
 import json
 import re
+import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
@@ -29,6 +31,7 @@ from dispatcher.kube.errors import (
     KubeError,
     NotFound,
     TooManyRequests,
+    Undecodable,
     UnknownKind,
     Unreachable,
     error_from_response,
@@ -50,6 +53,46 @@ _GROUP_VERSION = re.compile(
     r"(([a-z0-9]([-a-z0-9]*[a-z0-9])?)(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?v[0-9]+((alpha|beta)[0-9]+)?"
 )
 _KIND = re.compile(r"[A-Z][A-Za-z0-9]*")
+
+
+DEEP_DECODE_LIMIT = 11_000
+"""Nesting the fallback decoder accepts: the API server stores objects nested up to 10,000
+levels; the interpreter's own limit (about 1,000) would end a watch on any deeper one."""
+
+
+def decode(data: bytes | str) -> Any:
+    """JSON from the server. An answer nested deeper than the interpreter's recursion limit
+    allows (a user's object can be) is decoded again in a thread with a stack and a limit
+    big enough for DEEP_DECODE_LIMIT levels, rather than failing the list or watch that
+    carries it (which would stall, or end, every reader of that resource)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        pass
+    result: list[Any] = []
+    failure: list[BaseException] = []
+
+    def deep() -> None:
+        previous = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(previous, DEEP_DECODE_LIMIT + 1000))
+        try:
+            result.append(json.loads(data))
+        except BaseException as exc:  # handed to the caller below
+            failure.append(exc)
+        finally:
+            sys.setrecursionlimit(previous)
+
+    size = threading.stack_size()
+    threading.stack_size(256 * 1024 * 1024)
+    try:
+        worker = threading.Thread(target=deep, name="deep-json")
+        worker.start()
+    finally:
+        threading.stack_size(size)
+    worker.join()
+    if failure:
+        raise Undecodable(f"an answer could not be decoded: {failure[0]!r}")
+    return result[0]
 
 
 def _segment(value: str) -> str:
@@ -267,7 +310,7 @@ class KubeClient:
             )
             data = await self._read(response)
             if 200 <= response.status < 300:
-                return json.loads(data) if data else None
+                return decode(data) if data else None
             error = error_from_response(response.status, data, dict(response.headers))
             if isinstance(error, TooManyRequests):
                 # The server asked us to slow down; honour its Retry-After.
@@ -445,7 +488,7 @@ class KubeClient:
                     raise Unreachable(f"{self.name or self._host}: watch broke: {exc!r}") from exc
                 if not line:
                     return
-                event = json.loads(line)
+                event = decode(line)
                 if event.get("type") == "ERROR":
                     status = event.get("object", {})
                     raise error_from_response(

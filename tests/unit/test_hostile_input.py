@@ -35,8 +35,15 @@ from dispatcher.core.validation import (
     validate_appwrapper,
 )
 from dispatcher.core.workloads import InvalidSpec, workload_of
-from dispatcher.kube.client import DISCOVERY_LIMIT, KubeClient, ResourceInfo, well_formed
-from dispatcher.kube.errors import NotFound, UnknownKind
+from dispatcher.kube.client import (
+    DISCOVERY_LIMIT,
+    KubeClient,
+    ResourceInfo,
+    decode,
+    well_formed,
+)
+from dispatcher.kube.errors import NotFound, Undecodable, UnknownKind
+from dispatcher.kube.store import ObjectStore
 from dispatcher.testing.fakeenv import FakeEnv, fake_env
 from dispatcher.testing.manifests import appwrapper
 
@@ -470,3 +477,19 @@ async def test_odd_api_versions_fail_without_a_request(api_version: str) -> None
         message = await failed_with(env, "odd")
         assert message.startswith("InvalidSpec: item 0 (Pod/p): apiVersion")
         await deleted_cleanly(env, "odd")
+
+
+def test_answers_nested_deeper_than_the_interpreter_allows_are_decoded() -> None:
+    """The API server stores objects nested up to 10,000 levels; a list or watch carrying
+    one must still be read (it is then refused by validation, like any deep template)."""
+    depth = 10_000
+    text = '{"data":' + '{"a":' * depth + "1" + "}" * depth + "}"
+    decoded = decode(text.encode())
+    slimmed = without_bookkeeping(decoded)
+    shape = template_shape(slimmed, max_depth=MAX_TEMPLATE_DEPTH, max_bytes=1 << 20)
+    assert shape[0] == MAX_TEMPLATE_DEPTH + 1
+    store = ObjectStore(lambda _obj: True)
+    store["k"] = slimmed  # too deep to pack as text: kept decoded
+    assert store.packed() == 0
+    with pytest.raises(Undecodable):
+        decode(b"[" * 20_000 + b"]" * 20_000)
