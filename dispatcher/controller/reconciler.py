@@ -140,6 +140,14 @@ class Reconciler:
         try:
             aw = self._models.parse(obj)
         except ValidationError as exc:
+            meta = obj.get("metadata") or {}
+            if meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or []):
+                # Unreadable, and going: without a model its objects cannot be listed, but
+                # the finalizer must not hold it forever. Objects on the hub are owned by it
+                # (the garbage collector takes them); members' are swept as orphans.
+                await self._status.set_finalizer(obj, present=False)
+                self.forget_all(key)
+                return DONE
             await self._fail_unreadable(obj, exc)
             return DONE
         phase = phase_of(aw)

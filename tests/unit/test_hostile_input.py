@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason
 from dispatcher.controller.models import without_bookkeeping
 from dispatcher.controller.objects import DispatchError, wrapped_objects
+from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.core import conditions as cond
 from dispatcher.core.validation import (
     MAX_ITEMS,
@@ -44,7 +45,7 @@ from dispatcher.kube.client import (
 )
 from dispatcher.kube.errors import NotFound, Undecodable, UnknownKind
 from dispatcher.kube.store import ObjectStore
-from dispatcher.testing.fakeenv import FakeEnv, fake_env
+from dispatcher.testing.fakeenv import NAMESPACE, FakeEnv, fake_env
 from dispatcher.testing.manifests import appwrapper
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -493,3 +494,19 @@ def test_answers_nested_deeper_than_the_interpreter_allows_are_decoded() -> None
     assert store.packed() == 0
     with pytest.raises(Undecodable):
         decode(b"[" * 20_000 + b"]" * 20_000)
+
+
+async def test_an_unreadable_appwrapper_fails_and_one_being_deleted_lets_go() -> None:
+    """The "unreadable spec" path is total too: Failed with a bounded message; and one that
+    became unreadable while holding the finalizer is still let go when deleted."""
+    async with fake_env() as env:
+        await env.apply(appwrapper("odd", config_map("odd")))
+        await env.reconcile("odd")
+        current = await env.get("odd")
+        assert "workload.codeflare.dev/finalizer" in current["metadata"]["finalizers"]
+        await env.fake.merge_patch(
+            APPWRAPPERS, NAMESPACE, "odd", {"spec": {"priority": "x" * 100_000}}
+        )
+        message = await failed_with(env, "odd")
+        assert message.startswith("InvalidSpec: spec does not match the AppWrapper API: ")
+        await deleted_cleanly(env, "odd")
