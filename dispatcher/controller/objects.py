@@ -193,6 +193,10 @@ async def create_all(client: KubeApi, namespace: str, objects: list[Wrapped], *,
                     permanent=True,
                 ) from exc
         except KubeError as exc:
+            if isinstance(exc, NotFound):
+                # A create answered 404: the kind may no longer be served (its CRD went);
+                # the next attempt asks discovery again instead of trusting the cache.
+                client.forget_discovery(obj.api_version)
             raise DispatchError(f"{obj.label}: {exc}", permanent=_permanent(exc)) from exc
 
     results = await asyncio.gather(*(one(o) for o in objects), return_exceptions=True)

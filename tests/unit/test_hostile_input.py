@@ -14,7 +14,7 @@ import asyncio
 import json
 from collections import OrderedDict
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason
 from dispatcher.controller.models import without_bookkeeping
-from dispatcher.controller.objects import DispatchError, wrapped_objects
+from dispatcher.controller.objects import DispatchError, create_all, wrapped_objects
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.core import conditions as cond
 from dispatcher.core.validation import (
@@ -36,6 +36,7 @@ from dispatcher.core.validation import (
     validate_appwrapper,
 )
 from dispatcher.core.workloads import InvalidSpec, workload_of
+from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import (
     DISCOVERY_LIMIT,
     KubeClient,
@@ -510,3 +511,25 @@ async def test_an_unreadable_appwrapper_fails_and_one_being_deleted_lets_go() ->
         message = await failed_with(env, "odd")
         assert message.startswith("InvalidSpec: spec does not match the AppWrapper API: ")
         await deleted_cleanly(env, "odd")
+
+
+async def test_a_create_answered_not_found_forgets_the_kinds_discovery() -> None:
+    """A 404 on create means the kind may be gone: the next attempt asks discovery again."""
+    forgotten: list[str] = []
+
+    class Gone:
+        async def resource_info(self, api_version: str, kind: str) -> ResourceInfo:
+            return ResourceInfo(api_version, kind, "things", True)
+
+        async def create(self, *args: Any) -> Obj:
+            raise NotFound("the server could not find the requested resource", status=404)
+
+        def forget_discovery(self, api_version: str) -> None:
+            forgotten.append(api_version)
+
+    model = AppWrapper.from_kube(wrap({**config_map(), "apiVersion": "x.io/v1", "kind": "Thing"}))
+    objects = wrapped_objects(model, owner_reference=False)
+    with pytest.raises(DispatchError) as raised:
+        await create_all(cast(KubeApi, Gone()), "ns", objects, uid="u-1")
+    assert not raised.value.permanent
+    assert forgotten == ["x.io/v1"]
