@@ -58,8 +58,9 @@ _LABEL_NAMED_KINDS = frozenset({"Service"})
 
 
 def _ascii_match(pattern: re.Pattern[str], text: str) -> bool:
-    # fullmatch on an ASCII-only pattern, but "\d"-free patterns still need the text to be
-    # ASCII: str.isascii excludes look-alike digits and letters of other scripts early.
+    # The patterns' classes are ASCII already; isascii() refuses other scripts' look-alike
+    # letters and digits cheaply, and would still if a pattern ever used \d (which matches
+    # any Unicode digit). fullmatch, unlike "$", does not accept a trailing newline.
     return text.isascii() and pattern.fullmatch(text) is not None
 
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason
+from dispatcher.api.quantity import QuantityError, parse_milli
 from dispatcher.controller.models import without_bookkeeping
 from dispatcher.controller.objects import DispatchError, create_all, wrapped_objects
 from dispatcher.controller.status import APPWRAPPERS
@@ -533,3 +534,9 @@ async def test_a_create_answered_not_found_forgets_the_kinds_discovery() -> None
         await create_all(cast(KubeApi, Gone()), "ns", objects, uid="u-1")
     assert not raised.value.permanent
     assert forgotten == ["x.io/v1"]
+
+
+@pytest.mark.parametrize("value", ["\u0662Gi", "\u0661", "1\u0660", "1e\u0663", "\uff11"])
+def test_quantities_with_digits_of_other_scripts_are_malformed(value: str) -> None:
+    with pytest.raises(QuantityError):
+        parse_milli(value)
