@@ -40,7 +40,10 @@ _MAX_MILLI = 10**30
 _EXACT = Context(prec=200, rounding=ROUND_CEILING)
 _QUANTITY = re.compile(
     r"^(?P<number>[+-]?(?:\d+\.?\d*|\.\d+))"
-    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE](?P<exponent>[+-]?\d+))?$"
+    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE](?P<exponent>[+-]?\d+))?$",
+    # ASCII: in a str pattern \d matches any Unicode digit ("٢Gi" would read as 2Gi, which
+    # Kubernetes refuses), so the dispatcher would reserve for pods that can never exist.
+    re.ASCII,
 )
 
 

@@ -51,10 +51,36 @@ def without_bookkeeping(obj: Obj) -> Obj:
 
 
 def _interned(value: Any) -> Any:
+    """A copy of `value` with its keys interned, built without recursion: the objects are
+    user data, and a template nested a thousand levels deep must not end the process (it is
+    refused later, by validation, with a message)."""
+    if not isinstance(value, dict | list):
+        return value
+    root: Any = {} if isinstance(value, dict) else []
+    stack: list[tuple[Any, Any]] = [(value, root)]
+    while stack:
+        source, target = stack.pop()
+        if isinstance(source, dict):
+            for key, child in source.items():
+                copied = _empty_like(child)
+                target[sys.intern(key) if type(key) is str else key] = copied
+                if copied is not child:
+                    stack.append((child, copied))
+        else:
+            for child in source:
+                copied = _empty_like(child)
+                target.append(copied)
+                if copied is not child:
+                    stack.append((child, copied))
+    return root
+
+
+def _empty_like(value: Any) -> Any:
+    """A new empty container to fill for a dict or list; any other value itself."""
     if isinstance(value, dict):
-        return {sys.intern(k): _interned(v) for k, v in value.items()}
+        return {}
     if isinstance(value, list):
-        return [_interned(v) for v in value]
+        return []
     return value
 
 

@@ -16,7 +16,7 @@ from dispatcher.api.constants import API_VERSION, KIND, LABEL_NAME, LABEL_NAMESP
 from dispatcher.api.models import AppWrapper
 from dispatcher.core.podsets import inject_labels
 from dispatcher.kube.api import KubeApi
-from dispatcher.kube.client import ResourceInfo
+from dispatcher.kube.client import ResourceInfo, well_formed
 from dispatcher.kube.errors import (
     AlreadyExists,
     BadRequest,
@@ -57,8 +57,16 @@ class Wrapped:
         return f"{self.kind}/{self.name}"
 
 
-def wrapped_objects(aw: AppWrapper, *, owner_reference: bool) -> list[Wrapped]:
-    """The objects to create, labelled with the AppWrapper (and owned by it on the hub)."""
+def wrapped_objects(
+    aw: AppWrapper, *, owner_reference: bool, lenient: bool = False
+) -> list[Wrapped]:
+    """The objects to create, labelled with the AppWrapper (and owned by it on the hub).
+
+    Templates are user data that validation has passed, but building must not depend on
+    that: an item that cannot be built raises DispatchError (permanent) naming it, or, with
+    `lenient` (deleting, where only identity matters), is reduced to its apiVersion, kind
+    and name, or left out when those are not well formed (it was never created).
+    """
     labels = {
         LABEL_NAME: aw.metadata.name,
         LABEL_NAMESPACE: aw.metadata.namespace,
@@ -66,36 +74,80 @@ def wrapped_objects(aw: AppWrapper, *, owner_reference: bool) -> list[Wrapped]:
     }
     result = []
     for index, item in enumerate(aw.spec.items):
-        body = inject_labels(item.generictemplate, labels)
-        metadata = body.setdefault("metadata", {})
-        metadata["namespace"] = aw.metadata.namespace
-        for field in ("resourceVersion", "uid", "creationTimestamp", "generation"):
-            metadata.pop(field, None)
-        body.pop("status", None)
-        if owner_reference and aw.metadata.uid:
-            # On the hub itself, the garbage collector then removes the objects even if the
-            # dispatcher is not running when the AppWrapper goes.
-            metadata["ownerReferences"] = [
-                *metadata.get("ownerReferences", []),
-                {
-                    "apiVersion": API_VERSION,
-                    "kind": KIND,
-                    "name": aw.metadata.name,
-                    "uid": aw.metadata.uid,
-                    "controller": True,
-                },
-            ]
-        result.append(
-            Wrapped(
-                index=index,
-                api_version=str(body.get("apiVersion", "")),
-                kind=str(body.get("kind", "")),
-                name=str(metadata.get("name", "")),
-                body=body,
-                completion=item.completion_conditions(),
+        try:
+            body = _build(aw, item.generictemplate, labels, owner_reference)
+            if lenient and _identity(body) is None:
+                continue  # no well-formed identity: it was never created
+            metadata = body["metadata"]
+            result.append(
+                Wrapped(
+                    index=index,
+                    api_version=body["apiVersion"],
+                    kind=body["kind"],
+                    name=metadata["name"],
+                    body=body,
+                    completion=item.completion_conditions(),
+                )
             )
-        )
+        except Exception as exc:  # any user data; RecursionError included
+            if not lenient:
+                raise DispatchError(
+                    f"item {index}: the object cannot be built: {type(exc).__name__}: "
+                    f"{str(exc)[:200]}",
+                    permanent=True,
+                ) from exc
+            identity = _identity(item.generictemplate)
+            if identity is not None:
+                api_version, kind, name = identity
+                result.append(Wrapped(index, api_version, kind, name, {}, ()))
     return result
+
+
+def _identity(template: Any) -> tuple[str, str, str] | None:
+    """(apiVersion, kind, name) of a template when all three are well formed."""
+    if not isinstance(template, Mapping):
+        return None
+    metadata = template.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    api_version, kind = template.get("apiVersion"), template.get("kind")
+    if not (isinstance(api_version, str) and isinstance(kind, str) and isinstance(name, str)):
+        return None
+    if not name or name in (".", "..") or not well_formed(api_version, kind):
+        return None
+    return api_version, kind, name
+
+
+def _build(
+    aw: AppWrapper, template: dict[str, Any], labels: dict[str, str], owner_reference: bool
+) -> dict[str, Any]:
+    """The body to create; raises (TypeError, RecursionError...) on a template of the wrong
+    shape."""
+    body = inject_labels(template, labels)
+    metadata = body.setdefault("metadata", {})
+    metadata["namespace"] = aw.metadata.namespace
+    for field in ("resourceVersion", "uid", "creationTimestamp", "generation"):
+        metadata.pop(field, None)
+    body.pop("status", None)
+    if owner_reference and aw.metadata.uid:
+        # On the hub itself, the garbage collector then removes the objects even if the
+        # dispatcher is not running when the AppWrapper goes.
+        owners = metadata.get("ownerReferences") or []
+        if not isinstance(owners, list):
+            raise TypeError("metadata.ownerReferences is not a list")
+        metadata["ownerReferences"] = [
+            *owners,
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": aw.metadata.name,
+                "uid": aw.metadata.uid,
+                "controller": True,
+            },
+        ]
+    api_version, kind, name = body.get("apiVersion"), body.get("kind"), metadata.get("name")
+    if not (isinstance(api_version, str) and isinstance(kind, str) and isinstance(name, str)):
+        raise TypeError("apiVersion, kind and metadata.name must be strings")
+    return body
 
 
 def _permanent(exc: KubeError) -> bool:
@@ -141,6 +193,10 @@ async def create_all(client: KubeApi, namespace: str, objects: list[Wrapped], *,
                     permanent=True,
                 ) from exc
         except KubeError as exc:
+            if isinstance(exc, NotFound):
+                # A create answered 404: the kind may no longer be served (its CRD went);
+                # the next attempt asks discovery again instead of trusting the cache.
+                client.forget_discovery(obj.api_version)
             raise DispatchError(f"{obj.label}: {exc}", permanent=_permanent(exc)) from exc
 
     results = await asyncio.gather(*(one(o) for o in objects), return_exceptions=True)

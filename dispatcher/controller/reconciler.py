@@ -143,6 +143,14 @@ class Reconciler:
         try:
             aw = self._models.parse(obj)
         except ValidationError as exc:
+            meta = obj.get("metadata") or {}
+            if meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or []):
+                # Unreadable, and going: without a model its objects cannot be listed, but
+                # the finalizer must not hold it forever. Objects on the hub are owned by it
+                # (the garbage collector takes them); members' are swept as orphans.
+                await self._status.set_finalizer(obj, present=False)
+                self.forget_all(key)
+                return DONE
             await self._fail_unreadable(obj, exc)
             return DONE
         phase = phase_of(aw)
@@ -301,8 +309,8 @@ class Reconciler:
                 return Result(TERMINATING_POLL_SECONDS)
             # Built only when needed: it deep-copies every template, and following runs on
             # every pod change of every dispatched AppWrapper.
-            objects = wrapped_objects(aw, owner_reference=member.is_hub)
             try:
+                objects = wrapped_objects(aw, owner_reference=member.is_hub)
                 if self._config.create_namespaces and not member.is_hub:
                     await ensure_namespace(member.client, aw.metadata.namespace)
                 await create_all(
@@ -314,6 +322,11 @@ class Reconciler:
                     if isinstance(exc, DispatchError)
                     else DispatchError(str(exc), permanent=False)
                 )
+                return await self._dispatch_failed(aw, obj, status, error, member)
+            except Exception as exc:  # user data must not wedge the AppWrapper
+                # Anything else while building or creating comes from the template: retrying
+                # would meet it again, so it ends the AppWrapper with the reason.
+                error = DispatchError(f"{type(exc).__name__}: {str(exc)[:300]}", permanent=True)
                 return await self._dispatch_failed(aw, obj, status, error, member)
             self._ensured[key] = stamp
         counts = member.capacity.pod_counts(key)
@@ -336,7 +349,7 @@ class Reconciler:
         # cache of that kind (whose changes wake this reconcile); until that cache has
         # synced, from a GET, looked at again a little later.
         if completion_items and counts.pending == 0 and counts.running == 0:
-            objects = objects or wrapped_objects(aw, owner_reference=member.is_hub)
+            objects = objects or wrapped_objects(aw, owner_reference=member.is_hub, lenient=True)
             result = await completion(
                 member.client,
                 aw.metadata.namespace,
@@ -455,7 +468,9 @@ class Reconciler:
         return await delete_all(
             member.client,
             aw.metadata.namespace,
-            wrapped_objects(aw, owner_reference=member.is_hub),
+            # Lenient: a template that cannot be built was never created, and must not keep
+            # the finalizer (and the AppWrapper) forever.
+            wrapped_objects(aw, owner_reference=member.is_hub, lenient=True),
             uid=aw.metadata.uid or "",
         )
 

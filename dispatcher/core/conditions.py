@@ -22,6 +22,7 @@ from dispatcher.api.models import (
     Reason,
     format_micro_time,
 )
+from dispatcher.core.validation import clip
 
 C = ConditionType
 MILESTONES = (C.INIT, C.QUEUEING, C.HEAD_OF_LINE, C.DISPATCHED, C.RUNNING)
@@ -35,6 +36,10 @@ class Transition:
     message: str
     warning: bool = False
 
+    def __post_init__(self) -> None:
+        # Event messages are bounded like status messages (user data can make them long).
+        object.__setattr__(self, "message", clip(self.message))
+
 
 def set_condition(
     status: AppWrapperStatus,
@@ -46,6 +51,7 @@ def set_condition(
     now: datetime,
 ) -> bool:
     """Set one condition; the transition time moves only when the status flips."""
+    message = clip(message)
     stamp = format_micro_time(now)
     value: Literal["True", "False"] = "True" if true else "False"
     existing = status.condition(type_)
@@ -84,6 +90,7 @@ def stage_of(status: AppWrapperStatus) -> str:
 
 
 def _settle(status: AppWrapperStatus, state: AppWrapperState, message: str) -> bool:
+    message = clip(message)
     changed = False
     stage = stage_of(status)
     if status.stage != stage:

@@ -178,6 +178,8 @@ def _infer(template: Mapping[str, Any]) -> Iterator[PodSet | None]:
     name = _name(template)
     spec = _mapping(template.get("spec"))
     kind = template.get("kind")
+    if not isinstance(kind, str):
+        return  # (a kind that is no string is validation's to report; it makes no pods)
     if _is(template, "Pod", ""):
         yield _pod_set(template, count=1, name=name)
     elif kind in _APPS_KINDS and _is(template, str(kind), "apps"):

@@ -5,10 +5,15 @@ The CRD schema rejects malformed YAML at `kubectl apply`; what it cannot see is 
 AppWrapper's own namespace, with quantities that parse, and no two items name the same
 object. Errors are plain sentences for the AppWrapper's status; an empty list means valid.
 Whether the kind exists in the target cluster is the shell's check (it needs discovery).
+
+Templates are user data of any shape (the CRD preserves unknown fields), so every check here
+is total: bounded in size and depth before anything walks a template recursively, and strict
+about types and Kubernetes' name grammar before any string reaches a URL.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,9 +23,209 @@ from dispatcher.core.podsets import infer_pod_sets
 __all__ = [
     "DEFAULT_ALLOWED_KINDS",
     "DEFAULT_CLUSTER_SCOPED",
+    "MAX_ITEMS",
+    "MAX_MESSAGE_CHARS",
+    "MAX_TEMPLATE_BYTES",
+    "MAX_TEMPLATE_DEPTH",
+    "bounded_message",
+    "clip",
+    "identity_problems",
+    "template_shape",
     "validate_appwrapper",
     "validate_item",
 ]
+
+MAX_ITEMS = 100
+"""Wrapped objects per AppWrapper (the CRD's maxItems says the same)."""
+MAX_TEMPLATE_DEPTH = 64
+"""Nesting of objects and arrays in one template. Real objects stay below 20; copying,
+slimming and encoding a deeper one would recurse toward the interpreter's limit."""
+MAX_TEMPLATE_BYTES = 256 * 1024
+"""Size of one template as JSON (about; strings counted in characters). The CRD cannot bound
+it (templates preserve unknown fields, and schema size limits apply to strings, arrays and
+maps only), so validation does."""
+MAX_MESSAGE_CHARS = 4096
+"""Longest status or condition message written. Status shares etcd's 1.5 MiB object limit
+with the spec, and a message is written twice (status.message and the condition)."""
+
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_VERSION = re.compile(r"v[0-9]+((alpha|beta)[0-9]+)?")
+_KIND = re.compile(r"[A-Z][A-Za-z0-9]*")
+_LABEL_NAMED_KINDS = frozenset({"Service"})
+"""Kinds whose names must be DNS-1035 labels (they become DNS names themselves)."""
+
+
+def _ascii_match(pattern: re.Pattern[str], text: str) -> bool:
+    # The patterns' classes are ASCII already; isascii() refuses other scripts' look-alike
+    # letters and digits cheaply, and would still if a pattern ever used \d (which matches
+    # any Unicode digit). fullmatch, unlike "$", does not accept a trailing newline.
+    return text.isascii() and pattern.fullmatch(text) is not None
+
+
+def _short(value: Any) -> str:
+    """A user value quoted for a message, cut so one field cannot fill the status."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _api_version_problem(value: str) -> str | None:
+    group, slash, version = value.rpartition("/")
+    if not _ascii_match(_VERSION, version) or len(version) > 63:
+        return (
+            f"apiVersion {_short(value)} is not GROUP/VERSION or VERSION (VERSION like v1, v2beta1)"
+        )
+    if slash and (not group or len(group) > 253 or not _ascii_match(_DNS1123_SUBDOMAIN, group)):
+        return f"apiVersion {_short(value)}: the group is not a DNS-1123 subdomain"
+    return None
+
+
+def _name_problem(kind: str | None, name: str) -> str | None:
+    if kind in _LABEL_NAMED_KINDS:
+        if len(name) > 63 or not _ascii_match(_DNS1035_LABEL, name):
+            return (
+                f"metadata.name {_short(name)} is not a DNS-1035 label (lower case letters, "
+                "digits and '-', starting with a letter, at most 63 characters)"
+            )
+        return None
+    if len(name) > 253 or not _ascii_match(_DNS1123_SUBDOMAIN, name):
+        return (
+            f"metadata.name {_short(name)} is not a DNS-1123 subdomain (lower case letters, "
+            "digits, '-' and '.', at most 253 characters)"
+        )
+    return None
+
+
+def identity_problems(template: Mapping[str, Any]) -> list[str]:
+    """What is wrong with the parts of a template that reach a URL: apiVersion, kind,
+    metadata.name and metadata.namespace, against Kubernetes' grammar. [] when all are well
+    formed (the shell relies on this before building a request path from them)."""
+    problems: list[str] = []
+    api_version = template.get("apiVersion")
+    if not isinstance(api_version, str) or not api_version:
+        problems.append("missing apiVersion" if not api_version else "apiVersion is not a string")
+    elif (problem := _api_version_problem(api_version)) is not None:
+        problems.append(problem)
+    kind = template.get("kind")
+    if not isinstance(kind, str) or not kind:
+        problems.append("missing kind" if not kind else "kind is not a string")
+        kind = None
+    elif len(kind) > 63 or not _ascii_match(_KIND, kind):
+        problems.append(
+            f"kind {_short(kind)} is not a Kubernetes kind (a capital letter, then letters and "
+            "digits, at most 63 characters)"
+        )
+    metadata = template.get("metadata")
+    if not isinstance(metadata, Mapping):
+        problems.append(
+            "missing metadata.name" if metadata is None else "metadata is not an object"
+        )
+        return problems
+    name = metadata.get("name")
+    if not isinstance(name, str) or not name:
+        if name is None or name == "":
+            hint = " (generateName is not supported)" if metadata.get("generateName") else ""
+            problems.append(f"missing metadata.name{hint}")
+        else:
+            problems.append("metadata.name is not a string")
+    elif (problem := _name_problem(kind, name)) is not None:
+        problems.append(problem)
+    namespace = metadata.get("namespace")
+    if namespace is not None and namespace != "":
+        if not isinstance(namespace, str):
+            problems.append("metadata.namespace is not a string")
+        elif len(namespace) > 63 or not _ascii_match(_DNS1123_LABEL, namespace):
+            problems.append(f"metadata.namespace {_short(namespace)} is not a DNS-1123 label")
+    return problems
+
+
+def _string_map_problem(where: str, value: Any) -> str | None:
+    if not isinstance(value, Mapping):
+        return f"{where} must be an object of strings, not {type(value).__name__}"
+    for key, item in value.items():
+        if not isinstance(key, str) or not isinstance(item, str):
+            return f"{where}[{_short(key)}] must be a string, not {type(item).__name__}"
+    return None
+
+
+def _metadata_type_problems(metadata: Mapping[str, Any], where: str) -> list[str]:
+    """The metadata fields the dispatcher adds to or copies must have the types Kubernetes
+    gives them: building the object to create merges into them."""
+    problems: list[str] = []
+    for field in ("labels", "annotations"):
+        value = metadata.get(field)
+        if value is not None and (problem := _string_map_problem(f"{where}.{field}", value)):
+            problems.append(problem)
+    owners = metadata.get("ownerReferences")
+    if owners is not None and (
+        not isinstance(owners, list) or not all(isinstance(o, Mapping) for o in owners)
+    ):
+        problems.append(f"{where}.ownerReferences must be a list of objects")
+    finalizers = metadata.get("finalizers")
+    if finalizers is not None and (
+        not isinstance(finalizers, list) or not all(isinstance(f, str) for f in finalizers)
+    ):
+        problems.append(f"{where}.finalizers must be a list of strings")
+    return problems
+
+
+def template_shape(value: Any, *, max_depth: int, max_bytes: int) -> tuple[int, int]:
+    """(depth, approximate JSON size) of `value`, walked without recursion.
+
+    The walk stops as soon as either bound is passed (the numbers returned then exceed it but
+    are not the whole): a hostile template must cost no more than the limits to reject.
+    """
+    depth = 0
+    size = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, Mapping):
+            depth = max(depth, level)
+            size += 2 + 2 * len(node)
+            for key, child in node.items():
+                size += len(key) + 3 if isinstance(key, str) else 8
+                stack.append((child, level + 1))
+        elif isinstance(node, list | tuple):
+            depth = max(depth, level)
+            size += 2 + len(node)
+            stack.extend((child, level + 1) for child in node)
+        elif isinstance(node, str):
+            size += len(node) + 2
+        else:
+            size += 8
+        if depth > max_depth or size > max_bytes:
+            break
+    return depth, size
+
+
+def clip(text: str, *, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`text` cut to `limit` characters, marked as cut."""
+    return text if len(text) <= limit else text[: limit - 9] + " ...(cut)"
+
+
+def bounded_message(problems: Sequence[str], *, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """The problems joined with "; ", cut to `limit` characters: "...and N more problems"
+    ends a cut list, so the reader knows there is more."""
+    if not problems:
+        return ""
+    text = problems[0] if len(problems) == 1 else "; ".join(problems)
+    if len(text) <= limit:
+        return text
+    kept: list[str] = []
+    used = 0
+    for problem in problems:
+        tail = f"; ...and {len(problems) - len(kept)} more problems"
+        cost = len(problem) + (2 if kept else 0)
+        if used + cost + len(tail) > limit:
+            break
+        kept.append(problem)
+        used += cost
+    if not kept:
+        return clip(problems[0], limit=limit)
+    return "; ".join(kept) + f"; ...and {len(problems) - len(kept)} more problems"
+
 
 DEFAULT_CLUSTER_SCOPED: frozenset[str] = frozenset(
     {
@@ -111,23 +316,26 @@ def validate_item(
     """
     if not isinstance(template, Mapping):
         return ["generictemplate is not an object"]
-    errors: list[str] = []
+    depth, size = template_shape(
+        template, max_depth=MAX_TEMPLATE_DEPTH, max_bytes=MAX_TEMPLATE_BYTES
+    )
+    if depth > MAX_TEMPLATE_DEPTH:
+        # Nothing below walks it: the checks that follow (pod sets, copies) recurse.
+        return [f"generictemplate is nested more than {MAX_TEMPLATE_DEPTH} levels deep"]
+    if size > MAX_TEMPLATE_BYTES:
+        return [f"generictemplate is larger than {MAX_TEMPLATE_BYTES // 1024} KiB"]
+    errors = identity_problems(template)
     kind = _text(template.get("kind"))
     metadata = _metadata(template)
-    if _text(template.get("apiVersion")) is None:
-        errors.append("missing apiVersion")
-    if kind is None:
-        errors.append("missing kind")
-    if _text(metadata.get("name")) is None:
-        hint = " (generateName is not supported)" if metadata.get("generateName") else ""
-        errors.append(f"missing metadata.name{hint}")
+    errors += _metadata_type_problems(metadata, "metadata")
     item_namespace = metadata.get("namespace")
-    if item_namespace and item_namespace != namespace:
+    if isinstance(item_namespace, str) and item_namespace and item_namespace != namespace:
         errors.append(
-            f"metadata.namespace {item_namespace!r} differs from the AppWrapper's namespace "
-            f"{namespace!r}; wrapped objects are created in the AppWrapper's namespace"
+            f"metadata.namespace {_short(item_namespace)} differs from the AppWrapper's "
+            f"namespace {namespace!r}; wrapped objects are created in the AppWrapper's namespace"
         )
-    if kind is not None:
+    if kind is not None and len(kind) <= 63 and _ascii_match(_KIND, kind):
+        # (An ill-formed kind is reported above and allowed nowhere.)
         if kind in cluster_scoped_kinds:
             errors.append(f"kind {kind} is cluster-scoped; only namespaced objects may be wrapped")
         elif allowed_kinds is not None and kind not in allowed_kinds:
@@ -146,7 +354,8 @@ def _describe(template: Any) -> str:
         return "?"
     kind = _text(template.get("kind")) or "?"
     name = _text(_metadata(template).get("name")) or "?"
-    return f"{kind}/{name}"
+    text = f"{kind}/{name}"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def validate_appwrapper(
@@ -159,8 +368,11 @@ def validate_appwrapper(
     """Every error of every item, each prefixed "item I (Kind/name): ".
 
     I is the 0-based index in `spec.resources.GenericItems`. Two items naming the same
-    (kind, name) are an error on the later one.
+    (kind, name) are an error on the later one. More than MAX_ITEMS items is one error, and
+    the items are not looked at: the answer must cost little whatever was sent.
     """
+    if len(items) > MAX_ITEMS:
+        return [f"{len(items)} items; an AppWrapper may wrap at most {MAX_ITEMS}"]
     errors: list[str] = []
     seen: dict[tuple[str, str], int] = {}
     for index, template in enumerate(items):

@@ -14,7 +14,11 @@ from dispatcher.api.models import AppWrapper, GenericItem, parse_time
 from dispatcher.api.quantity import QuantityError
 from dispatcher.core.model import Placement, PodSet, Workload, pod_count, total_requests
 from dispatcher.core.podsets import infer_pod_sets, pod_sets_from_custom
-from dispatcher.core.validation import DEFAULT_CLUSTER_SCOPED, validate_appwrapper
+from dispatcher.core.validation import (
+    DEFAULT_CLUSTER_SCOPED,
+    bounded_message,
+    validate_appwrapper,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,9 @@ def workload_of(
         allowed_kinds=allowed_kinds,
         cluster_scoped_kinds=DEFAULT_CLUSTER_SCOPED,
     )
+    if errors:
+        # Items past the limits are not read further: their pod sets could be costly.
+        return InvalidSpec(bounded_message(list(dict.fromkeys(errors))))
     pod_sets: list[PodSet] = []
     for index, item in enumerate(aw.spec.items):
         try:
@@ -83,7 +90,7 @@ def workload_of(
         except QuantityError as exc:
             errors.append(f"item {index}: {exc}")
     if errors:
-        return InvalidSpec("; ".join(dict.fromkeys(errors)))
+        return InvalidSpec(bounded_message(list(dict.fromkeys(errors))))
     sets = tuple(pod_sets)
     min_available = aw.spec.schedulingSpec.minAvailable
     if min_available is not None and min_available > pod_count(sets):

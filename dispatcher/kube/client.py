@@ -13,7 +13,11 @@ from __future__ import annotations
 import asyncio
 import asyncio.sslproto
 import json
+import re
+import sys
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +31,7 @@ from dispatcher.kube.errors import (
     KubeError,
     NotFound,
     TooManyRequests,
+    Undecodable,
     UnknownKind,
     Unreachable,
     error_from_response,
@@ -38,6 +43,75 @@ TLS_READ_BUFFER = 64 * 1024
 per connection: with a pool of 64 connections, 16 MB of a dispatcher's memory for answers
 that are mostly a few KB; a list page of 500 objects still takes only a few reads."""
 MERGE_PATCH = "application/merge-patch+json"
+DISCOVERY_LIMIT = 256
+"""Group-versions whose discovery answer is kept (least recently used go first): the
+apiVersions asked about come from users' templates and must not grow memory without bound."""
+MISSING_TTL = 10.0
+"""Seconds a "not served" answer is believed: a CRD installed later is found soon after,
+and a template naming a made-up group costs one request per this period, not one per read."""
+_GROUP_VERSION = re.compile(
+    r"(([a-z0-9]([-a-z0-9]*[a-z0-9])?)(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?v[0-9]+((alpha|beta)[0-9]+)?"
+)
+_KIND = re.compile(r"[A-Z][A-Za-z0-9]*")
+
+
+DEEP_DECODE_LIMIT = 11_000
+"""Nesting the fallback decoder accepts: the API server stores objects nested up to 10,000
+levels; the interpreter's own limit (about 1,000) would end a watch on any deeper one."""
+
+
+def decode(data: bytes | str) -> Any:
+    """JSON from the server. An answer nested deeper than the interpreter's recursion limit
+    allows (a user's object can be) is decoded again in a thread with a stack and a limit
+    big enough for DEEP_DECODE_LIMIT levels, rather than failing the list or watch that
+    carries it (which would stall, or end, every reader of that resource)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        pass
+    result: list[Any] = []
+    failure: list[BaseException] = []
+
+    def deep() -> None:
+        previous = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(previous, DEEP_DECODE_LIMIT + 1000))
+        try:
+            result.append(json.loads(data))
+        except BaseException as exc:  # handed to the caller below
+            failure.append(exc)
+        finally:
+            sys.setrecursionlimit(previous)
+
+    size = threading.stack_size()
+    threading.stack_size(256 * 1024 * 1024)
+    try:
+        worker = threading.Thread(target=deep, name="deep-json")
+        worker.start()
+    finally:
+        threading.stack_size(size)
+    worker.join()
+    if failure:
+        raise Undecodable(f"an answer could not be decoded: {failure[0]!r}")
+    return result[0]
+
+
+def _segment(value: str) -> str:
+    """One path segment, escaped: a name or namespace can never add segments or a query."""
+    if value in ("", ".", ".."):
+        raise UnknownKind(f"{value!r} is not a valid name")
+    return quote(value, safe="")
+
+
+def well_formed(api_version: str, kind: str) -> bool:
+    """apiVersion and kind as Kubernetes spells them; only those are ever put into a URL."""
+    return (
+        len(api_version) <= 317
+        and api_version.isascii()
+        and _GROUP_VERSION.fullmatch(api_version) is not None
+        and len(kind) <= 63
+        and kind.isascii()
+        and _KIND.fullmatch(kind) is not None
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,14 +124,20 @@ class ResourceInfo:
     namespaced: bool
 
     def path(self, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
-        base = "/api/v1" if self.group_version == "v1" else f"/apis/{self.group_version}"
+        # Every segment is escaped (defence in depth: validation already refuses names that
+        # need it), so "../api/v1/pods" stays one segment the server answers NotFound to.
+        if self.group_version == "v1":
+            base = "/api/v1"
+        else:
+            group, _, version = self.group_version.rpartition("/")
+            base = f"/apis/{_segment(group)}/{_segment(version)}"
         if self.namespaced and namespace:
-            base += f"/namespaces/{quote(namespace)}"
-        base += f"/{self.plural}"
+            base += f"/namespaces/{_segment(namespace)}"
+        base += f"/{_segment(self.plural)}"
         if name:
-            base += f"/{quote(name)}"
+            base += f"/{_segment(name)}"
         if sub:
-            base += f"/{sub}"
+            base += f"/{_segment(sub)}"
         return base
 
 
@@ -128,7 +208,10 @@ class KubeClient:
         self._host = str(configuration.host).rstrip("/")
         self._limiter = RateLimiter(qps, burst or max(1, int(qps * 2)))
         self._timeout = request_timeout
-        self._resources: dict[tuple[str, str], ResourceInfo] = {}
+        self._resources: OrderedDict[str, dict[str, ResourceInfo]] = OrderedDict()
+        """group-version -> kind -> info, least recently used first (DISCOVERY_LIMIT)."""
+        self._missing: OrderedDict[str, float] = OrderedDict()
+        """group-version -> monotonic time it was found not served (MISSING_TTL)."""
         self._discovery_lock = asyncio.Lock()
         self.stats = RequestStats({})
 
@@ -227,7 +310,7 @@ class KubeClient:
             )
             data = await self._read(response)
             if 200 <= response.status < 300:
-                return json.loads(data) if data else None
+                return decode(data) if data else None
             error = error_from_response(response.status, data, dict(response.headers))
             if isinstance(error, TooManyRequests):
                 # The server asked us to slow down; honour its Retry-After.
@@ -246,39 +329,76 @@ class KubeClient:
     # -- discovery --------------------------------------------------------------------
 
     async def resource_info(self, api_version: str, kind: str) -> ResourceInfo:
-        """Map apiVersion/kind to its REST path; UnknownKind if the server does not serve it."""
-        key = (api_version, kind)
-        if key in self._resources:
-            return self._resources[key]
+        """Map apiVersion/kind to its REST path; UnknownKind if the server does not serve it
+        (or either is not spelled as Kubernetes spells them: no request is made for those)."""
+        if not well_formed(api_version, kind):
+            raise UnknownKind(f"{api_version!r}/{kind!r} is not a valid apiVersion and kind")
+        found = self._known(api_version, kind)
+        if found is not None:
+            return found
         async with self._discovery_lock:
-            if key not in self._resources:
+            found = self._known(api_version, kind)
+            if found is None and not self._recently_missing(api_version):
                 # A CRD installed after we started must be found: re-read this group-version.
                 await self._discover(api_version)
-        if key not in self._resources:
+                found = self._known(api_version, kind)
+        if found is None:
             raise UnknownKind(
                 f"the server does not serve kind {kind!r} in {api_version!r} "
                 "(is its CustomResourceDefinition installed?)"
             )
-        return self._resources[key]
+        return found
+
+    def _known(self, api_version: str, kind: str) -> ResourceInfo | None:
+        kinds = self._resources.get(api_version)
+        if kinds is None:
+            return None
+        self._resources.move_to_end(api_version)
+        return kinds.get(kind)
+
+    def _recently_missing(self, api_version: str) -> bool:
+        since = self._missing.get(api_version)
+        if since is None:
+            return False
+        if time.monotonic() - since < MISSING_TTL:
+            return True
+        del self._missing[api_version]
+        return False
 
     async def _discover(self, api_version: str) -> None:
-        path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        if api_version == "v1":
+            path = "/api/v1"
+        else:
+            group, _, version = api_version.rpartition("/")
+            path = f"/apis/{_segment(group)}/{_segment(version)}"
         try:
             listing = await self.request("GET", path)
         except NotFound:
+            # Not served (any more): forget what was known of it, and believe the answer
+            # for a while.
+            self._resources.pop(api_version, None)
+            self._missing[api_version] = time.monotonic()
+            while len(self._missing) > DISCOVERY_LIMIT:
+                self._missing.popitem(last=False)
             return
+        self._missing.pop(api_version, None)
+        kinds: dict[str, ResourceInfo] = {}
         for resource in listing.get("resources", []):
             if "/" in resource["name"]:
                 continue  # subresources (status, scale, ...)
             info = ResourceInfo(
                 api_version, resource["kind"], resource["name"], bool(resource["namespaced"])
             )
-            self._resources[(api_version, info.kind)] = info
+            kinds[info.kind] = info
+        self._resources[api_version] = kinds
+        self._resources.move_to_end(api_version)
+        while len(self._resources) > DISCOVERY_LIMIT:
+            self._resources.popitem(last=False)
 
     def forget_discovery(self, api_version: str) -> None:
         """Drop cached mappings for a group-version (its CRD may have gone or changed)."""
-        for key in [k for k in self._resources if k[0] == api_version]:
-            del self._resources[key]
+        self._resources.pop(api_version, None)
+        self._missing.pop(api_version, None)
 
     # -- objects ----------------------------------------------------------------------
 
@@ -368,7 +488,7 @@ class KubeClient:
                     raise Unreachable(f"{self.name or self._host}: watch broke: {exc!r}") from exc
                 if not line:
                     return
-                event = json.loads(line)
+                event = decode(line)
                 if event.get("type") == "ERROR":
                     status = event.get("object", {})
                     raise error_from_response(

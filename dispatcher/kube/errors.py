@@ -18,6 +18,10 @@ class KubeError(Exception):
         self.body = body
 
 
+class Undecodable(KubeError):
+    """An answer was not JSON the client could decode."""
+
+
 class BadRequest(KubeError):
     status = 400
 

@@ -7,6 +7,10 @@ answers 410 Gone, relist and emit the difference, so handlers never miss a chang
 Handlers only record or enqueue (they must be quick and must not mutate objects).
 An optional `transform` slims each object on arrival and an optional `cold` test picks the
 objects kept as compact text (see `store.py`), both to bound memory.
+
+Objects are user data: a transform or handler that fails on one of them is logged (once per
+version of that object) and the watch carries on with the raw object, since ending the
+watch would only read the same object again on every restart, a crash loop.
 """
 
 from __future__ import annotations
@@ -73,16 +77,41 @@ class Informer:
         self._page_size = page_size
         self._optional = optional
         self._log = structlog.get_logger("informer").bind(cluster=client.name, resource=info.plural)
+        self._reported: dict[tuple[str, str], None] = {}
+        """(key, resourceVersion) of objects whose failure was logged, most recent last."""
 
     def add_handler(self, handler: Handler) -> None:
         self._handlers.append(handler)
 
     def _emit(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         for handler in self._handlers:
-            handler(kind, old, new)
+            try:
+                handler(kind, old, new)
+            except Exception as exc:  # one object must not stop the watch
+                self._report("handler_failed", new if new is not None else old, exc)
 
     def _accept(self, obj: Obj) -> Obj:
-        return self._transform(obj) if self._transform else obj
+        if self._transform is None:
+            return obj
+        try:
+            return self._transform(obj)
+        except Exception as exc:  # keep the raw object rather than stop
+            self._report("transform_failed", obj, exc)
+            return obj
+
+    def _report(self, event: str, obj: Obj | None, exc: Exception) -> None:
+        """Log a failure on one object, once per version of it."""
+        try:
+            key = object_key(obj or {})
+        except Exception:  # an object without a name still gets a line
+            key = "?"
+        stamp = (key, _version(obj or {}))
+        if stamp in self._reported:
+            return
+        self._reported[stamp] = None
+        if len(self._reported) > 1000:
+            del self._reported[next(iter(self._reported))]
+        self._log.error(event, key=key, error=f"{type(exc).__name__}: {str(exc)[:300]}")
 
     async def run(self) -> None:
         """List and watch until cancelled; reconnects with backoff when the server is away.

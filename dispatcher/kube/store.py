@@ -29,9 +29,12 @@ class ObjectStore:
 
     def __setitem__(self, key: str, obj: Obj) -> None:
         if self._cold is not None and self._cold(obj):
-            self._items[key] = _encode(obj).encode()
-        else:
-            self._items[key] = obj
+            try:
+                self._items[key] = _encode(obj).encode()
+                return
+            except (RecursionError, ValueError, TypeError):
+                pass  # user data too deep (or odd) for the encoder: kept decoded instead
+        self._items[key] = obj
 
     def __getitem__(self, key: str) -> Obj:
         return _unpacked(self._items[key])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from dispatcher.kube.client import RequestStats, ResourceInfo
+from dispatcher.kube.client import RequestStats, ResourceInfo, well_formed
 from dispatcher.kube.errors import (
     AlreadyExists,
     BadRequest,
@@ -58,6 +59,14 @@ Call = tuple[str, str, str | None, str | None, str]
 WRITES = ("create", "replace", "merge_patch", "delete")
 _Key = tuple[str, str]  # (apiVersion, kind)
 _WAKE, _END = "wake", "end"
+
+
+def _copy(value: Obj) -> Obj:
+    """A deep copy through JSON, as the real server's objects are: templates nested hundreds
+    of levels deep must not exhaust the interpreter's stack here (copy.deepcopy takes
+    several frames per level)."""
+    copied: Obj = json.loads(json.dumps(value))
+    return copied
 
 
 @dataclass
@@ -190,9 +199,7 @@ class FakeKube:
 
     def objects(self, api_version: str, kind: str) -> list[Obj]:
         """Copies of every stored object of a kind, for assertions."""
-        return [
-            copy.deepcopy(o) for _, o in sorted(self._objects.get((api_version, kind), {}).items())
-        ]
+        return [_copy(o) for _, o in sorted(self._objects.get((api_version, kind), {}).items())]
 
     # -- the KubeApi protocol ---------------------------------------------------------
 
@@ -200,6 +207,9 @@ class FakeKube:
         await self._begin("ping", "GET", "/version", None, None)
 
     async def resource_info(self, api_version: str, kind: str) -> ResourceInfo:
+        if not well_formed(api_version, kind):
+            # As the real client: an ill-formed apiVersion or kind never reaches a request.
+            raise UnknownKind(f"{api_version!r}/{kind!r} is not a valid apiVersion and kind")
         key = (api_version, kind)
         if key not in self._discovered:
             path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
@@ -261,7 +271,7 @@ class FakeKube:
         if not isinstance(patch, dict):
             raise BadRequest("a merge patch must be a JSON object", status=400)
         given = (patch.get("metadata") or {}).get("resourceVersion")
-        new = merge_patch(copy.deepcopy(old), copy.deepcopy(patch))
+        new = merge_patch(_copy(old), _copy(patch))
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         return self._out(spec, self._update(spec, old, new, sub, given))
 
@@ -309,7 +319,7 @@ class FakeKube:
             selected = selector_of(query)
             snapshot_id, version, offset = str(next(self._snapshot_ids)), self._version, 0
             matching = [
-                copy.deepcopy(o)
+                _copy(o)
                 for (ns, _), o in sorted(self._objects.get(_key(spec), {}).items())
                 if (not spec.namespaced or not namespace or ns == namespace) and selected(o)
             ]
@@ -451,7 +461,7 @@ class FakeKube:
         """A copy of a request's object, checked against the URL it was sent to."""
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object", status=400)
-        obj = copy.deepcopy(body)
+        obj = _copy(body)
         if (
             obj.get("kind", spec.kind) != spec.kind
             or obj.get("apiVersion", spec.api_version) != spec.api_version
@@ -485,14 +495,14 @@ class FakeKube:
             raise Conflict(f"Precondition failed: UID in object meta: {meta['uid']}", status=409)
         if sub == "status":  # only status changes; the rest stays as stored
             status = new.get("status")
-            new = copy.deepcopy(old)
+            new = _copy(old)
             new.pop("status", None)
             if status is not None:
                 new["status"] = status
         elif spec.status:  # the main resource does not change status
             new.pop("status", None)
             if "status" in old:
-                new["status"] = copy.deepcopy(old["status"])
+                new["status"] = _copy(old["status"])
         meta = new["metadata"]
         for server_field in ("uid", "creationTimestamp", "deletionTimestamp", "generation"):
             meta.pop(server_field, None)
@@ -539,7 +549,7 @@ class FakeKube:
         if not meta.get("finalizers"):
             self._remove(spec, obj, propagation)
         elif not meta.get("deletionTimestamp"):
-            new = copy.deepcopy(obj)
+            new = _copy(obj)
             new["metadata"].update(deletionTimestamp=timestamp(), deletionGracePeriodSeconds=0)
             if spec.generation:
                 new["metadata"]["generation"] = meta.get("generation", 1) + 1
@@ -550,7 +560,7 @@ class FakeKube:
         and a namespace's objects with it."""
         key = _key(spec)
         self._version += 1
-        gone = copy.deepcopy(obj)
+        gone = _copy(obj)
         gone["metadata"]["resourceVersion"] = str(self._version)
         previous = self._objects[key].pop(self._key_of(obj))
         self._record(Change(self._version, key, "DELETED", previous, gone))
@@ -580,7 +590,7 @@ class FakeKube:
         return (meta.get("namespace") or "", meta["name"])
 
     def _out(self, spec: KindSpec, obj: Obj) -> Obj:
-        result = copy.deepcopy(obj)
+        result = _copy(obj)
         result["kind"], result["apiVersion"] = spec.kind, spec.api_version
         return result
 

@@ -344,3 +344,14 @@ def test_ray_samples_reserve_as_the_blog_did(name: str) -> None:
         (1, Resources.parse({"cpu": 2, "memory": "16G"})),
         (2, Resources.parse({"cpu": 3, "memory": "16G", "nvidia.com/gpu": 1})),
     ]
+
+
+def test_crd_item_limit_is_validations() -> None:
+    """The CRD refuses more items at `kubectl apply` than validation allows (MAX_ITEMS);
+    template size and depth cannot be bounded by the schema (unknown fields preserved), so
+    validation alone enforces those."""
+    from dispatcher.core.validation import MAX_ITEMS
+
+    resources = crd_root()["properties"]["spec"]["properties"]["resources"]["properties"]
+    assert resources["GenericItems"]["maxItems"] == MAX_ITEMS
+    assert resources["Items"]["maxItems"] == MAX_ITEMS

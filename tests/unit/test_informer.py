@@ -80,3 +80,38 @@ async def test_gone_relists_and_the_list_comes_in_pages() -> None:
     assert informer.relists == 2
     assert server.watched_from == ["10", "10"]
     assert all(query.get("limit") == "500" for query in server.lists)
+
+
+async def test_a_failing_transform_or_handler_costs_one_object_not_the_watch() -> None:
+    """User data that breaks the transform or a handler is logged and passed over; the
+    watch goes on (ending it would read the same object again on every restart)."""
+    events = [
+        {"type": "ADDED", "object": configmap("bad", "11")},
+        {"type": "ADDED", "object": configmap("good", "12")},
+        {"type": "MODIFIED", "object": configmap("bad", "13")},
+    ]
+    server = ScriptedServer([(events, None)])
+    seen: list[str] = []
+
+    def transform(obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["metadata"]["name"] == "bad":
+            raise RecursionError("maximum recursion depth exceeded")
+        return {**obj, "slim": True}
+
+    def handler(kind: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        assert new is not None
+        if new["metadata"]["name"] == "bad" and kind == "MODIFIED":
+            raise TypeError("a handler met an odd field")
+        seen.append(f"{kind} {new['metadata']['name']}")
+
+    informer = Informer(cast(KubeClient, server), CONFIGMAPS, transform=transform)
+    informer.add_handler(handler)
+    task = asyncio.create_task(informer.run())
+    try:
+        await asyncio.wait_for(server.finished.wait(), 10)
+    finally:
+        task.cancel()
+    assert seen == ["ADDED a", "ADDED bad", "ADDED good"]
+    assert informer.resource_version == "13"
+    assert informer.store["ns/good"]["slim"] is True
+    assert "slim" not in informer.store["ns/bad"]  # kept raw
