@@ -158,12 +158,15 @@ class SchedulerCache:
         self._current = current
         self._members = members
         self._entries: dict[str, _Entry] = {}
+        self._queued: set[str] = set()
+        """Keys in phase queued: with none, there is no cycle to run."""
 
     # -- fed by the watch and by our own writes -----------------------------------------
 
     def update(self, key: str, obj: Obj | None) -> Update:
         """Record the newest object of `key` (None: deleted) and say what that changed."""
         if obj is None:
+            self._queued.discard(key)
             return Update(decision=self._entries.pop(key, None) is not None)
         version = resource_version(obj)
         entry = self._entries.get(key)
@@ -172,6 +175,10 @@ class SchedulerCache:
         phase = phase_of_raw(obj)
         generation = obj["metadata"].get("generation")
         eviction = _eviction_of(obj)
+        if phase is Phase.QUEUED:
+            self._queued.add(key)
+        else:
+            self._queued.discard(key)
         if entry is None:
             self._entries[key] = _Entry(version, phase, generation, eviction)
             return Update(decision=True)
@@ -221,6 +228,9 @@ class SchedulerCache:
         return entry is not None and entry.busy
 
     # -- reads --------------------------------------------------------------------------
+
+    def anything_queued(self) -> bool:
+        return bool(self._queued)
 
     def phase(self, key: str) -> Phase | None:
         entry = self._entries.get(key)

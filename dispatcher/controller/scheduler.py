@@ -101,6 +101,8 @@ class Scheduler:
     def cycle(self) -> CycleResult | None:
         """One scheduling cycle; its writes run in the background. None if nothing waits."""
         self._kick.clear()
+        if not self._cache.anything_queued():
+            return None  # woken by a change that cannot matter: nothing waits
         started = time.perf_counter()
         now = self._clock.time()
         snapshot = self._cache.snapshot(now)
