@@ -7,13 +7,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
+import pytest
+
 from dispatcher.clock import ManualClock
 from dispatcher.cluster.member import NODES, Member
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.manager import Manager
 from dispatcher.controller.objects import ensure_namespace
 from dispatcher.controller.status import APPWRAPPERS
-from dispatcher.kube.errors import Conflict
+from dispatcher.kube.errors import Conflict, Forbidden
 from dispatcher.testing.fakeenv import NAMESPACE, fake_env, node
 from dispatcher.testing.fakekube import FakeKube
 from dispatcher.testing.manifests import appwrapper, job
@@ -77,12 +79,19 @@ async def test_repeated_conflicts_back_off_and_a_success_resets() -> None:
 
 
 @contextlib.asynccontextmanager
-async def two_members(**settings: object) -> AsyncIterator[tuple[Manager, FakeKube, FakeKube]]:
-    """A hub (also member `local`) and a member `remote` whose API server does not answer."""
+async def two_members(
+    fault: str, **settings: object
+) -> AsyncIterator[tuple[Manager, FakeKube, FakeKube]]:
+    """A hub (also member `local`) and a member `remote` whose API server does not answer,
+    or answers but forbids listing pods."""
     clock = ManualClock()
     hub = FakeKube(name="hub", clock=clock.time)
     remote = FakeKube(name="remote", clock=clock.time)
-    remote.unreachable = True
+    if fault == "unreachable":
+        remote.unreachable = True
+    else:
+        denied = Forbidden("pods is forbidden", status=403)
+        remote.fail_next("list", kind="Pod", error=denied, times=10_000)
     await ensure_namespace(hub, NAMESPACE)
     config = Config(
         members=[MemberConfig(name="local"), MemberConfig(name="remote", kubeconfig="remote")],
@@ -116,8 +125,9 @@ def placed(clusters: list[str]) -> dict[str, object]:
     return {"clusterScheduling": {"clusters": [{"name": c} for c in clusters]}}
 
 
-async def test_a_dead_member_at_start_does_not_hold_back_the_live_one() -> None:
-    async with two_members() as (manager, hub, remote):
+@pytest.mark.parametrize("fault", ["unreachable", "forbidden"])
+async def test_a_dead_member_at_start_does_not_hold_back_the_live_one(fault: str) -> None:
+    async with two_members(fault) as (manager, hub, remote):
         await add_node(hub, "n1", "8")
         await asyncio.wait_for(manager.ready.wait(), 5)
         assert not manager.members["remote"].synced
@@ -134,6 +144,7 @@ async def test_a_dead_member_at_start_does_not_hold_back_the_live_one() -> None:
         assert status_of(hub, "there").get("clusterName") is None
         # The member answers: it joins, and what waited for it goes there.
         remote.unreachable = False
+        remote._faults.clear()
         await add_node(remote, "r1", "8")
         await until(lambda: manager.members["remote"].synced, "the member syncs", 10)
         await until(
