@@ -80,25 +80,29 @@ async def test_repeated_conflicts_back_off_and_a_success_resets() -> None:
 
 @contextlib.asynccontextmanager
 async def two_members(
-    fault: str, **settings: object
+    fault: str,
+    *,
+    servers: tuple[FakeKube, FakeKube, ManualClock] | None = None,
 ) -> AsyncIterator[tuple[Manager, FakeKube, FakeKube]]:
     """A hub (also member `local`) and a member `remote` whose API server does not answer,
-    or answers but forbids listing pods."""
-    clock = ManualClock()
-    hub = FakeKube(name="hub", clock=clock.time)
-    remote = FakeKube(name="remote", clock=clock.time)
+    or answers but forbids listing pods (`fault`: "unreachable", "forbidden", "none")."""
+    if servers is None:
+        clock = ManualClock()
+        hub = FakeKube(name="hub", clock=clock.time)
+        remote = FakeKube(name="remote", clock=clock.time)
+        await ensure_namespace(hub, NAMESPACE)
+    else:
+        hub, remote, clock = servers
     if fault == "unreachable":
         remote.unreachable = True
-    else:
+    elif fault == "forbidden":
         denied = Forbidden("pods is forbidden", status=403)
         remote.fail_next("list", kind="Pod", error=denied, times=10_000)
-    await ensure_namespace(hub, NAMESPACE)
     config = Config(
         members=[MemberConfig(name="local"), MemberConfig(name="remote", kubeconfig="remote")],
         health_port=0,
         requeue_pause_seconds=0.0,
         member_sync_timeout_seconds=0.3,
-        **settings,  # type: ignore[arg-type]
     )
     members = [
         Member.build(config.members[0], hub, is_hub=True, clock=clock),
@@ -152,3 +156,39 @@ async def test_a_dead_member_at_start_does_not_hold_back_the_live_one(fault: str
             "dispatched to the member once it has synced",
             10,
         )
+
+
+def condition(fake: FakeKube, name: str, type_: str, field: str = "status") -> str | None:
+    conditions = status_of(fake, name).get("conditions") or []
+    assert isinstance(conditions, list)
+    found = [c for c in conditions if c.get("type") == type_]
+    return str(found[0][field]) if found else None
+
+
+async def test_work_on_a_member_down_at_restart_is_not_judged_until_it_syncs() -> None:
+    """A restart while a member is down: what runs there is neither re-created nor requeued
+    on an empty view of its pods; only the member timeout moves it, as for a silent one."""
+    clock = ManualClock()
+    hub = FakeKube(name="hub", clock=clock.time)
+    remote = FakeKube(name="remote", clock=clock.time)
+    await ensure_namespace(hub, NAMESPACE)
+    await add_node(remote, "r1", "8")
+    spec = {**placed(["remote"]), "requeuing": {"timeInSeconds": 1}}
+    async with two_members("none", servers=(hub, remote, clock)) as (manager, _, _):
+        await asyncio.wait_for(manager.ready.wait(), 5)
+        await hub.create(
+            APPWRAPPERS,
+            NAMESPACE,
+            appwrapper("there", job("there", 1, {"cpu": "1"}), scheduling=spec),
+        )
+        await until(lambda: len(remote.objects(*JOB)) == 1, "its Job made in the member")
+    async with two_members("unreachable", servers=(hub, remote, clock)) as (manager, _, _):
+        await asyncio.wait_for(manager.ready.wait(), 5)
+        clock.advance(30)  # long past requeuing.timeInSeconds, short of the member timeout
+        await manager.reconciler.reconcile(f"{NAMESPACE}/there")
+        assert condition(hub, "there", "Dispatched") == "True"
+        assert condition(hub, "there", "Requeued") is None
+        clock.advance(31)  # past member_timeout_seconds (60): handled as a silent member
+        manager.upkeep.tick()
+        await until(lambda: condition(hub, "there", "Requeued") == "True", "requeued")
+        assert condition(hub, "there", "Requeued", "reason") == "ClusterUnreachable"
