@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import structlog
 
@@ -226,7 +226,7 @@ class LeaderElector:
                 self._lose(on_lost, "lease taken by another replica")
             self._renewed_at = renewed_at = started
 
-    def _lose(self, on_lost: Callable[[], None], why: str) -> None:
+    def _lose(self, on_lost: Callable[[], None], why: str) -> NoReturn:
         self.lost = True
         on_lost()
         self.log.error("leader_lost", reason=why)
