@@ -268,6 +268,9 @@ async def test_a_long_429_storm_fences_at_the_deadline_and_the_follower_waits_it
     await elapse([leader, follower], 15)
     assert leader.fenced_at is not None
     assert leader.fenced_at <= last_renewal + 10 + 0.5
+    assert leader.task is not None
+    with pytest.raises(LostLease, match="not renewed within 10s"):
+        leader.task.result()
     assert holder(fake) == "a"  # nobody could write it; nobody took it
     await elapse([leader, follower], 60)
     assert leader.writes_after_fence() == []
