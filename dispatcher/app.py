@@ -112,8 +112,10 @@ async def running(config: Config, *, ready_timeout: float = 60) -> AsyncIterator
 async def serve_forever(config: Config) -> None:
     """The `run` command: until SIGTERM/SIGINT, then drain in-flight dispatches.
 
-    With leader election, only the Lease holder dispatches; losing the lease ends the
-    process (exit code 1) so that its supervisor restarts it as a follower.
+    With leader election, only the Lease holder dispatches. Losing the lease fences the
+    manager at that instant (no further write leaves this process, see `Manager.fence`),
+    then ends the process (LostLease: exit code 1) so that its supervisor restarts it as a
+    follower.
     """
     log = structlog.get_logger("main")
     dispatcher = await build(config)
@@ -135,6 +137,9 @@ async def serve_forever(config: Config) -> None:
             namespace=config.lease_namespace,
             name=config.lease_name,
             identity=f"{socket.gethostname()}-{os.getpid()}",
+            lease_duration=config.lease_duration_seconds,
+            renew_deadline=config.lease_renew_deadline_seconds,
+            retry_period=config.lease_retry_period_seconds,
         )
         acquiring = asyncio.create_task(elector.acquire())
         stopper = asyncio.create_task(stop.wait())
@@ -143,28 +148,41 @@ async def serve_forever(config: Config) -> None:
             acquiring.cancel()
             await close(dispatcher)
             return
+        stopper.cancel()
     tasks = {
         asyncio.create_task(dispatcher.run(), name="dispatcher"),
         asyncio.create_task(stop.wait(), name="stop"),
     }
+    lease = None
     if elector is not None:
-        tasks.add(asyncio.create_task(elector.hold(), name="lease"))
+        # The fence is called by the elector itself, in the same step as it decides.
+        lease = asyncio.create_task(elector.hold(on_lost=dispatcher.fence), name="lease")
+        tasks.add(lease)
     log.info("started", members=list(dispatcher.members), queue_mode=config.queue_mode.value)
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if lease is not None and lease.done():
+            dispatcher.fence()  # idempotent; also covers a crash of the renewal loop
+            lease.result()  # LostLease ends the process with exit code 1
         for task in done:
             if task.get_name() != "stop":
-                task.result()  # a crash or a lost lease ends the process with its error
+                task.result()  # a crash ends the process with its error
         log.info("stopping")
+        # Renewal goes on while in-flight writes finish: a lease lost meanwhile still
+        # fences them.
         await dispatcher.drain(timeout=10)
     finally:
+        if lease is not None and not lease.done():
+            lease.cancel()
+        if elector is not None and elector.lost:
+            dispatcher.fence()
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if elector is not None:
-            await elector.release()
+            await elector.release()  # only if still held: never after losing it
         if runner is not None:
             await runner.cleanup()
         await close(dispatcher)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dispatcher.core.model import QueueMode
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
@@ -61,8 +61,32 @@ class Config(BaseModel):
     leader_election: bool = False
     lease_namespace: str = "default"
     lease_name: str = "appwrapper-dispatcher"
+    lease_duration_seconds: float = Field(default=15.0, gt=0, le=3600)
+    """How long a follower waits, after it last saw the Lease change, before taking over."""
+    lease_renew_deadline_seconds: float = Field(default=10.0, gt=0)
+    """A leader that has not renewed for this long stops writing and exits."""
+    lease_retry_period_seconds: float = Field(default=2.0, gt=0)
+    """Between renewals (leader) and between attempts to take the Lease (follower)."""
+    member_sync_timeout_seconds: float = Field(default=10.0, ge=0)
+    """At start, how long dispatching waits for a member's caches; later ones join when
+    they sync."""
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _lease_timings(self) -> Config:
+        # The renew deadline must end before the lease does, or a follower could take over
+        # while the old leader still writes; retries must fit within the deadline.
+        if not (
+            self.lease_retry_period_seconds
+            < self.lease_renew_deadline_seconds
+            < self.lease_duration_seconds
+        ):
+            raise ValueError(
+                "lease timings: need lease_retry_period_seconds < lease_renew_deadline_seconds"
+                " < lease_duration_seconds"
+            )
+        return self
 
 
 def load_config(path: Path | None, overrides: dict[str, Any]) -> Config:

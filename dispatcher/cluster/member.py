@@ -56,6 +56,7 @@ class Member:
     nodes: Informer = field(init=False)
     pods: Informer = field(init=False)
     last_answer: float = 0.0  # monotonic time of the last successful probe
+    started: float = 0.0  # monotonic time `run` began (silence before the first sync)
     wrapped: dict[str, Informer] = field(default_factory=dict)
     """"apiVersion/kind" -> watch cache of our wrapped objects of that kind that report
     completion (e.g. Jobs): read from here instead of one GET per object."""
@@ -87,6 +88,8 @@ class Member:
         )
 
     async def run(self) -> None:
+        if not self.started:
+            self.started = self.clock.monotonic()
         async with asyncio.TaskGroup() as group:
             group.create_task(self.nodes.run(), name=f"{self.name}-nodes")
             group.create_task(self.pods.run(), name=f"{self.name}-pods")
@@ -127,13 +130,23 @@ class Member:
         await self.nodes.synced.wait()
         await self.pods.synced.wait()
 
+    @property
+    def synced(self) -> bool:
+        """Whether its node and pod caches have been listed in full at least once."""
+        return self.nodes.synced.is_set() and self.pods.synced.is_set()
+
     def silent_for(self) -> float:
-        """Seconds since the member last answered (0 while it answers)."""
+        """Seconds since the member last answered (0 while it answers). Until its caches
+        have synced, since it was started: one that never answers, or forbids the lists,
+        is handled like one gone silent."""
+        if not self.synced:
+            return max(0.0, self.clock.monotonic() - self.started) if self.started else 0.0
         last = max(self.last_answer, min(self.nodes.last_contact, self.pods.last_contact))
         if last == 0:
             return 0.0
         return max(0.0, self.clock.monotonic() - last)
 
     def reachable(self, *, grace: float = 6.0) -> bool:
-        """Answering within `grace` seconds: a member past that gets no new dispatches."""
-        return self.silent_for() < grace
+        """Synced and answering within `grace` seconds: only such a member gets new
+        dispatches (never one whose pods are not all known)."""
+        return self.synced and self.silent_for() < grace

@@ -46,6 +46,8 @@ Obj = dict[str, Any]
 PRIORITY_CLASSES = ResourceInfo(
     "scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False
 )
+CONFLICT_BACKOFF_SECONDS = 0.01
+"""First delay between reconciles of one AppWrapper that keep meeting Conflict (doubling)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +135,10 @@ class Manager:
         self.finished: Counter[str] = Counter()
         """Sums of hops over the AppWrappers that finished: reconciles, cycles, writes, count."""
         self.ready = asyncio.Event()
+        self.fenced = False
         self._group: asyncio.TaskGroup | None = None
+        self._children: set[asyncio.Task[None]] = set()
+        self._running: asyncio.Task[Any] | None = None
         self._log = structlog.get_logger("manager")
         self.appwrappers.add_handler(self._on_appwrapper)
         self.priority_classes.add_handler(self._on_priority_class)
@@ -155,21 +160,26 @@ class Manager:
         With `loops=False` only the watches and Event posting run: tests then call
         `reconciler.reconcile` and `scheduler.cycle` themselves, one step at a time.
         """
+        if self.fenced:
+            raise RuntimeError("a fenced manager does not run again")
+        self._running = asyncio.current_task()
         async with asyncio.TaskGroup() as group:
             self._group = group
-            group.create_task(self.appwrappers.run(), name="appwrappers")
-            group.create_task(self.priority_classes.run(), name="priorityclasses")
-            group.create_task(self.events.run(), name="events")
+            self._child(self.appwrappers.run(), "appwrappers")
+            self._child(self.priority_classes.run(), "priorityclasses")
+            self._child(self.events.run(), "events")
             for member in self.members.values():
-                group.create_task(member.run(), name=f"member-{member.name}")
-            # Workers start only once every cache has synced: decisions on a partial view
-            # could overcommit (pods not yet seen) or double-create (dispatches not yet seen).
+                self._child(member.run(), f"member-{member.name}")
+            # Workers start only once the hub's caches have synced: decisions on a partial
+            # view could overcommit or double-create (dispatches not yet seen).
             await self.appwrappers.synced.wait()
             await self.priority_classes.synced.wait()
-            for member in self.members.values():
-                await member.wait_synced()
+            late = await self._members_synced()
             self._log.info(
-                "caches_synced", appwrappers=len(self.appwrappers.store), members=list(self.members)
+                "caches_synced",
+                appwrappers=len(self.appwrappers.store),
+                members=[name for name in self.members if name not in late],
+                not_synced=late,
             )
             if not loops:
                 self.ready.set()
@@ -177,21 +187,77 @@ class Manager:
             for key in list(self.appwrappers.store):
                 self.queue.add(key)
             for index in range(self.config.workers):
-                group.create_task(self._worker(), name=f"worker-{index}")
-            group.create_task(self.scheduler.run(), name="scheduler")
-            group.create_task(self.waiting.run(), name="waiting-writers")
-            group.create_task(self.upkeep.run(), name="upkeep")
+                self._child(self._worker(), f"worker-{index}")
+            self._child(self.scheduler.run(), "scheduler")
+            self._child(self.waiting.run(), "waiting-writers")
+            self._child(self.upkeep.run(), "upkeep")
+            for name in late:
+                self._child(self._join(self.members[name]), f"join-{name}")
             self.ready.set()
             self._kick()
+
+    async def _members_synced(self) -> list[str]:
+        """Wait, at most `member_sync_timeout_seconds`, for every member's node and pod
+        caches; the names of those still not synced. One member that does not answer (or
+        forbids the list) must not hold back dispatching to the others: it counts as
+        unreachable until its caches sync (`Member.reachable`), so nothing is decided on a
+        partial view of it."""
+        waits = {
+            asyncio.ensure_future(member.wait_synced()): name
+            for name, member in self.members.items()
+        }
+        try:
+            if waits:
+                await asyncio.wait(waits, timeout=self.config.member_sync_timeout_seconds)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return [name for name, member in self.members.items() if not member.synced]
+
+    async def _join(self, member: Member) -> None:
+        """A member that was not synced at start: once it is, it takes part."""
+        await member.wait_synced()
+        self._log.info("member_synced", cluster=member.name)
+        for key in self._stranded_on(member.name):
+            self.queue.add(key)  # their pods can be judged now
+        self._kick()
+
+    def _child(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """A task of the manager's group, known by name so `fence` can cancel it at once."""
+        if self._group is None or self.fenced:
+            coro.close()
+            return
+        task = self._group.create_task(coro, name=name)
+        self._children.add(task)
+        task.add_done_callback(self._children.discard)
+
+    def fence(self) -> None:
+        """The Lease is lost: from this instant nothing more is written, by anyone here.
+
+        Synchronous on purpose, so no other task runs between the decision and the fence:
+        the status writer and the Event recorder refuse, and every task that writes
+        (admissions, evictions, waiting messages, reconciles, collections) is cancelled
+        where it stands; each is suspended at an await, so none sends another request.
+        Watches are cancelled with the rest. The process is expected to exit next."""
+        if self.fenced:
+            return
+        self.fenced = True
+        self.ready.clear()
+        self.status.fence()
+        self.events.fence()
+        self.scheduler.fence()
+        self.upkeep.fence()
+        self.queue.shutdown()
+        for task in list(self._children):
+            task.cancel()
+        if self._running is not None:
+            self._running.cancel()
 
     def _kick(self) -> None:
         self.scheduler.kick()
 
     def _start(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        if self._group is None:
-            coro.close()
-            return
-        self._group.create_task(coro, name=name)
+        self._child(coro, name)
 
     # -- handlers (they only record and enqueue) ------------------------------------------
 
@@ -319,8 +385,10 @@ class Manager:
                 if result.requeue_after is not None:
                     self.queue.add_after(key, result.requeue_after)
             except Conflict:
-                # Someone (often our own earlier write) changed it: re-read and go again.
-                self.queue.add(key)
+                # Someone (often our own earlier write) changed it: re-read at once. Again
+                # and again means a writer we keep losing to, or a cache that lags: back
+                # off (per key, reset by a success) rather than spin.
+                self.queue.retry(key, base=CONFLICT_BACKOFF_SECONDS, first_at_once=True)
             except NotFound:
                 self.queue.forget(key)  # it went meanwhile; the watch says the rest
             except KubeError as exc:

@@ -60,6 +60,8 @@ POLL_SECONDS = 2.0
 TERMINATING_POLL_SECONDS = 1.0
 """How often a dispatch waiting for an earlier attempt's pods to go looks again (their
 deletion also wakes it)."""
+UNSYNCED_RECHECK_SECONDS = 5.0
+"""A dispatched AppWrapper on a member whose caches have not synced: look again then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +290,10 @@ class Reconciler:
                 f"cluster {member.name} has not answered for {int(member.silent_for())}s; "
                 "requeued (its copies are removed when it answers again)"
             )
+        if member is not None and not stranded and not member.synced:
+            # Its pods are not known yet (it has not answered since the start): judging them
+            # would be deciding on a partial view. Its sync, or upkeep, brings this back.
+            return Result(UNSYNCED_RECHECK_SECONDS)
         if member is None or stranded:
             await self._requeue(
                 aw,

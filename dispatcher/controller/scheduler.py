@@ -219,6 +219,12 @@ class Scheduler:
             self._cache.finish(key)
             self.kick()
 
+    def fence(self) -> None:
+        """Cancel every admission and eviction in flight (the Lease is lost)."""
+        for task in list(self._tasks):
+            task.cancel()
+        self._waiting.fence()
+
     async def drain(self, timeout: float) -> None:
         """Let in-flight writes finish (bounded) before shutdown."""
         if self._tasks:

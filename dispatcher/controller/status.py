@@ -21,10 +21,15 @@ from dispatcher.controller.models import key_of, resource_version, without_bookk
 from dispatcher.core.conditions import Transition
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
+from dispatcher.kube.errors import KubeError
 from dispatcher.kube.events import EventRecorder
 
 Obj = dict[str, Any]
 APPWRAPPERS = ResourceInfo(API_VERSION, KIND, PLURAL, namespaced=True)
+
+
+class Fenced(KubeError):
+    """This replica lost the Lease: it may write nothing more (another may be leading)."""
 
 
 class StatusWriter:
@@ -45,6 +50,15 @@ class StatusWriter:
         self._overlay: dict[str, Obj] = {}
         self.writes: Counter[str] = Counter()
         """Status writes per AppWrapper in its current life (read by the hop metrics)."""
+        self.fenced = False
+
+    def fence(self) -> None:
+        """Refuse every write from now on (the Lease is lost)."""
+        self.fenced = True
+
+    def _check_fence(self) -> None:
+        if self.fenced:
+            raise Fenced("this replica lost the leader Lease; no more writes")
 
     def current(self, key: str) -> Obj | None:
         """The newest known version of the AppWrapper: our own last write if the watch has
@@ -85,6 +99,7 @@ class StatusWriter:
     ) -> Obj:
         """Write `status` over `obj`'s (Conflict if `obj` is stale) and post one Event for
         what changed: a queued-and-dispatched AppWrapper costs one Event, not two."""
+        self._check_fence()
         meta = obj["metadata"]
         body = {
             "apiVersion": API_VERSION,
@@ -121,6 +136,7 @@ class StatusWriter:
 
     async def set_finalizer(self, obj: Obj, *, present: bool) -> Obj:
         """Add or remove the dispatcher's finalizer (guarded by resourceVersion too)."""
+        self._check_fence()
         meta = obj["metadata"]
         others = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
         patch = {

@@ -122,6 +122,11 @@ class Upkeep:
         self._collecting: dict[str, asyncio.Task[None]] = {}
         self._log = structlog.get_logger("upkeep")
 
+    def fence(self) -> None:
+        """Cancel the collections in flight (they delete objects)."""
+        for task in list(self._collecting.values()):
+            task.cancel()
+
     async def run(self, every: float = 2.0) -> None:
         while True:
             await asyncio.sleep(every)

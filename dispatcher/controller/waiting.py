@@ -115,6 +115,12 @@ class WaitingWriter:
             self._written.pop(key, None)
             self._log.debug("waiting_status_not_written", appwrapper=key, error=str(exc)[:200])
 
+    def fence(self) -> None:
+        """Cancel the head-of-line writes in flight and drop the queued ones."""
+        self._queued.clear()
+        for task in list(self._heads):
+            task.cancel()
+
     async def drain(self, timeout: float) -> None:
         if self._heads:
             await asyncio.wait(list(self._heads), timeout=timeout)

@@ -54,13 +54,25 @@ class WorkQueue:
         self._timers.pop(key, None)
         self.add(key)
 
-    def retry(self, key: str) -> float:
-        """Re-add after a failure with per-key exponential backoff; returns the delay."""
+    def retry(self, key: str, *, base: float | None = None, first_at_once: bool = False) -> float:
+        """Re-add after a failure with per-key exponential backoff from `base` (the queue's
+        when None); returns the delay. `first_at_once`: the first failure since the last
+        success is retried at once, the next ones back off."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
-        delay = min(self._base * float(2 ** min(failures, 30)), self._max)
+        if first_at_once:
+            if failures == 0:
+                self.add(key)
+                return 0.0
+            failures -= 1
+        start = self._base if base is None else base
+        delay = min(start * float(2 ** min(failures, 30)), self._max)
         self.add_after(key, delay)
         return delay
+
+    def failures(self, key: str) -> int:
+        """Failures of `key` since its last success."""
+        return self._failures.get(key, 0)
 
     def forget(self, key: str) -> None:
         """The key succeeded: reset its backoff."""

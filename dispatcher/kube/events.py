@@ -35,12 +35,19 @@ class EventRecorder:
     def __init__(self, client: KubeApi, *, max_pending: int = 10_000) -> None:
         self._client = client
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=max_pending)
+        self._fenced = False
         self._log = structlog.get_logger("events")
+
+    def fence(self) -> None:
+        """Post nothing more, queued or new (the Lease is lost)."""
+        self._fenced = True
 
     def record(
         self, obj: Mapping[str, Any], *, reason: str, message: str, warning: bool = False
     ) -> None:
         """Queue one Event about `obj` (an AppWrapper as read from the server)."""
+        if self._fenced:
+            return
         meta = obj.get("metadata", {})
         now = _now()
         event = {
@@ -83,6 +90,9 @@ class EventRecorder:
     async def _send_loop(self) -> None:
         while True:
             event = await self._queue.get()
+            if self._fenced:
+                self._queue.task_done()
+                continue
             try:
                 await self._client.create(EVENTS, event["metadata"]["namespace"], event)
             except KubeError as exc:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
 
+from dispatcher.testing.manifests import appwrapper, job
 from dispatcher.testing.waits import wait_until
 
 pytestmark = [pytest.mark.cluster]
@@ -80,3 +83,113 @@ def test_one_leader_and_failover(cluster, namespace, appwrapper_crd, tmp_path):
                 except subprocess.TimeoutExpired:
                     process.kill()
         log.close()
+
+
+def _has_status(cluster, namespace: str, name: str) -> bool:
+    out = cluster.kubectl("get", "appwrapper", name, "-n", namespace, "-o", "json", check=False)
+    return out.returncode == 0 and bool(json.loads(out.stdout).get("status"))
+
+
+def test_paused_api_server_never_leaves_two_leaders(cluster, namespace, appwrapper_crd, tmp_path):
+    """The API server stops answering (SIGSTOP) for longer than the lease while two replicas
+    run: the leader fences itself and exits at its renew deadline, before the follower can
+    count the lease as expired; after the pause only the follower leads and writes."""
+    if not hasattr(cluster, "pause_api"):
+        pytest.skip("needs the local control plane (its API server is paused)")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "kubeconfig": str(cluster.kubeconfig),
+                "health_port": 0,
+                "leader_election": True,
+                "lease_namespace": namespace,
+                "log_format": "json",
+                "members": [
+                    {"name": "local", "node_selector": {"appwrapper.test/pool": namespace}}
+                ],
+            }
+        )
+    )
+    logs = {name: tmp_path / f"{name}.log" for name in ("first", "second")}
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        with logs[name].open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "dispatcher", "run", "--config", str(config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    def events(name: str) -> list[dict[str, object]]:
+        found = []
+        for line in logs[name].read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                found.append(json.loads(line))
+        return found
+
+    first = start("first")
+    second = None
+    try:
+        wait_until(
+            lambda: _holder(cluster, namespace).endswith(f"-{first.pid}"),
+            timeout=30,
+            what="the first replica leads",
+        )
+        second = start("second")
+        time.sleep(3)  # the follower has read the lease
+        applied = appwrapper("before", job("before", 1, {"cpu": "1"}))
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(applied))
+        wait_until(
+            lambda: _has_status(cluster, namespace, "before"),
+            timeout=30,
+            what="the leader writes status",
+        )
+        cluster.pause_api()
+        paused = time.monotonic()
+        try:
+            # Renew deadline 10 s: the leader stops (exit 1) before the 15 s lease is over.
+            assert first.wait(timeout=25) == 1
+            stopped_after = time.monotonic() - paused
+            time.sleep(max(0.0, 20 - (time.monotonic() - paused)))  # longer than the lease
+        finally:
+            cluster.resume_api()
+        assert stopped_after < 15, stopped_after
+        wait_until(
+            lambda: _holder(cluster, namespace).endswith(f"-{second.pid}"),
+            timeout=40,
+            what="the follower takes over once the API server answers",
+        )
+        applied = appwrapper("after", job("after", 1, {"cpu": "1"}))
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(applied))
+        wait_until(
+            lambda: _has_status(cluster, namespace, "after"),
+            timeout=30,
+            what="the new leader writes status",
+        )
+        assert second.poll() is None
+        # The old leader's last words: the lease lost (the fence), nothing after it.
+        told = [e.get("event") for e in events("first")]
+        assert "leader_lost" in told, told[-10:]
+        after_loss = told[told.index("leader_lost") + 1 :]
+        assert not {"dispatched", "preempted", "requeued"} & set(after_loss), after_loss
+    finally:
+        # While a replica still leads: it removes the finalizers.
+        cluster.kubectl(
+            "delete",
+            "appwrappers",
+            "--all",
+            "-n",
+            namespace,
+            "--timeout=60s",
+            check=False,
+            timeout=90,
+        )
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(15)
+                except subprocess.TimeoutExpired:
+                    process.kill()

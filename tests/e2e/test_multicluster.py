@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -253,3 +254,47 @@ async def test_many_appwrappers_never_overcommit_a_member(
         ]
         assert len(pods) == limit
         assert all(p["status"]["phase"] == "Running" for p in pods)
+
+
+async def test_member_down_at_start_does_not_hold_back_the_hub(
+    cluster, namespace, members, member_nodes, fake_nodes, run_dispatcher
+):
+    """A member whose API server does not answer when the dispatcher starts: dispatching to
+    the hub's own member starts anyway (after at most member_sync_timeout_seconds); nothing
+    goes to the silent member until its caches have synced; then it joins."""
+    fake_nodes.add("n", cpu="4")
+    member_nodes.add("east", "n", cpu="4")
+    configs = [
+        MemberConfig(name="local", node_selector=fake_nodes.pool),
+        *member_configs(members, namespace),
+    ]
+    members["east"].pause_api()
+    try:
+        started = time.monotonic()
+        await run_dispatcher(members=configs)
+        assert time.monotonic() - started < 30
+        only = {"clusterScheduling": {"clusters": [{"name": "local"}]}}
+        await apply(
+            cluster,
+            namespace,
+            appwrapper("here", deployment("here", 1, {"cpu": "1"}), scheduling=only),
+        )
+        east = {"clusterScheduling": {"clusters": [{"name": "east"}]}}
+        await apply(
+            cluster,
+            namespace,
+            appwrapper("there", deployment("there", 1, {"cpu": "1"}), scheduling=east),
+        )
+        await wait_condition(cluster, namespace, "here", "Running", timeout=60)
+        assert (await get_aw(cluster, namespace, "here"))["status"]["clusterName"] == "local"
+
+        async def not_dispatched() -> bool:
+            status = (await get_aw(cluster, namespace, "there")).get("status") or {}
+            assert not status.get("clusterName"), status
+            return True
+
+        await async_holds_for(not_dispatched, seconds=QUIET_SECONDS, what="nothing to east")
+    finally:
+        members["east"].resume_api()
+    await wait_condition(cluster, namespace, "there", "Running", timeout=90)
+    assert (await get_aw(cluster, namespace, "there"))["status"]["clusterName"] == "east"
