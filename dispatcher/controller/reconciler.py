@@ -308,7 +308,7 @@ class Reconciler:
                 )
                 return await self._dispatch_failed(aw, obj, status, error, member)
             self._ensured[key] = stamp
-        counts = member.capacity.pod_counts(key)
+        counts = member.capacity.pod_counts(key, aw.metadata.uid or "")
         changed = cond.set_pod_counts(
             status,
             pending=counts.pending,
