@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dispatcher.api.constants import API_VERSION, KIND, LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
+from dispatcher.api.constants import (
+    API_VERSION,
+    FIELD_MANAGER,
+    KIND,
+    LABEL_NAME,
+    LABEL_NAMESPACE,
+    LABEL_UID,
+)
 from dispatcher.api.models import AppWrapper
 from dispatcher.core.podsets import inject_labels
 from dispatcher.kube.api import KubeApi
@@ -113,13 +120,34 @@ async def ensure_namespace(client: KubeApi, namespace: str) -> None:
         return
 
 
-async def create_all(client: KubeApi, namespace: str, objects: list[Wrapped], *, uid: str) -> int:
-    """Create every object; adopt ones that already carry this AppWrapper's uid.
+def made_by_dispatcher(obj: dict[str, Any]) -> bool:
+    """Whether the API server recorded the dispatcher's field manager on `obj` (the uid label
+    alone can be copied onto anything by whoever may create objects in the namespace)."""
+    fields = obj.get("metadata", {}).get("managedFields") or []
+    return any(entry.get("manager") == FIELD_MANAGER for entry in fields)
 
-    Returns how many were created anew. On any failure, removes what this call created and
-    raises DispatchError naming the object and the server's reason.
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    created: int
+    """Objects created anew (the rest existed already and were adopted)."""
+    terminating: tuple[str, ...] = ()
+    """Objects of an earlier attempt still being deleted: created once they are gone."""
+
+
+async def create_all(
+    client: KubeApi, namespace: str, objects: list[Wrapped], *, uid: str
+) -> Created:
+    """Create every object; adopt ones this AppWrapper's dispatcher made already (a crash or
+    restart between status write and creates), unless they are being deleted.
+
+    An object of that name being deleted (an earlier attempt's, removed by a requeue) is
+    neither adopted nor replaced: it is reported in `terminating`, and the caller tries again
+    once it is gone. On any other failure, removes what this call created and raises
+    DispatchError naming the object and the reason.
     """
     created: list[tuple[ResourceInfo, Wrapped]] = []
+    terminating: list[str] = []
 
     async def one(obj: Wrapped) -> None:
         try:
@@ -129,15 +157,28 @@ async def create_all(client: KubeApi, namespace: str, objects: list[Wrapped], *,
         if not info.namespaced:
             raise DispatchError(f"{obj.label}: kind {obj.kind} is cluster-scoped", permanent=True)
         try:
-            await client.create(info, namespace, obj.body)
+            await client.create(info, namespace, obj.body, field_manager=FIELD_MANAGER)
             created.append((info, obj))
         except AlreadyExists as exc:
-            existing = await client.get(info, namespace, obj.name)
-            owner = existing.get("metadata", {}).get("labels", {}).get(LABEL_UID)
-            if owner != uid:
+            try:
+                existing = await client.get(info, namespace, obj.name)
+            except NotFound:
+                # Gone between the create and the read: the next attempt creates it.
+                terminating.append(obj.label)
+                return
+            meta = existing.get("metadata", {})
+            if (meta.get("labels") or {}).get(LABEL_UID) != uid:
                 raise DispatchError(
                     f"{obj.label} already exists in namespace {namespace} and does not belong "
                     "to this AppWrapper",
+                    permanent=True,
+                ) from exc
+            if meta.get("deletionTimestamp"):
+                terminating.append(obj.label)
+            elif not made_by_dispatcher(existing):
+                raise DispatchError(
+                    f"{obj.label} exists in namespace {namespace} and was not created by the "
+                    "dispatcher",
                     permanent=True,
                 ) from exc
         except KubeError as exc:
@@ -156,7 +197,7 @@ async def create_all(client: KubeApi, namespace: str, objects: list[Wrapped], *,
         if isinstance(first, KubeError):
             raise DispatchError(str(first), permanent=_permanent(first)) from first
         raise first
-    return len(created)
+    return Created(len(created), tuple(sorted(terminating)))
 
 
 async def delete_all(

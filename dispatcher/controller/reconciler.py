@@ -55,6 +55,8 @@ Obj = dict[str, Any]
 C = cond.C
 COUNTS_INTERVAL = 5.0
 """Seconds between status writes that only update pod counts."""
+TERMINATING_RETRY = 0.5
+"""Seconds before trying again to create objects whose earlier copies are being deleted."""
 POLL_SECONDS = 2.0
 """When a wrapped object's status was read by GET, look again this much later."""
 
@@ -297,7 +299,7 @@ class Reconciler:
             try:
                 if self._config.create_namespaces and not member.is_hub:
                     await ensure_namespace(member.client, aw.metadata.namespace)
-                await create_all(
+                made = await create_all(
                     member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
                 )
             except (DispatchError, KubeError) as exc:
@@ -307,6 +309,16 @@ class Reconciler:
                     else DispatchError(str(exc), permanent=False)
                 )
                 return await self._dispatch_failed(aw, obj, status, error, member)
+            if made.terminating:
+                # An earlier attempt's objects are still going (a requeue deleted them):
+                # adopting them would leave this attempt with objects about to vanish.
+                self._log.info(
+                    "waiting_for_old_objects",
+                    appwrapper=aw.metadata.name,
+                    namespace=aw.metadata.namespace,
+                    objects=list(made.terminating[:5]),
+                )
+                return Result(TERMINATING_RETRY)
             self._ensured[key] = stamp
         counts = member.capacity.pod_counts(key, aw.metadata.uid or "")
         changed = cond.set_pod_counts(
