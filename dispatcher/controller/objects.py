@@ -20,7 +20,7 @@ from dispatcher.api.constants import (
     LABEL_NAMESPACE,
     LABEL_UID,
 )
-from dispatcher.api.models import AppWrapper
+from dispatcher.api.models import AppWrapper, WrappedRef
 from dispatcher.core.podsets import inject_labels
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
@@ -103,6 +103,40 @@ def wrapped_objects(aw: AppWrapper, *, owner_reference: bool) -> list[Wrapped]:
             )
         )
     return result
+
+
+def spec_change(aw: AppWrapper) -> str:
+    """How the spec's objects differ from those recorded at dispatch ("" if they do not, or
+    nothing was recorded): an edit after dispatch must not create objects that were never
+    validated or fitted, nor orphan the ones it renamed or removed."""
+    recorded = aw.status.dispatchedObjects if aw.status is not None else None
+    if recorded is None:
+        return ""
+    now = [item.ref() for item in aw.spec.items]
+    if now == recorded:
+        return ""
+    gone = [r.label for r in recorded if r not in now]
+    added = [r.label for r in now if r not in recorded]
+    parts = []
+    if gone:
+        parts.append("removed or renamed " + ", ".join(gone[:5]))
+    if added:
+        parts.append("added " + ", ".join(added[:5]))
+    return "; ".join(parts) or "reordered the wrapped objects"
+
+
+def dispatched_objects(aw: AppWrapper, *, owner_reference: bool) -> list[Wrapped]:
+    """The objects its latest dispatch made, for deletion: those recorded in its status, or,
+    dispatched without a record (by MCAD), those its spec names."""
+    recorded = aw.status.dispatchedObjects if aw.status is not None else None
+    if recorded is None:
+        return wrapped_objects(aw, owner_reference=owner_reference)
+    return [_deletable(index, ref) for index, ref in enumerate(recorded)]
+
+
+def _deletable(index: int, ref: WrappedRef) -> Wrapped:
+    # Deletion needs only the identity; the body is never sent.
+    return Wrapped(index, ref.apiVersion, ref.kind, ref.name, {}, ())
 
 
 def _permanent(exc: KubeError) -> bool:
@@ -205,9 +239,10 @@ async def delete_all(
 ) -> list[str]:
     """Ask for every object this AppWrapper owns to go; returns those that still exist.
 
-    Only objects carrying the AppWrapper's uid label are touched: an object of the same
-    name that someone else made (say, the reason a dispatch failed) is never deleted, or an
-    AppWrapper could delete what its author may not.
+    Only objects the dispatcher made carrying the AppWrapper's uid label are touched: an
+    object of the same name that someone else made (say, the reason a dispatch failed, even
+    with a copied label) is never deleted, or an AppWrapper could delete what its author may
+    not.
     """
 
     async def one(obj: Wrapped) -> str | None:
@@ -220,7 +255,7 @@ async def delete_all(
         except NotFound:
             return None
         meta = existing.get("metadata", {})
-        if (meta.get("labels") or {}).get(LABEL_UID) != uid:
+        if (meta.get("labels") or {}).get(LABEL_UID) != uid or not made_by_dispatcher(existing):
             return None
         if meta.get("deletionTimestamp") is None:
             # The uid precondition: never delete a newer object that took the name meanwhile.

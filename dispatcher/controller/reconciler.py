@@ -38,7 +38,9 @@ from dispatcher.controller.objects import (
     completion,
     create_all,
     delete_all,
+    dispatched_objects,
     ensure_namespace,
+    spec_change,
     wrapped_objects,
 )
 from dispatcher.controller.status import StatusWriter
@@ -162,7 +164,17 @@ class Reconciler:
             return DONE
         if phase is Phase.DISPATCHED:
             return await self._follow(aw, obj, status)
-        priority, _ = self._models.priority(aw)
+        priority, problem = self._models.priority(aw)
+        if not problem:
+            workload = self._models.workload(aw, priority=priority, now=self._moment()[1])
+            if isinstance(workload, InvalidSpec):
+                # Edited while queued (or requeued after an edit): the scheduler would skip
+                # it for ever; say why instead.
+                transition = cond.mark_failed(
+                    status, Reason.INVALID_SPEC, workload.message, now=self._moment()[1]
+                )
+                await self._status.write(obj, status, [transition])
+                return DONE
         if cond.set_priority(status, priority):
             await self._status.write(obj, status, [])
         self._schedule_soon()
@@ -288,6 +300,21 @@ class Reconciler:
                 stranded,
                 backoff=False,
                 remove_from=None,
+            )
+            return DONE
+        change = spec_change(aw)
+        if change:
+            # Edited after dispatch: what was dispatched goes, and the new spec is validated
+            # and fitted like any other before anything of it is created.
+            await self._requeue(
+                aw,
+                obj,
+                status,
+                Reason.SPEC_CHANGED,
+                f"the wrapped objects changed after dispatch ({change}); requeued so the new "
+                "spec is validated and scheduled again",
+                backoff=False,
+                remove_from=member,
             )
             return DONE
         objects: list[Wrapped] = []
@@ -454,12 +481,13 @@ class Reconciler:
         return DONE
 
     async def _remove_objects(self, aw: AppWrapper, member: Member) -> list[str]:
-        """Delete `aw`'s wrapped objects in `member` (only those carrying its uid); returns
-        the ones still there."""
+        """Delete `aw`'s wrapped objects in `member`: those its latest dispatch recorded (the
+        spec may have been edited since), only if they carry its uid; returns the ones still
+        there."""
         return await delete_all(
             member.client,
             aw.metadata.namespace,
-            wrapped_objects(aw, owner_reference=member.is_hub),
+            dispatched_objects(aw, owner_reference=member.is_hub),
             uid=aw.metadata.uid or "",
         )
 

@@ -184,7 +184,12 @@ class Scheduler:
                 if new:
                     priority, _ = self._models.priority(aw)
                     transitions.append(cond.initialize(status, priority=priority, now=moment))
-                transitions.append(cond.mark_dispatched(status, cluster=cluster, now=moment))
+                # The objects are recorded with the dispatch: the reconciler creates these
+                # only, and cleanup deletes these, whatever the spec is edited to later.
+                objects = [item.ref() for item in aw.spec.items]
+                transitions.append(
+                    cond.mark_dispatched(status, cluster=cluster, now=moment, objects=objects)
+                )
                 await self._status.write(obj, status, transitions)
                 log.info("dispatched", priority=status.priority)
                 self._wrote(key)
