@@ -241,6 +241,23 @@ async def test_an_item_added_after_dispatch_is_not_created_without_the_scheduler
         assert env.objects(*DEPLOYMENT) == []
 
 
+async def test_an_edit_between_the_fit_and_the_admission_write_is_not_admitted() -> None:
+    async with fake_env() as env:
+        await env.add_node("n1", cpu="2")
+        await env.apply(appwrapper("a", deployment("a", 1, {"cpu": "1"})))
+        await env.reconcile("a")
+        [fitted] = env.manager.cache.snapshot(env.clock.time()).pending
+        await edit(env, "a", deployment("a", 4, {"cpu": "1"}))
+        await env.caught_up()
+        # The write for the decision made on the old spec finds the new one: no dispatch.
+        env.manager.cache.assume(fitted.key, fitted, "local", env.clock.time())
+        await env.manager.scheduler._admit(fitted.key, "local", fitted)
+        assert (await env.conditions("a")).get("Dispatched") is None
+        await env.cycle()  # 4 cpu do not fit in 2
+        assert (await env.conditions("a"))["Dispatched"] == "False"
+        assert env.objects(*DEPLOYMENT) == []
+
+
 async def test_deletion_after_an_edit_removes_what_was_dispatched() -> None:
     async with fake_env() as env:
         await env.add_node("n1", cpu="8")
