@@ -309,8 +309,9 @@ async def completion(
                 current = await client.get(info, namespace, obj.name)
             except (NotFound, UnknownKind):
                 continue
-        if (current.get("metadata", {}).get("labels") or {}).get(LABEL_UID) != uid:
-            continue
+        labels = current.get("metadata", {}).get("labels") or {}
+        if labels.get(LABEL_UID) != uid or not made_by_dispatcher(current):
+            continue  # not ours (someone's look-alike): its status says nothing about us
         conditions = current.get("status", {}).get("conditions") or []
         true_types = {c.get("type") for c in conditions if c.get("status") == "True"}
         if true_types & set(obj.completion):

@@ -15,10 +15,11 @@ from dispatcher.controller.objects import ensure_namespace
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.testing.fakeenv import NAMESPACE, FakeEnv, fake_env
-from dispatcher.testing.manifests import appwrapper, deployment
+from dispatcher.testing.manifests import appwrapper, deployment, job
 
 DEPLOYMENT = ("apps/v1", "Deployment")
 DEPLOYMENTS = ResourceInfo("apps/v1", "Deployment", "deployments", namespaced=True)
+JOBS = ResourceInfo("batch/v1", "Job", "jobs", namespaced=True)
 Obj = dict[str, Any]
 
 
@@ -188,6 +189,23 @@ async def test_an_object_being_deleted_is_not_adopted_the_dispatch_waits_then_cr
         [created] = env.objects(*DEPLOYMENT)
         assert created["metadata"]["uid"] != first["metadata"]["uid"]
         assert not created["metadata"].get("deletionTimestamp")
+
+
+async def test_a_look_alike_object_in_place_of_its_own_never_completes_it() -> None:
+    async with fake_env() as env:
+        await env.add_node("n1", cpu="8")
+        await env.apply(appwrapper("a", job("a", 1, {"cpu": "1"}), completion="Complete"))
+        await admitted(env, "a")
+        uid = (await env.get("a"))["metadata"]["uid"]
+        await env.fake.delete(JOBS, NAMESPACE, "a")
+        fake_job = job("a", 1, {"cpu": "1"})
+        fake_job["metadata"]["labels"] = victim_labels("a", uid)
+        created = await env.fake.create(JOBS, NAMESPACE, fake_job)
+        created["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+        await env.fake.replace(JOBS, NAMESPACE, "a", created, sub="status")
+        await env.pods("a", 1, phase="Succeeded")
+        await env.reconcile("a")
+        assert "Completed" not in await env.conditions("a")
 
 
 # -- edits after dispatch -------------------------------------------------------------------
