@@ -59,6 +59,8 @@ COUNTS_INTERVAL = 5.0
 """Seconds between status writes that only update pod counts."""
 TERMINATING_RETRY = 0.5
 """Seconds before trying again to create objects whose earlier copies are being deleted."""
+TERMINATING_LIMIT = 300.0
+"""Seconds after dispatch that a dispatch waits for earlier copies to go before it requeues."""
 POLL_SECONDS = 2.0
 """When a wrapped object's status was read by GET, look again this much later."""
 
@@ -339,6 +341,14 @@ class Reconciler:
             if made.terminating:
                 # An earlier attempt's objects are still going (a requeue deleted them):
                 # adopting them would leave this attempt with objects about to vanish.
+                if _seconds_since(status.lastDispatchedAt, now) > TERMINATING_LIMIT:
+                    # Held by a finalizer nobody removes: give the room back and retry later.
+                    stuck = DispatchError(
+                        f"{', '.join(made.terminating[:5])} still being deleted after "
+                        f"{int(TERMINATING_LIMIT)}s",
+                        permanent=False,
+                    )
+                    return await self._dispatch_failed(aw, obj, status, stuck, member)
                 self._log.info(
                     "waiting_for_old_objects",
                     appwrapper=aw.metadata.name,

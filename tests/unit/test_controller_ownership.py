@@ -181,6 +181,8 @@ async def test_an_object_being_deleted_is_not_adopted_the_dispatch_waits_then_cr
         assert still["metadata"]["uid"] == first["metadata"]["uid"]
         assert (await env.conditions("a"))["Dispatched"] == "True"
 
+        env.clock.advance(60)
+        assert await env.reconcile("a") == 0.5  # still waiting, within the limit
         going = await env.fake.get(DEPLOYMENTS, NAMESPACE, "a")
         going["metadata"]["finalizers"] = []
         await env.fake.replace(DEPLOYMENTS, NAMESPACE, "a", going)
@@ -206,6 +208,25 @@ async def test_a_look_alike_object_in_place_of_its_own_never_completes_it() -> N
         await env.pods("a", 1, phase="Succeeded")
         await env.reconcile("a")
         assert "Completed" not in await env.conditions("a")
+
+
+async def test_an_object_that_never_goes_sends_the_dispatch_back_to_the_queue() -> None:
+    async with fake_env() as env:
+        await env.add_node("n1", cpu="8")
+        await env.apply(appwrapper("a", deployment("a", 1, {"cpu": "1"})))
+        await admitted(env, "a")
+        [first] = env.objects(*DEPLOYMENT)
+        first["metadata"]["finalizers"] = ["example.com/hold"]
+        await env.fake.replace(DEPLOYMENTS, NAMESPACE, "a", first)
+        await env.fake.delete(DEPLOYMENTS, NAMESPACE, "a")
+        await env.restart()
+        assert await env.reconcile("a") == 0.5
+        env.clock.advance(301)
+        await env.reconcile("a")
+        status = status_of(await env.get("a"))
+        requeued = next(c for c in status["conditions"] if c["type"] == "Requeued")
+        assert requeued["reason"] == "DispatchFailed"
+        assert "Deployment/a still being deleted" in requeued["message"]
 
 
 # -- edits after dispatch -------------------------------------------------------------------
