@@ -13,5 +13,10 @@ LABEL_NAME = f"{GROUP}/appwrapper"
 LABEL_NAMESPACE = f"{GROUP}/appwrapper-namespace"
 LABEL_UID = f"{GROUP}/appwrapper-uid"
 
+# Sent as fieldManager on every create of a wrapped object, so the object's managedFields
+# record that the dispatcher made it: an object that merely copies the uid label (planted by
+# someone else) is not adopted.
+FIELD_MANAGER = "appwrapper-dispatcher"
+
 FINALIZER = f"{GROUP}/finalizer"
 ANNOTATION_ITEM = f"{GROUP}/item-index"

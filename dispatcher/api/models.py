@@ -88,6 +88,7 @@ class Reason(StrEnum):
     PODS_NOT_RUNNING_IN_TIME = "PodsNotRunningInTime"
     PREEMPTED = "Preempted"
     CLUSTER_UNREACHABLE = "ClusterUnreachable"
+    SPEC_CHANGED = "SpecChanged"
 
 
 class _Model(BaseModel):
@@ -133,6 +134,16 @@ class GenericItem(_Model):
     priority: Int | None = None
     priorityslope: float | None = None
     metadata: dict[str, Any] | None = None
+
+    def ref(self) -> WrappedRef:
+        """Which object this item makes (its name as written; the namespace is always the
+        AppWrapper's)."""
+        template = self.generictemplate
+        return WrappedRef(
+            apiVersion=str(template.get("apiVersion") or ""),
+            kind=str(template.get("kind") or ""),
+            name=str((template.get("metadata") or {}).get("name") or ""),
+        )
 
     def completion_conditions(self) -> tuple[str, ...]:
         """The condition types of the wrapped object that mean "done", e.g. ("Complete",)."""
@@ -239,6 +250,20 @@ class Condition(_Model):
     lastUpdateMicroTime: str | None = None
 
 
+class WrappedRef(_Model):
+    """One wrapped object the dispatcher created, in the AppWrapper's namespace."""
+
+    model_config = ConfigDict(frozen=True)
+
+    apiVersion: str
+    kind: str
+    name: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
 class AppWrapperStatus(_Model):
     state: AppWrapperState | None = None
     stage: str | None = None
@@ -261,6 +286,10 @@ class AppWrapperStatus(_Model):
     preemptedBy: str | None = None
     """"namespace/name" of the AppWrapper whose preemption evicted this one (the victim's own
     record of who its room is for); cleared when it is dispatched again."""
+    dispatchedObjects: list[WrappedRef] | None = None
+    """The wrapped objects of the latest dispatch, recorded with it: only these are created,
+    and these are what cleanup deletes, whatever the spec says later (None: dispatched
+    before the record existed, by MCAD; the spec is used)."""
     message: str | None = None
     priority: Int | None = None
     """Effective priority (from priorityClassName when set)."""

@@ -3,6 +3,11 @@
 No I/O of its own: informer handlers call `on_node` / `on_pod`; the controller reads
 `snapshot()`. Each pod event adjusts one node's sum in O(resources), so a decision never
 lists pods. Pods of AppWrappers are also indexed by AppWrapper for pod counts.
+
+A pod belongs to an AppWrapper only if it lives in the AppWrapper's namespace and carries
+its uid label: anyone may label a pod with another tenant's AppWrapper name, but wrapped
+objects are always created in the AppWrapper's own namespace, and a pod of an earlier
+AppWrapper of the same name carries that one's uid.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE
+from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.api.quantity import QuantityError
 from dispatcher.api.resources import EMPTY, Resources
 from dispatcher.core.model import ClusterSnapshot, NodeState, Reservation, Taint
@@ -19,6 +24,9 @@ from dispatcher.core.podsets import pod_requests
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 Obj = dict[str, Any]
+Owner = tuple[str, str]
+"""An AppWrapper as the owner of pods: ("namespace/name", uid)."""
+POD_LABELS = (LABEL_NAME, LABEL_NAMESPACE, LABEL_UID)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +37,7 @@ class PodRecord:
     node: str
     phase: str
     requests: Resources
-    owner: str | None  # "namespace/name" of the AppWrapper on the hub, if any
+    owner: Owner | None  # ("namespace/name", uid) of the AppWrapper on the hub, if any
     deleting: bool = False
 
     @property
@@ -75,13 +83,13 @@ def slim_pod(pod: Obj) -> Obj:
         # A finished pod holds no room on its node: only its phase still counts (thousands
         # of finished Jobs' pods can stay in a cluster).
         return {
-            "metadata": slim_metadata(meta, (LABEL_NAME, LABEL_NAMESPACE)),
+            "metadata": slim_metadata(meta, POD_LABELS),
             "spec": {"nodeName": spec.get("nodeName", "")},
             "status": {"phase": phase},
         }
     return {
         "metadata": {
-            **slim_metadata(meta, (LABEL_NAME, LABEL_NAMESPACE)),
+            **slim_metadata(meta, POD_LABELS),
             "deletionTimestamp": meta.get("deletionTimestamp"),
         },
         "spec": {
@@ -99,12 +107,20 @@ def slim_pod(pod: Obj) -> Obj:
     }
 
 
+def pod_owner(meta: Obj) -> Owner | None:
+    """The AppWrapper a pod (or wrapped object) with this metadata belongs to, if any: named
+    by its labels, in its own namespace, with a uid (labels alone can be copied by anyone)."""
+    labels = meta.get("labels") or {}
+    name, uid = labels.get(LABEL_NAME), labels.get(LABEL_UID)
+    namespace = meta.get("namespace")
+    if not name or not uid or labels.get(LABEL_NAMESPACE, namespace) != namespace:
+        return None
+    return f"{namespace}/{name}", str(uid)
+
+
 def _pod_record(pod: Obj) -> PodRecord:
     meta = pod["metadata"]
-    labels = meta.get("labels") or {}
-    owner = None
-    if LABEL_NAME in labels:
-        owner = f"{labels.get(LABEL_NAMESPACE) or meta.get('namespace')}/{labels[LABEL_NAME]}"
+    owner = pod_owner(meta)
     try:
         requests = pod_requests(pod.get("spec", {}), where=f"pod {meta.get('name')}")
     except QuantityError:
@@ -156,8 +172,8 @@ class CapacityCache:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     requested: dict[str, Resources] = field(default_factory=dict)
     pods: dict[str, PodRecord] = field(default_factory=dict)
-    pods_by_owner: dict[str, dict[str, PodRecord]] = field(default_factory=dict)
-    owner_revisions: dict[str, int] = field(default_factory=dict)
+    pods_by_owner: dict[Owner, dict[str, PodRecord]] = field(default_factory=dict)
+    owner_revisions: dict[Owner, int] = field(default_factory=dict)
     """owner -> the value of `pod_clock` when one of its pods last changed, so what is derived
     from an owner's pods can be kept until they change (never reused: the clock only grows)."""
     pod_clock: int = 0
@@ -242,9 +258,10 @@ class CapacityCache:
 
     # -- reads ------------------------------------------------------------------------
 
-    def pod_counts(self, owner: str) -> PodCounts:
+    def pod_counts(self, key: str, uid: str) -> PodCounts:
+        """Pods of the AppWrapper `key` ("namespace/name") whose uid is `uid`."""
         counts = PodCounts()
-        for record in self.pods_by_owner.get(owner, {}).values():
+        for record in self.pods_by_owner.get((key, uid), {}).values():
             if record.phase == "Running":
                 counts.running += 1
             elif record.phase == "Succeeded":
@@ -255,16 +272,17 @@ class CapacityCache:
                 counts.pending += 1
         return counts
 
-    def owner_revision(self, owner: str) -> int:
-        """Differs from any earlier answer for `owner` whenever its pods changed (0: none)."""
-        return self.owner_revisions.get(owner, 0)
+    def owner_revision(self, key: str, uid: str) -> int:
+        """Differs from any earlier answer for (`key`, `uid`) whenever its pods changed (0:
+        none)."""
+        return self.owner_revisions.get((key, uid), 0)
 
-    def owners(self) -> list[str]:
-        """AppWrappers that have pods in this cluster."""
+    def owners(self) -> list[Owner]:
+        """AppWrappers (key, uid) that have pods in this cluster."""
         return list(self.pods_by_owner)
 
-    def owned_pods(self, owner: str) -> list[PodRecord]:
-        return list(self.pods_by_owner.get(owner, {}).values())
+    def owned_pods(self, key: str, uid: str) -> list[PodRecord]:
+        return list(self.pods_by_owner.get((key, uid), {}).values())
 
     def snapshot(
         self, reservations: tuple[Reservation, ...] = (), *, reachable: bool = True

@@ -9,7 +9,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
+from dispatcher.api.constants import FIELD_MANAGER, LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.cluster.capacity import TERMINAL_PHASES, CapacityCache, slim_metadata, slim_pod
 from dispatcher.config import MemberConfig
@@ -31,12 +31,21 @@ def _slim_node(node: dict[str, object]) -> dict[str, object]:
 
 
 def _slim_wrapped(obj: dict[str, Any]) -> dict[str, Any]:
-    """What reading a wrapped object's completion needs: who owns it and its conditions."""
+    """What reading a wrapped object's completion needs: who owns it, whether the dispatcher
+    made it (its own managedFields entry, not a look-alike's), and its conditions."""
     meta = obj.get("metadata") or {}
+    ours = [
+        {"manager": FIELD_MANAGER}
+        for entry in meta.get("managedFields") or []
+        if entry.get("manager") == FIELD_MANAGER
+    ][:1]
     return {
         "apiVersion": obj.get("apiVersion"),
         "kind": obj.get("kind"),
-        "metadata": slim_metadata(meta, (LABEL_NAME, LABEL_NAMESPACE, LABEL_UID)),
+        "metadata": {
+            **slim_metadata(meta, (LABEL_NAME, LABEL_NAMESPACE, LABEL_UID)),
+            "managedFields": ours,
+        },
         "status": {"conditions": (obj.get("status") or {}).get("conditions") or []},
     }
 

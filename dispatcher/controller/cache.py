@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from dispatcher.api.constants import FINALIZER
 from dispatcher.api.models import ConditionType, parse_time
+from dispatcher.cluster.capacity import Owner
 from dispatcher.cluster.member import Member
 from dispatcher.controller.models import Models, resource_version
 from dispatcher.core import conditions as cond
@@ -82,6 +83,7 @@ class _Entry:
     phase: Phase
     generation: int | None
     eviction: Eviction | None
+    uid: str = ""  # its pods are those with this uid (not an earlier one's of its name)
     standing: Standing | None = None  # derived at `version` on first need
     held: tuple[int, Workload, float, Holding] | None = None  # (pod revision, ..., holding)
     assumed: Assumed | None = None
@@ -111,20 +113,24 @@ CLAIM_TIMEOUT = 120.0
 terminating must not hold a cluster for ever)."""
 
 
-def _strays(member: Member, held: set[str]) -> list[Reservation]:
-    """Pods of AppWrappers that hold nothing any more (requeued, evicted, deleted) that
-    are not on a node yet but may still be put on one (their objects are being removed):
-    reserved until they are gone, or a dispatch could be given their room."""
+def _strays(member: Member, held: set[Owner]) -> list[Reservation]:
+    """Pods of AppWrappers that hold nothing any more (requeued, evicted, deleted, or an
+    earlier AppWrapper of the same name) that are not on a node yet but may still be put on
+    one (their objects are being removed): reserved until they are gone, or a dispatch could
+    be given their room."""
     strays = []
     for owner in member.capacity.owners():
         if owner in held:
             continue  # a dispatched one reserves its whole gang already
-        pods = [p for p in member.capacity.owned_pods(owner) if p.may_be_bound]
+        pods = [p for p in member.capacity.owned_pods(*owner) if p.may_be_bound]
         if pods:
             pod_sets = tuple(
                 PodSet(count=1, requests=p.requests, name=f"pod {p.key}") for p in pods
             )
-            strays.append(Reservation(key=owner, pod_sets=pod_sets, preemptible=False))
+            # Keyed with the uid: an earlier AppWrapper of a dispatched one's name must not
+            # share (or be evicted with) its reservation.
+            key = f"{owner[0]}#{owner[1]}"
+            strays.append(Reservation(key=key, pod_sets=pod_sets, preemptible=False))
     return strays
 
 
@@ -179,12 +185,14 @@ class SchedulerCache:
             self._queued.add(key)
         else:
             self._queued.discard(key)
+        uid = str(obj["metadata"].get("uid") or "")
         if entry is None:
-            self._entries[key] = _Entry(version, phase, generation, eviction)
+            self._entries[key] = _Entry(version, phase, generation, eviction, uid)
             return Update(decision=True)
         changed = (entry.phase, entry.generation) != (phase, generation)
         finished = phase is Phase.FINISHED and entry.phase is not Phase.FINISHED
         entry.version, entry.phase, entry.generation = version, phase, generation
+        entry.uid = uid
         known = entry.eviction
         if (
             eviction is not None
@@ -283,7 +291,7 @@ class SchedulerCache:
         clusters = []
         for name, member in self._members.items():
             reservations, admitted = self._holdings(member, held[name])
-            reservations += _strays(member, {item[0] for item in held[name]})
+            reservations += _strays(member, {(item[0], item[1].uid) for item in held[name]})
             snapshot = member.capacity.snapshot(tuple(reservations), reachable=member.reachable())
             clusters.append(
                 ClusterSnapshot(
@@ -351,7 +359,7 @@ class SchedulerCache:
         admitted: list[AdmittedWorkload] = []
         capacity = member.capacity
         for key, entry, workload, dispatched_at, candidate in held:
-            revision = capacity.owner_revision(key)
+            revision = capacity.owner_revision(key, entry.uid)
             known = entry.held
             if (
                 known is None
@@ -359,7 +367,8 @@ class SchedulerCache:
                 or known[1] is not workload
                 or known[2] != dispatched_at
             ):
-                found = holding(workload, capacity.owned_pods(key), dispatched_at=dispatched_at)
+                pods = capacity.owned_pods(key, entry.uid)
+                found = holding(workload, pods, dispatched_at=dispatched_at)
                 known = entry.held = (revision, workload, dispatched_at, found)
             if known[3].reservation is not None:
                 reservations.append(known[3].reservation)
@@ -382,7 +391,7 @@ class SchedulerCache:
                 continue
             # Requeued before this process saw it evicting: its member is where its pods
             # still are, or the only one; else the claim is not known (multi-cluster only).
-            where = eviction.cluster or self._holding_pods(key) or self._only_member()
+            where = eviction.cluster or self._holding_pods(key, entry.uid) or self._only_member()
             if not where:
                 continue
             claim = claims.get(eviction.preemptor)
@@ -394,9 +403,9 @@ class SchedulerCache:
                 )
         return claims
 
-    def _holding_pods(self, key: str) -> str:
+    def _holding_pods(self, key: str, uid: str) -> str:
         """The member where a requeued victim's pods still hold room ("" if none)."""
         for name, member in self._members.items():
-            if any(p.holds_capacity for p in member.capacity.owned_pods(key)):
+            if any(p.holds_capacity for p in member.capacity.owned_pods(key, uid)):
                 return name
         return ""

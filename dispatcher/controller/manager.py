@@ -23,8 +23,8 @@ from typing import Any
 
 import structlog
 
-from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE
 from dispatcher.clock import Clock, SystemClock
+from dispatcher.cluster.capacity import pod_owner
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config
 from dispatcher.controller.cache import SchedulerCache
@@ -309,10 +309,10 @@ class Manager:
 
     def _wake_owner(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         """A pod or wrapped object labelled with its AppWrapper changed: reconcile that one."""
-        labels = (new or old or {}).get("metadata", {}).get("labels") or {}
-        name = labels.get(LABEL_NAME)
-        if name:
-            self.queue.add(f"{labels.get(LABEL_NAMESPACE)}/{name}")
+        # Only its own (same namespace, with a uid): look-alikes elsewhere wake nobody.
+        owner = pod_owner((new or old or {}).get("metadata", {}))
+        if owner is not None:
+            self.queue.add(owner[0])
 
     def _retire(self, key: str) -> None:
         """It finished: count its hops; drop what only a live AppWrapper needs."""

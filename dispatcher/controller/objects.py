@@ -12,8 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dispatcher.api.constants import API_VERSION, KIND, LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
-from dispatcher.api.models import AppWrapper
+from dispatcher.api.constants import (
+    API_VERSION,
+    FIELD_MANAGER,
+    KIND,
+    LABEL_NAME,
+    LABEL_NAMESPACE,
+    LABEL_UID,
+)
+from dispatcher.api.models import AppWrapper, WrappedRef
 from dispatcher.core.podsets import inject_labels
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo, well_formed
@@ -150,6 +157,42 @@ def _build(
     return body
 
 
+def spec_change(aw: AppWrapper) -> str:
+    """How the spec's objects differ from those recorded at dispatch ("" if they do not, or
+    nothing was recorded): an edit after dispatch must not create objects that were never
+    validated or fitted, nor orphan the ones it renamed or removed."""
+    recorded = aw.status.dispatchedObjects if aw.status is not None else None
+    if recorded is None:
+        return ""
+    now = [item.ref() for item in aw.spec.items]
+    if now == recorded:
+        return ""
+    gone = [r.label for r in recorded if r not in now]
+    added = [r.label for r in now if r not in recorded]
+    parts = []
+    if gone:
+        parts.append("removed or renamed " + ", ".join(gone[:5]))
+    if added:
+        parts.append("added " + ", ".join(added[:5]))
+    return "; ".join(parts) or "reordered the wrapped objects"
+
+
+def dispatched_objects(aw: AppWrapper, *, owner_reference: bool) -> list[Wrapped]:
+    """The objects its latest dispatch made, for deletion: those recorded in its status, or,
+    dispatched without a record (by MCAD), those its spec names."""
+    recorded = aw.status.dispatchedObjects if aw.status is not None else None
+    if recorded is None:
+        # Lenient: a template that cannot be built was never created, and must not keep
+        # the finalizer (and the AppWrapper) forever.
+        return wrapped_objects(aw, owner_reference=owner_reference, lenient=True)
+    return [_deletable(index, ref) for index, ref in enumerate(recorded)]
+
+
+def _deletable(index: int, ref: WrappedRef) -> Wrapped:
+    # Deletion needs only the identity; the body is never sent.
+    return Wrapped(index, ref.apiVersion, ref.kind, ref.name, {}, ())
+
+
 def _permanent(exc: KubeError) -> bool:
     return isinstance(exc, BadRequest | Forbidden | Invalid | UnknownKind)
 
@@ -165,13 +208,34 @@ async def ensure_namespace(client: KubeApi, namespace: str) -> None:
         return
 
 
-async def create_all(client: KubeApi, namespace: str, objects: list[Wrapped], *, uid: str) -> int:
-    """Create every object; adopt ones that already carry this AppWrapper's uid.
+def made_by_dispatcher(obj: dict[str, Any]) -> bool:
+    """Whether the API server recorded the dispatcher's field manager on `obj` (the uid label
+    alone can be copied onto anything by whoever may create objects in the namespace)."""
+    fields = obj.get("metadata", {}).get("managedFields") or []
+    return any(entry.get("manager") == FIELD_MANAGER for entry in fields)
 
-    Returns how many were created anew. On any failure, removes what this call created and
-    raises DispatchError naming the object and the server's reason.
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    created: int
+    """Objects created anew (the rest existed already and were adopted)."""
+    terminating: tuple[str, ...] = ()
+    """Objects of an earlier attempt still being deleted: created once they are gone."""
+
+
+async def create_all(
+    client: KubeApi, namespace: str, objects: list[Wrapped], *, uid: str
+) -> Created:
+    """Create every object; adopt ones this AppWrapper's dispatcher made already (a crash or
+    restart between status write and creates), unless they are being deleted.
+
+    An object of that name being deleted (an earlier attempt's, removed by a requeue) is
+    neither adopted nor replaced: it is reported in `terminating`, and the caller tries again
+    once it is gone. On any other failure, removes what this call created and raises
+    DispatchError naming the object and the reason.
     """
     created: list[tuple[ResourceInfo, Wrapped]] = []
+    terminating: list[str] = []
 
     async def one(obj: Wrapped) -> None:
         try:
@@ -181,15 +245,28 @@ async def create_all(client: KubeApi, namespace: str, objects: list[Wrapped], *,
         if not info.namespaced:
             raise DispatchError(f"{obj.label}: kind {obj.kind} is cluster-scoped", permanent=True)
         try:
-            await client.create(info, namespace, obj.body)
+            await client.create(info, namespace, obj.body, field_manager=FIELD_MANAGER)
             created.append((info, obj))
         except AlreadyExists as exc:
-            existing = await client.get(info, namespace, obj.name)
-            owner = existing.get("metadata", {}).get("labels", {}).get(LABEL_UID)
-            if owner != uid:
+            try:
+                existing = await client.get(info, namespace, obj.name)
+            except NotFound:
+                # Gone between the create and the read: the next attempt creates it.
+                terminating.append(obj.label)
+                return
+            meta = existing.get("metadata", {})
+            if (meta.get("labels") or {}).get(LABEL_UID) != uid:
                 raise DispatchError(
                     f"{obj.label} already exists in namespace {namespace} and does not belong "
                     "to this AppWrapper",
+                    permanent=True,
+                ) from exc
+            if meta.get("deletionTimestamp"):
+                terminating.append(obj.label)
+            elif not made_by_dispatcher(existing):
+                raise DispatchError(
+                    f"{obj.label} exists in namespace {namespace} and was not created by the "
+                    "dispatcher",
                     permanent=True,
                 ) from exc
         except KubeError as exc:
@@ -212,7 +289,7 @@ async def create_all(client: KubeApi, namespace: str, objects: list[Wrapped], *,
         if isinstance(first, KubeError):
             raise DispatchError(str(first), permanent=_permanent(first)) from first
         raise first
-    return len(created)
+    return Created(len(created), tuple(sorted(terminating)))
 
 
 async def delete_all(
@@ -220,9 +297,10 @@ async def delete_all(
 ) -> list[str]:
     """Ask for every object this AppWrapper owns to go; returns those that still exist.
 
-    Only objects carrying the AppWrapper's uid label are touched: an object of the same
-    name that someone else made (say, the reason a dispatch failed) is never deleted, or an
-    AppWrapper could delete what its author may not.
+    Only objects the dispatcher made carrying the AppWrapper's uid label are touched: an
+    object of the same name that someone else made (say, the reason a dispatch failed, even
+    with a copied label) is never deleted, or an AppWrapper could delete what its author may
+    not.
     """
 
     async def one(obj: Wrapped) -> str | None:
@@ -235,7 +313,7 @@ async def delete_all(
         except NotFound:
             return None
         meta = existing.get("metadata", {})
-        if (meta.get("labels") or {}).get(LABEL_UID) != uid:
+        if (meta.get("labels") or {}).get(LABEL_UID) != uid or not made_by_dispatcher(existing):
             return None
         if meta.get("deletionTimestamp") is None:
             # The uid precondition: never delete a newer object that took the name meanwhile.
@@ -289,8 +367,9 @@ async def completion(
                 current = await client.get(info, namespace, obj.name)
             except (NotFound, UnknownKind):
                 continue
-        if (current.get("metadata", {}).get("labels") or {}).get(LABEL_UID) != uid:
-            continue
+        labels = current.get("metadata", {}).get("labels") or {}
+        if labels.get(LABEL_UID) != uid or not made_by_dispatcher(current):
+            continue  # not ours (someone's look-alike): its status says nothing about us
         conditions = current.get("status", {}).get("conditions") or []
         true_types = {c.get("type") for c in conditions if c.get("status") == "True"}
         if true_types & set(obj.completion):

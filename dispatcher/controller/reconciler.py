@@ -38,7 +38,9 @@ from dispatcher.controller.objects import (
     completion,
     create_all,
     delete_all,
+    dispatched_objects,
     ensure_namespace,
+    spec_change,
     wrapped_objects,
 )
 from dispatcher.controller.status import StatusWriter
@@ -55,6 +57,10 @@ Obj = dict[str, Any]
 C = cond.C
 COUNTS_INTERVAL = 5.0
 """Seconds between status writes that only update pod counts."""
+TERMINATING_RETRY = 0.5
+"""Seconds before trying again to create objects whose earlier copies are being deleted."""
+TERMINATING_LIMIT = 300.0
+"""Seconds after dispatch that a dispatch waits for earlier copies to go before it requeues."""
 POLL_SECONDS = 2.0
 """When a wrapped object's status was read by GET, look again this much later."""
 TERMINATING_POLL_SECONDS = 1.0
@@ -173,7 +179,17 @@ class Reconciler:
             return DONE
         if phase is Phase.DISPATCHED:
             return await self._follow(aw, obj, status)
-        priority, _ = self._models.priority(aw)
+        priority, problem = self._models.priority(aw)
+        if not problem:
+            workload = self._models.workload(aw, priority=priority, now=self._moment()[1])
+            if isinstance(workload, InvalidSpec):
+                # Edited while queued (or requeued after an edit): the scheduler would skip
+                # it for ever; say why instead.
+                transition = cond.mark_failed(
+                    status, Reason.INVALID_SPEC, workload.message, now=self._moment()[1]
+                )
+                await self._status.write(obj, status, [transition])
+                return DONE
         if cond.set_priority(status, priority):
             await self._status.write(obj, status, [])
         self._schedule_soon()
@@ -305,10 +321,25 @@ class Reconciler:
                 remove_from=None,
             )
             return DONE
+        change = spec_change(aw)
+        if change:
+            # Edited after dispatch: what was dispatched goes, and the new spec is validated
+            # and fitted like any other before anything of it is created.
+            await self._requeue(
+                aw,
+                obj,
+                status,
+                Reason.SPEC_CHANGED,
+                f"the wrapped objects changed after dispatch ({change}); requeued so the new "
+                "spec is validated and scheduled again",
+                backoff=False,
+                remove_from=member,
+            )
+            return DONE
         objects: list[Wrapped] = []
         stamp = status.lastDispatchedAt or ""
         if self._ensured.get(key) != stamp:
-            if any(p.deleting for p in member.capacity.owned_pods(key)):
+            if any(p.deleting for p in member.capacity.owned_pods(key, aw.metadata.uid or "")):
                 # An earlier attempt's pods are still terminating: objects made now would
                 # make a second gang, bound wherever kube-scheduler finds room (room the
                 # dispatcher has given to others) while the first still holds its own.
@@ -319,7 +350,7 @@ class Reconciler:
                 objects = wrapped_objects(aw, owner_reference=member.is_hub)
                 if self._config.create_namespaces and not member.is_hub:
                     await ensure_namespace(member.client, aw.metadata.namespace)
-                await create_all(
+                made = await create_all(
                     member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
                 )
             except (DispatchError, KubeError) as exc:
@@ -334,8 +365,26 @@ class Reconciler:
                 # would meet it again, so it ends the AppWrapper with the reason.
                 error = DispatchError(f"{type(exc).__name__}: {str(exc)[:300]}", permanent=True)
                 return await self._dispatch_failed(aw, obj, status, error, member)
+            if made.terminating:
+                # An earlier attempt's objects are still going (a requeue deleted them):
+                # adopting them would leave this attempt with objects about to vanish.
+                if _seconds_since(status.lastDispatchedAt, now) > TERMINATING_LIMIT:
+                    # Held by a finalizer nobody removes: give the room back and retry later.
+                    stuck = DispatchError(
+                        f"{', '.join(made.terminating[:5])} still being deleted after "
+                        f"{int(TERMINATING_LIMIT)}s",
+                        permanent=False,
+                    )
+                    return await self._dispatch_failed(aw, obj, status, stuck, member)
+                self._log.info(
+                    "waiting_for_old_objects",
+                    appwrapper=aw.metadata.name,
+                    namespace=aw.metadata.namespace,
+                    objects=list(made.terminating[:5]),
+                )
+                return Result(TERMINATING_RETRY)
             self._ensured[key] = stamp
-        counts = member.capacity.pod_counts(key)
+        counts = member.capacity.pod_counts(key, aw.metadata.uid or "")
         changed = cond.set_pod_counts(
             status,
             pending=counts.pending,
@@ -469,14 +518,13 @@ class Reconciler:
         return DONE
 
     async def _remove_objects(self, aw: AppWrapper, member: Member) -> list[str]:
-        """Delete `aw`'s wrapped objects in `member` (only those carrying its uid); returns
-        the ones still there."""
+        """Delete `aw`'s wrapped objects in `member`: those its latest dispatch recorded (the
+        spec may have been edited since), only if they carry its uid; returns the ones still
+        there."""
         return await delete_all(
             member.client,
             aw.metadata.namespace,
-            # Lenient: a template that cannot be built was never created, and must not keep
-            # the finalizer (and the AppWrapper) forever.
-            wrapped_objects(aw, owner_reference=member.is_hub, lenient=True),
+            dispatched_objects(aw, owner_reference=member.is_hub),
             uid=aw.metadata.uid or "",
         )
 

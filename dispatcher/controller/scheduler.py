@@ -138,7 +138,8 @@ class Scheduler:
         for admit in result.admits:
             self._cache.assume(admit.key, by_key[admit.key], admit.cluster, now)
             self._waiting.forget(admit.key)
-            self._spawn(self._admit(admit.key, admit.cluster), f"admit-{admit.key}")
+            decided = by_key[admit.key]
+            self._spawn(self._admit(admit.key, admit.cluster, decided), f"admit-{admit.key}")
         for wait in result.waits:
             self._waiting.note(wait.key, wait.message, head=wait.key == result.head_key, now=now)
         for preempt in result.preemptions:
@@ -167,9 +168,9 @@ class Scheduler:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _admit(self, key: str, cluster: str) -> None:
+    async def _admit(self, key: str, cluster: str, decided: Workload) -> None:
         """The admission is one status write: Dispatched to `cluster` (and Init/Queueing
-        when this is its first decision)."""
+        when this is its first decision), for the spec `decided` was fitted from."""
         log = self._log.bind(appwrapper=key, cluster=cluster)
         try:
             async with self._slots:
@@ -182,11 +183,25 @@ class Scheduler:
                 if not (new or cond.is_queued(status)) or aw.metadata.deletionTimestamp:
                     return
                 moment = datetime.fromtimestamp(self._clock.time(), UTC)
+                current = self._models.workload(aw, priority=decided.priority, now=moment)
+                if not isinstance(current, Workload) or (current.pod_sets, current.placement) != (
+                    decided.pod_sets,
+                    decided.placement,
+                ):
+                    # Edited since the cycle fitted it: the objects recorded with this write
+                    # would be ones nobody fitted. The next cycle decides on the new spec.
+                    log.info("spec_changed_before_admission")
+                    return
                 transitions: list[Transition | None] = []
                 if new:
                     priority, _ = self._models.priority(aw)
                     transitions.append(cond.initialize(status, priority=priority, now=moment))
-                transitions.append(cond.mark_dispatched(status, cluster=cluster, now=moment))
+                # The objects are recorded with the dispatch: the reconciler creates these
+                # only, and cleanup deletes these, whatever the spec is edited to later.
+                objects = [item.ref() for item in aw.spec.items]
+                transitions.append(
+                    cond.mark_dispatched(status, cluster=cluster, now=moment, objects=objects)
+                )
                 await self._status.write(obj, status, transitions)
                 log.info("dispatched", priority=status.priority)
                 self._wrote(key)

@@ -16,6 +16,7 @@ import structlog
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
+from dispatcher.controller.objects import made_by_dispatcher
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.errors import KubeError, UnknownKind, Unreachable
 
@@ -47,11 +48,14 @@ KNOWN_KINDS: tuple[tuple[str, str], ...] = (
 
 
 def owner_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    """("namespace/name", uid) of the hub AppWrapper an object was made for, if any."""
+    """("namespace/name", uid) of the hub AppWrapper an object was made for, if any: wrapped
+    objects always live in their AppWrapper's namespace."""
     labels = obj.get("metadata", {}).get("labels") or {}
     if LABEL_NAME not in labels or LABEL_UID not in labels:
         return None
-    namespace = labels.get(LABEL_NAMESPACE) or obj["metadata"].get("namespace")
+    namespace = obj["metadata"].get("namespace")
+    if labels.get(LABEL_NAMESPACE, namespace) != namespace:
+        return None
     return f"{namespace}/{labels[LABEL_NAME]}", labels[LABEL_UID]
 
 
@@ -62,7 +66,8 @@ async def collect(
     kinds: Iterable[tuple[str, str]],
     keep: Mapping[str, tuple[str, str]],
 ) -> list[str]:
-    """Delete objects labelled for an AppWrapper that `keep` does not place in this member.
+    """Delete objects the dispatcher made for an AppWrapper that `keep` does not place in
+    this member.
 
     `keep` maps AppWrapper key -> (uid, member it is dispatched or being dispatched to).
     Returns "Kind ns/name" of what was deleted.
@@ -81,7 +86,9 @@ async def collect(
             continue
         for obj in listing.get("items", []):
             owner = owner_of(obj)
-            if owner is None:
+            if owner is None or not made_by_dispatcher(obj):
+                # Someone else's object wearing our labels: not ours to delete. (Pods of
+                # wrapped controllers go with their owner through the garbage collector.)
                 continue
             key, uid = owner
             wanted = keep.get(key)

@@ -20,6 +20,7 @@ from dispatcher.api.models import (
     Condition,
     ConditionType,
     Reason,
+    WrappedRef,
     format_micro_time,
 )
 from dispatcher.core.validation import clip
@@ -194,8 +195,15 @@ def mark_waiting(status: AppWrapperStatus, message: str, *, now: datetime) -> Tr
     return Transition(Reason.INSUFFICIENT_RESOURCES, message) if first else Transition("", "")
 
 
-def mark_dispatched(status: AppWrapperStatus, *, cluster: str, now: datetime) -> Transition:
-    """All milestones up to Dispatched True; Running not yet."""
+def mark_dispatched(
+    status: AppWrapperStatus,
+    *,
+    cluster: str,
+    now: datetime,
+    objects: list[WrappedRef] | None = None,
+) -> Transition:
+    """All milestones up to Dispatched True; Running not yet. `objects` records what this
+    dispatch is for (the objects the spec names now)."""
     stamp = format_micro_time(now)
     message = f"dispatched to cluster {cluster}"
     set_condition(
@@ -234,6 +242,7 @@ def mark_dispatched(status: AppWrapperStatus, *, cluster: str, now: datetime) ->
     status.clusterName = cluster
     status.dispatchedAt = status.dispatchedAt or stamp
     status.lastDispatchedAt = stamp
+    status.dispatchedObjects = objects
     _settle(status, AppWrapperState.RUNNING, message)
     return Transition(Reason.DISPATCHED, message)
 

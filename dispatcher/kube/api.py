@@ -28,7 +28,7 @@ class KubeApi(Protocol):
     async def get(self, info: ResourceInfo, namespace: str | None, name: str) -> dict[str, Any]: ...
 
     async def create(
-        self, info: ResourceInfo, namespace: str | None, body: Any
+        self, info: ResourceInfo, namespace: str | None, body: Any, *, field_manager: str = ""
     ) -> dict[str, Any]: ...
 
     async def replace(

@@ -406,8 +406,13 @@ class KubeClient:
         result: dict[str, Any] = await self.request("GET", info.path(namespace, name))
         return result
 
-    async def create(self, info: ResourceInfo, namespace: str | None, body: Any) -> dict[str, Any]:
-        result: dict[str, Any] = await self.request("POST", info.path(namespace), body=body)
+    async def create(
+        self, info: ResourceInfo, namespace: str | None, body: Any, *, field_manager: str = ""
+    ) -> dict[str, Any]:
+        query = {"fieldManager": field_manager} if field_manager else None
+        result: dict[str, Any] = await self.request(
+            "POST", info.path(namespace), query=query, body=body
+        )
         return result
 
     async def replace(

@@ -136,10 +136,14 @@ class Chaos:
         self.controller_writes += 1
         return True
 
-    async def _create(self, info: ResourceInfo, namespace: str | None, body: Any) -> Obj:
+    async def _create(
+        self, info: ResourceInfo, namespace: str | None, body: Any, *, field_manager: str = ""
+    ) -> Obj:
         controller = self._gate(info.kind)
         try:
-            result: Obj = await self._originals["create"](info, namespace, body)
+            result: Obj = await self._originals["create"](
+                info, namespace, body, field_manager=field_manager
+            )
         except KubeError:
             self.errors += controller
             raise

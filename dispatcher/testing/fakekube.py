@@ -230,7 +230,9 @@ class FakeKube:
         spec = await self._request("get", "GET", info, namespace, name)
         return self._out(spec, self._existing(spec, namespace, name))
 
-    async def create(self, info: ResourceInfo, namespace: str | None, body: Any) -> dict[str, Any]:
+    async def create(
+        self, info: ResourceInfo, namespace: str | None, body: Any, *, field_manager: str = ""
+    ) -> dict[str, Any]:
         name = (body.get("metadata") or {}).get("name") if isinstance(body, dict) else None
         spec = await self._request("create", "POST", info, namespace, name)
         obj = self._object_in(spec, body, namespace, None)
@@ -248,6 +250,16 @@ class FakeKube:
             )
         for server_field in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
             meta.pop(server_field, None)
+        # As the API server: who made the object is recorded under the request's fieldManager
+        # (without one, a name taken from the client's user agent).
+        meta["managedFields"] = [
+            {
+                "manager": field_manager or "fakekube-client",
+                "operation": "Update",
+                "apiVersion": spec.api_version,
+                "time": timestamp(),
+            }
+        ]
         if spec.status:
             obj.pop("status", None)
         return self._out(spec, self._store(obj))
@@ -504,7 +516,14 @@ class FakeKube:
             if "status" in old:
                 new["status"] = _copy(old["status"])
         meta = new["metadata"]
-        for server_field in ("uid", "creationTimestamp", "deletionTimestamp", "generation"):
+        server_fields = (
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "generation",
+            "managedFields",
+        )
+        for server_field in server_fields:
             meta.pop(server_field, None)
             if server_field in old_meta:
                 meta[server_field] = old_meta[server_field]

@@ -95,6 +95,24 @@ async def test_already_exists_and_not_found(api: tuple[KubeApi, str]) -> None:
     await kube.delete(CM, ns, "never")  # the client treats a missing object as deleted
 
 
+def managers(obj: dict[str, Any]) -> list[str]:
+    return [entry.get("manager", "") for entry in obj["metadata"].get("managedFields") or []]
+
+
+async def test_create_records_its_field_manager(api: tuple[KubeApi, str]) -> None:
+    """How the dispatcher tells the objects it made from look-alikes (objects.py)."""
+    kube, ns = api
+    body = cm("managed") | {"data": {"v": "0", "w": "0"}}
+    await kube.create(CM, ns, body, field_manager="appwrapper-dispatcher")
+    assert managers(await kube.get(CM, ns, "managed")) == ["appwrapper-dispatcher"]
+    await kube.create(CM, ns, cm("unmanaged"))
+    assert "appwrapper-dispatcher" not in managers(await kube.get(CM, ns, "unmanaged"))
+    # Someone else's edit takes over the fields it sets; the entry stays while the
+    # dispatcher still owns some (every field of a template it created).
+    await kube.merge_patch(CM, ns, "managed", {"data": {"v": "1"}})
+    assert "appwrapper-dispatcher" in managers(await kube.get(CM, ns, "managed"))
+
+
 async def test_status_subresource_and_generation(api: tuple[KubeApi, str]) -> None:
     kube, ns = api
     created = await kube.create(AW, ns, aw("status"))

@@ -174,15 +174,25 @@ async def test_deletion_and_orphans_are_cleaned_in_members(
     await cluster.akubectl("delete", "aw", "gone", "-n", namespace, "--timeout=60s")
     assert await member_objects(members["east"], namespace) == []
 
-    # An orphan: objects in a member labelled for a hub AppWrapper that no longer exists
-    # (as if it was deleted while the dispatcher was down and its finalizer forced off).
+    # An orphan: objects the dispatcher made in a member for a hub AppWrapper that no longer
+    # exists (as if it was deleted while the dispatcher was down and its finalizer forced
+    # off). Made under the dispatcher's field manager: objects that only wear its labels are
+    # someone else's and are never collected.
     orphan = deployment("orphan", 1, {"cpu": "1"})
     orphan["metadata"]["labels"] = {
         "workload.codeflare.dev/appwrapper": "vanished",
         "workload.codeflare.dev/appwrapper-namespace": namespace,
         "workload.codeflare.dev/appwrapper-uid": "0000-gone",
     }
-    await members["east"].akubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(orphan))
+    await members["east"].akubectl(
+        "create",
+        "--field-manager=appwrapper-dispatcher",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=json.dumps(orphan),
+    )
     # A restarted dispatcher sweeps members once they answer.
     await run_dispatcher(restart=True, members=configs)
 

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE
+from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.api.resources import Resources
 from dispatcher.cluster.capacity import CapacityCache, slim_pod
 from dispatcher.core.model import PodSet
@@ -28,7 +28,7 @@ def node(name: str, cpu: str = "8", *, ready: bool = True, cordoned: bool = Fals
 def pod(
     name: str, cpu: str, node_name: str = "", phase: str = "Pending", owner: str | None = None
 ) -> dict[str, Any]:
-    labels = {LABEL_NAME: owner, LABEL_NAMESPACE: "ns"} if owner else {}
+    labels = {LABEL_NAME: owner, LABEL_NAMESPACE: "ns", LABEL_UID: f"uid-{owner}"} if owner else {}
     return slim_pod(
         {
             "metadata": {"name": name, "namespace": "ns", "labels": labels, "resourceVersion": "1"},
@@ -47,12 +47,12 @@ def test_pods_on_nodes_reduce_free_until_they_end() -> None:
     cache.on_pod("ADDED", None, pod("p", "3", "n1", "Running", owner="aw"))
     snapshot = cache.snapshot()
     assert snapshot.nodes[0].free["cpu"] == 5000
-    assert cache.pod_counts("ns/aw").running == 1
+    assert cache.pod_counts("ns/aw", "uid-aw").running == 1
     cache.on_pod("MODIFIED", None, pod("p", "3", "n1", "Succeeded", owner="aw"))
     assert cache.snapshot().nodes[0].free["cpu"] == 8000
-    assert cache.pod_counts("ns/aw").succeeded == 1
+    assert cache.pod_counts("ns/aw", "uid-aw").succeeded == 1
     cache.on_pod("DELETED", pod("p", "3", "n1", "Succeeded", owner="aw"), None)
-    assert cache.pod_counts("ns/aw").total == 0
+    assert cache.pod_counts("ns/aw", "uid-aw").total == 0
 
 
 def test_unbound_pods_hold_nothing_and_selector_filters_nodes() -> None:
@@ -125,17 +125,17 @@ def test_unplaced_subtracts_bound_pods_and_errs_towards_reserving() -> None:
 def test_owner_revision_moves_with_its_pods_only() -> None:
     cache = CapacityCache(cluster="c")
     cache.on_node("ADDED", None, node("n1"))
-    assert cache.owner_revision("ns/aw") == 0
+    assert cache.owner_revision("ns/aw", "uid-aw") == 0
     cache.on_pod("ADDED", None, pod("p1", "1", owner="aw"))
-    first = cache.owner_revision("ns/aw")
+    first = cache.owner_revision("ns/aw", "uid-aw")
     cache.on_pod("ADDED", None, pod("other", "1", owner="someone"))
-    assert cache.owner_revision("ns/aw") == first
+    assert cache.owner_revision("ns/aw", "uid-aw") == first
     cache.on_pod("MODIFIED", None, pod("p1", "1", "n1", "Running", owner="aw"))
-    second = cache.owner_revision("ns/aw")
+    second = cache.owner_revision("ns/aw", "uid-aw")
     assert second != first
     cache.on_pod("MODIFIED", None, pod("p1", "1", "n1", "Running", owner="aw"))
-    assert cache.owner_revision("ns/aw") == second  # nothing changed
+    assert cache.owner_revision("ns/aw", "uid-aw") == second  # nothing changed
     cache.on_pod("DELETED", pod("p1", "1", "n1", "Running", owner="aw"), None)
-    assert cache.owner_revision("ns/aw") == 0
+    assert cache.owner_revision("ns/aw", "uid-aw") == 0
     cache.on_pod("ADDED", None, pod("p2", "1", owner="aw"))
-    assert cache.owner_revision("ns/aw") not in (0, first, second)
+    assert cache.owner_revision("ns/aw", "uid-aw") not in (0, first, second)

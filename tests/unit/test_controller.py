@@ -92,8 +92,10 @@ async def test_running_pods_make_it_running_and_counts_are_written() -> None:
         await env.apply(appwrapper("a", deployment("a", 2, {"cpu": "1"})))
         await admitted(env, "a")
         await env.pods("a", 2)
+        uid = (await env.get("a"))["metadata"]["uid"]
+        capacity = env.manager.members["local"].capacity
         await env.until(
-            lambda: len(env.manager.members["local"].capacity.owned_pods(f"{NAMESPACE}/a")) == 2,
+            lambda: len(capacity.owned_pods(f"{NAMESPACE}/a", uid)) == 2,
             "pods seen",
         )
         await env.reconcile("a")

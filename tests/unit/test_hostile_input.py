@@ -522,7 +522,7 @@ async def test_a_create_answered_not_found_forgets_the_kinds_discovery() -> None
         async def resource_info(self, api_version: str, kind: str) -> ResourceInfo:
             return ResourceInfo(api_version, kind, "things", True)
 
-        async def create(self, *args: Any) -> Obj:
+        async def create(self, *args: Any, **kwargs: Any) -> Obj:
             raise NotFound("the server could not find the requested resource", status=404)
 
         def forget_discovery(self, api_version: str) -> None:
