@@ -18,8 +18,6 @@ It does not run controllers (no pods from Jobs, no kubelet): tests play those pa
 from __future__ import annotations
 
 import asyncio
-import copy
-import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -43,13 +41,16 @@ from dispatcher.kube.errors import (
 from dispatcher.testing.fakekube_store import (
     BUILTIN_KINDS,
     Change,
+    Fault,
     KindSpec,
     Obj,
     bookmark,
+    copy_json,
     event_for,
     merge_patch,
     same_content,
     selector_of,
+    take_fault,
     timestamp,
     without,
 )
@@ -59,23 +60,6 @@ Call = tuple[str, str, str | None, str | None, str]
 WRITES = ("create", "replace", "merge_patch", "delete")
 _Key = tuple[str, str]  # (apiVersion, kind)
 _WAKE, _END = "wake", "end"
-
-
-def _copy(value: Obj) -> Obj:
-    """A deep copy through JSON, as the real server's objects are: templates nested hundreds
-    of levels deep must not exhaust the interpreter's stack here (copy.deepcopy takes
-    several frames per level)."""
-    copied: Obj = json.loads(json.dumps(value))
-    return copied
-
-
-@dataclass
-class _Fault:
-    method: str
-    kind: str | None
-    name: str | None
-    error: KubeError
-    times: int
 
 
 @dataclass(eq=False)
@@ -110,7 +94,7 @@ class FakeKube:
         self._compacted = 0
         self._history: list[Change] = []
         self._watchers: set[_Watcher] = set()
-        self._faults: list[_Fault] = []
+        self._faults: list[Fault] = []
         self._snapshots: dict[int, tuple[int, list[Obj]]] = {}
         self._snapshot_ids = count(1)
         for spec in BUILTIN_KINDS:
@@ -153,7 +137,7 @@ class FakeKube:
         `name` raise `error`. TooManyRequests is retried the way `KubeClient.request` does
         (up to 5 attempts, sleeping its retry_after), and `ping` turns every error into
         Unreachable, also as the client does."""
-        self._faults.append(_Fault(method, kind, name, error, times))
+        self._faults.append(Fault(method, kind, name, error, times))
 
     @property
     def unreachable(self) -> bool:
@@ -199,7 +183,7 @@ class FakeKube:
 
     def objects(self, api_version: str, kind: str) -> list[Obj]:
         """Copies of every stored object of a kind, for assertions."""
-        return [_copy(o) for _, o in sorted(self._objects.get((api_version, kind), {}).items())]
+        return [copy_json(o) for _, o in sorted(self._objects.get((api_version, kind), {}).items())]
 
     # -- the KubeApi protocol ---------------------------------------------------------
 
@@ -283,7 +267,7 @@ class FakeKube:
         if not isinstance(patch, dict):
             raise BadRequest("a merge patch must be a JSON object", status=400)
         given = (patch.get("metadata") or {}).get("resourceVersion")
-        new = merge_patch(_copy(old), _copy(patch))
+        new = merge_patch(copy_json(old), copy_json(patch))
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         return self._out(spec, self._update(spec, old, new, sub, given))
 
@@ -331,7 +315,7 @@ class FakeKube:
             selected = selector_of(query)
             snapshot_id, version, offset = str(next(self._snapshot_ids)), self._version, 0
             matching = [
-                _copy(o)
+                copy_json(o)
                 for (ns, _), o in sorted(self._objects.get(_key(spec), {}).items())
                 if (not spec.namespaced or not namespace or ns == namespace) and selected(o)
             ]
@@ -440,7 +424,7 @@ class FakeKube:
             self.stats.record(verb, path, watch=watch)
             if self._unreachable:
                 raise Unreachable(f"{self.name}: connection refused")
-            error = self._take_fault(method, kind, name)
+            error = take_fault(self._faults, method, kind, name)
             if error is None:
                 return
             if method == "ping":
@@ -450,18 +434,6 @@ class FakeKube:
             await asyncio.sleep(min(error.retry_after, 10))
         assert error is not None
         raise error
-
-    def _take_fault(self, method: str, kind: str | None, name: str | None) -> KubeError | None:
-        for fault in self._faults:
-            if (
-                fault.times > 0
-                and fault.method == method
-                and fault.kind in (None, kind)
-                and fault.name in (None, name)
-            ):
-                fault.times -= 1
-                return copy.copy(fault.error)
-        return None
 
     def _existing(self, spec: KindSpec, namespace: str | None, name: str) -> Obj:
         found = self._objects.get(_key(spec), {}).get((_ns(spec, namespace), name))
@@ -473,7 +445,7 @@ class FakeKube:
         """A copy of a request's object, checked against the URL it was sent to."""
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object", status=400)
-        obj = _copy(body)
+        obj = copy_json(body)
         if (
             obj.get("kind", spec.kind) != spec.kind
             or obj.get("apiVersion", spec.api_version) != spec.api_version
@@ -507,14 +479,14 @@ class FakeKube:
             raise Conflict(f"Precondition failed: UID in object meta: {meta['uid']}", status=409)
         if sub == "status":  # only status changes; the rest stays as stored
             status = new.get("status")
-            new = _copy(old)
+            new = copy_json(old)
             new.pop("status", None)
             if status is not None:
                 new["status"] = status
         elif spec.status:  # the main resource does not change status
             new.pop("status", None)
             if "status" in old:
-                new["status"] = _copy(old["status"])
+                new["status"] = copy_json(old["status"])
         meta = new["metadata"]
         server_fields = (
             "uid",
@@ -568,7 +540,7 @@ class FakeKube:
         if not meta.get("finalizers"):
             self._remove(spec, obj, propagation)
         elif not meta.get("deletionTimestamp"):
-            new = _copy(obj)
+            new = copy_json(obj)
             new["metadata"].update(deletionTimestamp=timestamp(), deletionGracePeriodSeconds=0)
             if spec.generation:
                 new["metadata"]["generation"] = meta.get("generation", 1) + 1
@@ -579,7 +551,7 @@ class FakeKube:
         and a namespace's objects with it."""
         key = _key(spec)
         self._version += 1
-        gone = _copy(obj)
+        gone = copy_json(obj)
         gone["metadata"]["resourceVersion"] = str(self._version)
         previous = self._objects[key].pop(self._key_of(obj))
         self._record(Change(self._version, key, "DELETED", previous, gone))
@@ -609,7 +581,7 @@ class FakeKube:
         return (meta.get("namespace") or "", meta["name"])
 
     def _out(self, spec: KindSpec, obj: Obj) -> Obj:
-        result = _copy(obj)
+        result = copy_json(obj)
         result["kind"], result["apiVersion"] = spec.kind, spec.api_version
         return result
 

@@ -4,6 +4,7 @@ the kinds served from the start, and the comparisons the API server makes on upd
 from __future__ import annotations
 
 import copy
+import json
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from dispatcher.kube.errors import BadRequest
+from dispatcher.kube.errors import BadRequest, KubeError
 
 Obj = dict[str, Any]
 Selector = Callable[[Obj], bool]
@@ -194,3 +195,38 @@ def event_for(change: Change, selected: Selector) -> str | None:
     if before and after:
         return "MODIFIED"
     return "ADDED" if after else "DELETED" if before else None
+
+
+def copy_json(value: Obj) -> Obj:
+    """A deep copy through JSON, as the real server's objects are: templates nested hundreds
+    of levels deep must not exhaust the interpreter's stack here (copy.deepcopy takes
+    several frames per level)."""
+    copied: Obj = json.loads(json.dumps(value))
+    return copied
+
+
+@dataclass
+class Fault:
+    """An injected failure: the next `times` requests of `method` matching `kind` and `name`."""
+
+    method: str
+    kind: str | None
+    name: str | None
+    error: KubeError
+    times: int
+
+
+def take_fault(
+    faults: list[Fault], method: str, kind: str | None, name: str | None
+) -> KubeError | None:
+    """The error the first matching fault injects (used up one time), or None."""
+    for fault in faults:
+        if (
+            fault.times > 0
+            and fault.method == method
+            and fault.kind in (None, kind)
+            and fault.name in (None, name)
+        ):
+            fault.times -= 1
+            return copy.copy(fault.error)
+    return None
