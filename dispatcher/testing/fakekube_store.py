@@ -1,5 +1,6 @@
 """Pure helpers for `fakekube.FakeKube`: label and field selectors, JSON merge patch (RFC 7386),
-the kinds served from the start, and the comparisons the API server makes on update. No I/O."""
+the kinds served from the start, the comparisons the API server makes on update, deep copies
+through JSON, and injected faults. No I/O."""
 
 from __future__ import annotations
 
