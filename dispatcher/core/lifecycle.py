@@ -45,8 +45,12 @@ class Assessment:
     recheck_after: float | None = None  # seconds until a time limit may change the verdict
 
 
-def requeue_window(requeuing: Requeuing, requeue_count: int) -> float:
-    """Seconds a dispatch may take to reach minAvailable running pods, for this attempt."""
+def requeue_window(requeuing: Requeuing, requeue_count: int) -> float | None:
+    """Seconds a dispatch may take to reach minAvailable running pods, for this attempt;
+    None for `timeInSeconds: 0`, no window (a window of 0 s would requeue every dispatch at
+    once, deleting and recreating its objects for ever)."""
+    if requeuing.timeInSeconds == 0:
+        return None
     base = float(requeuing.timeInSeconds)
     if requeuing.growthType == "exponential":
         window = base * float(2 ** min(requeue_count, 30))
@@ -117,6 +121,13 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
         )
     # 5. Not enough pods within the window: requeue, or give up after maxNumRequeuings.
     window = requeue_window(requeuing, p.requeue_count)
+    if window is None:
+        return Assessment(
+            Verdict.WAIT,
+            Reason.PODS_NOT_READY,
+            f"{active} of minAvailable {p.min_available} pods running or succeeded",
+            duration_left,
+        )
     if elapsed >= window:
         message = (
             f"{active} of minAvailable {p.min_available} pods running or succeeded "

@@ -163,11 +163,30 @@ class Placement:
 
     clusters: frozenset[str] | None = None
     match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+    """(key, operator, values): In, NotIn, Exists, DoesNotExist, as Kubernetes' selectors."""
+
+    @property
+    def anywhere(self) -> bool:
+        return self.clusters is None and not self.match_labels and not self.match_expressions
 
     def allows(self, cluster: ClusterSnapshot) -> bool:
         if self.clusters is not None and cluster.name not in self.clusters:
             return False
-        return all(cluster.labels.get(k) == v for k, v in self.match_labels)
+        labels = cluster.labels
+        if not all(labels.get(k) == v for k, v in self.match_labels):
+            return False
+        for key, operator, values in self.match_expressions:
+            present = key in labels
+            if operator == "In" and not (present and labels[key] in values):
+                return False
+            if operator == "NotIn" and present and labels[key] in values:
+                return False
+            if operator == "Exists" and not present:
+                return False
+            if operator == "DoesNotExist" and present:
+                return False
+        return True
 
 
 @dataclass(frozen=True, slots=True)

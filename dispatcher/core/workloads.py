@@ -51,9 +51,37 @@ def placement_of(aw: AppWrapper) -> Placement:
         return Placement()
     clusters = frozenset(c.name for c in scheduling.clusters) or None
     labels: tuple[tuple[str, str], ...] = ()
+    expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
     if scheduling.clusterSelector is not None:
         labels = tuple(sorted(scheduling.clusterSelector.matchLabels.items()))
-    return Placement(clusters=clusters, match_labels=labels)
+        expressions = tuple(
+            (e.key, e.operator, tuple(e.values))
+            for e in scheduling.clusterSelector.matchExpressions
+        )
+    return Placement(clusters=clusters, match_labels=labels, match_expressions=expressions)
+
+
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def selector_errors(aw: AppWrapper) -> list[str]:
+    """What is wrong with the clusterSelector's matchExpressions, as Kubernetes checks them."""
+    scheduling = aw.spec.schedulingSpec.clusterScheduling
+    if scheduling is None or scheduling.clusterSelector is None:
+        return []
+    errors = []
+    where = "schedulingSpec.clusterScheduling.clusterSelector.matchExpressions"
+    for index, expression in enumerate(scheduling.clusterSelector.matchExpressions):
+        if expression.operator not in SELECTOR_OPERATORS:
+            errors.append(
+                f"{where}[{index}]: operator {expression.operator!r} is not one of "
+                + ", ".join(SELECTOR_OPERATORS)
+            )
+        elif expression.operator in ("In", "NotIn") and not expression.values:
+            errors.append(f"{where}[{index}]: operator {expression.operator} needs values")
+        elif expression.operator in ("Exists", "DoesNotExist") and expression.values:
+            errors.append(f"{where}[{index}]: operator {expression.operator} takes no values")
+    return errors
 
 
 def _timestamp(text: str | None, default: datetime) -> float:
@@ -80,6 +108,7 @@ def workload_of(
         allowed_kinds=allowed_kinds,
         cluster_scoped_kinds=DEFAULT_CLUSTER_SCOPED,
     )
+    errors += selector_errors(aw)
     if errors:
         # Items past the limits are not read further: their pod sets could be costly.
         return InvalidSpec(bounded_message(list(dict.fromkeys(errors))))

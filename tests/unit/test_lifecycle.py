@@ -184,3 +184,17 @@ def test_waiting_message_counts_succeeded_pods() -> None:
     progress = replace(BASE, pending=1, running=1, succeeded=1)
     result = assess(progress, requeuing=REQUEUING, duration_limit=None)
     assert result.message == "2 of minAvailable 3 pods running or succeeded"
+
+
+@pytest.mark.parametrize("growth", ["exponential", "linear", "none"])
+def test_time_in_seconds_zero_means_no_window_never_a_requeue(growth: str) -> None:
+    requeuing = Requeuing(timeInSeconds=0, growthType=growth)
+    assert requeue_window(requeuing, 3) is None
+    # Long after dispatch with no pod running: it waits (a 0 s window would requeue at once,
+    # deleting and recreating its objects for ever); only dispatchDuration may end it.
+    late = replace(BASE, running=0, succeeded=0, seconds_since_dispatch=10_000.0)
+    waiting = assess(late, requeuing=requeuing, duration_limit=None)
+    assert waiting.verdict is Verdict.WAIT
+    assert waiting.recheck_after is None
+    limited = assess(late, requeuing=requeuing, duration_limit=60)
+    assert limited.verdict is Verdict.FAILED
