@@ -45,8 +45,17 @@ class Assessment:
     recheck_after: float | None = None  # seconds until a time limit may change the verdict
 
 
-def requeue_window(requeuing: Requeuing, requeue_count: int) -> float:
-    """Seconds a dispatch may take to reach minAvailable running pods, for this attempt."""
+def requeue_window(requeuing: Requeuing, requeue_count: int) -> float | None:
+    """Seconds a dispatch may take to reach minAvailable running pods, for this attempt;
+    None for no window (`timeInSeconds: 0`): it is never requeued for being slow.
+
+    A window of 0 seconds would requeue every dispatch at its first look, before any pod
+    could start: objects created and deleted in a loop. So 0 means no window, as
+    `maxTimeInSeconds: 0` means no bound. Negative values never get here (CRD minimum 0,
+    and the model refuses them).
+    """
+    if requeuing.timeInSeconds <= 0:
+        return None
     base = float(requeuing.timeInSeconds)
     if requeuing.growthType == "exponential":
         window = base * float(2 ** min(requeue_count, 30))
@@ -117,7 +126,7 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
         )
     # 5. Not enough pods within the window: requeue, or give up after maxNumRequeuings.
     window = requeue_window(requeuing, p.requeue_count)
-    if elapsed >= window:
+    if window is not None and elapsed >= window:
         message = (
             f"{active} of minAvailable {p.min_available} pods running or succeeded "
             f"{int(elapsed)}s after "
@@ -131,9 +140,9 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
                 f"{requeuing.maxNumRequeuings}",
             )
         return Assessment(Verdict.REQUEUE, Reason.PODS_NOT_RUNNING_IN_TIME, message)
-    recheck = window - elapsed
+    recheck = None if window is None else window - elapsed
     if duration_left is not None:
-        recheck = min(recheck, duration_left)
+        recheck = duration_left if recheck is None else min(recheck, duration_left)
     return Assessment(
         Verdict.WAIT,
         Reason.PODS_NOT_READY,
