@@ -76,7 +76,7 @@ class CycleState:
         return gang
 
     def usable(self, placement: Placement) -> list[ClusterSnapshot]:
-        if placement.clusters is None and not placement.match_labels:
+        if placement.anywhere:
             return self.clusters  # the usual case, without hashing the placement
         clusters = self.usable_for.get(placement)
         if clusters is None:
