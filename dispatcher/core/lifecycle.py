@@ -47,9 +47,14 @@ class Assessment:
 
 def requeue_window(requeuing: Requeuing, requeue_count: int) -> float | None:
     """Seconds a dispatch may take to reach minAvailable running pods, for this attempt;
-    None for `timeInSeconds: 0`, no window (a window of 0 s would requeue every dispatch at
-    once, deleting and recreating its objects for ever)."""
-    if requeuing.timeInSeconds == 0:
+    None for no window (`timeInSeconds: 0`): it is never requeued for being slow.
+
+    A window of 0 seconds would requeue every dispatch at its first look, before any pod
+    could start: objects created and deleted in a loop. So 0 means no window, as
+    `maxTimeInSeconds: 0` means no bound. Negative values never get here (CRD minimum 0,
+    and the model refuses them).
+    """
+    if requeuing.timeInSeconds <= 0:
         return None
     base = float(requeuing.timeInSeconds)
     if requeuing.growthType == "exponential":
@@ -121,14 +126,7 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
         )
     # 5. Not enough pods within the window: requeue, or give up after maxNumRequeuings.
     window = requeue_window(requeuing, p.requeue_count)
-    if window is None:
-        return Assessment(
-            Verdict.WAIT,
-            Reason.PODS_NOT_READY,
-            f"{active} of minAvailable {p.min_available} pods running or succeeded",
-            duration_left,
-        )
-    if elapsed >= window:
+    if window is not None and elapsed >= window:
         message = (
             f"{active} of minAvailable {p.min_available} pods running or succeeded "
             f"{int(elapsed)}s after "
@@ -142,9 +140,9 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
                 f"{requeuing.maxNumRequeuings}",
             )
         return Assessment(Verdict.REQUEUE, Reason.PODS_NOT_RUNNING_IN_TIME, message)
-    recheck = window - elapsed
+    recheck = None if window is None else window - elapsed
     if duration_left is not None:
-        recheck = min(recheck, duration_left)
+        recheck = duration_left if recheck is None else min(recheck, duration_left)
     return Assessment(
         Verdict.WAIT,
         Reason.PODS_NOT_READY,

@@ -12,6 +12,18 @@ from enum import StrEnum
 
 from dispatcher.api.resources import EMPTY, Resources
 
+PODS = "pods"
+"""The resource every pod asks one of (`core.podsets.pod_requests` adds it): a node's
+allocatable `pods` (the kubelet's max-pods, 110 by default) bounds how many pods it runs,
+whatever else they request."""
+
+ONE_POD = 1000  # one `pods`, in milli-units
+
+UNLIMITED_PODS = 10**9 * ONE_POD
+"""The `pods` the fit gives a node that reports none in its allocatable (or 0, which
+Resources cannot tell from absent): a cluster whose nodes never report it keeps working as
+if pods per node were not modelled. Larger than any count that passes validation."""
+
 
 @dataclass(frozen=True, slots=True)
 class Toleration:
@@ -157,36 +169,51 @@ class ClusterSnapshot:
     admitted: tuple[AdmittedWorkload, ...] = ()  # dispatched AppWrappers (preemption candidates)
 
 
+LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+"""The operators of a Kubernetes label selector's `matchExpressions`."""
+
+
+@dataclass(frozen=True, slots=True)
+class LabelRequirement:
+    """One `matchExpressions` entry, read as Kubernetes reads a label selector's."""
+
+    key: str
+    operator: str  # one of LABEL_OPERATORS (workloads.py refuses any other)
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.operator == "In":
+            return self.key in labels and labels[self.key] in self.values
+        if self.operator == "NotIn":  # an absent label is not in any set
+            return self.key not in labels or labels[self.key] not in self.values
+        if self.operator == "Exists":
+            return self.key in labels
+        if self.operator == "DoesNotExist":
+            return self.key not in labels
+        return False  # unknown: matches nothing rather than everything
+
+
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where an AppWrapper may go: allowed cluster names (None = any) and a label selector."""
+    """Where an AppWrapper may go: allowed cluster names (None = any) and a label selector
+    (`matchLabels` and `matchExpressions`, all of which must hold)."""
 
     clusters: frozenset[str] | None = None
     match_labels: tuple[tuple[str, str], ...] = ()
-    match_expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
-    """(key, operator, values): In, NotIn, Exists, DoesNotExist, as Kubernetes' selectors."""
+    match_expressions: tuple[LabelRequirement, ...] = ()
 
     @property
     def anywhere(self) -> bool:
+        """Whether every cluster is allowed (the usual case, checked without hashing)."""
         return self.clusters is None and not self.match_labels and not self.match_expressions
 
     def allows(self, cluster: ClusterSnapshot) -> bool:
         if self.clusters is not None and cluster.name not in self.clusters:
             return False
         labels = cluster.labels
-        if not all(labels.get(k) == v for k, v in self.match_labels):
-            return False
-        for key, operator, values in self.match_expressions:
-            present = key in labels
-            if operator == "In" and not (present and labels[key] in values):
-                return False
-            if operator == "NotIn" and present and labels[key] in values:
-                return False
-            if operator == "Exists" and not present:
-                return False
-            if operator == "DoesNotExist" and present:
-                return False
-        return True
+        return all(labels.get(k) == v for k, v in self.match_labels) and all(
+            requirement.matches(labels) for requirement in self.match_expressions
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,13 +18,66 @@ from typing import Any
 
 from dispatcher.api.quantity import QuantityError
 from dispatcher.api.resources import EMPTY, Resources
-from dispatcher.core.model import PodSet, Toleration
+from dispatcher.core.model import ONE_POD, PODS, PodSet, Toleration
 
-__all__ = ["infer_pod_sets", "inject_labels", "pod_requests", "pod_sets_from_custom"]
+__all__ = [
+    "MAX_PODS",
+    "cannot_infer",
+    "infer_pod_sets",
+    "inject_labels",
+    "pod_requests",
+    "pod_sets_from_custom",
+]
 
-# (apiVersion group, kind) of the objects whose pods we can count. A kind with another group
-# (some CRD that happens to be called "Job") asks for nothing rather than something wrong.
+MAX_PODS = 100_000
+"""Most pods one AppWrapper may make. Far more than a real gang; it refuses the absurd
+count (10^9 replicas of a pod that asks for nothing) before anything adds it up."""
+
 _APPS_KINDS = frozenset({"Deployment", "StatefulSet", "ReplicaSet"})
+
+# (API group, kind) of the objects whose pods `_infer` reads. A kind of the same name in
+# another group (some CRD that happens to be called "Job") is not one of them.
+_WORKLOAD_KINDS = frozenset(
+    {
+        ("", "Pod"),
+        *(("apps", kind) for kind in _APPS_KINDS),
+        ("batch", "Job"),
+        ("ray.io", "RayCluster"),
+        ("ray.io", "RayJob"),
+        ("ray.io", "RayService"),
+        ("kubeflow.org", "PyTorchJob"),
+    }
+)
+
+# (API group, kind) of the objects known to make no pods of their own. Any kind in neither
+# set must declare its pods (`custompodresources`, `[]` for none): counting an unknown kind
+# as zero pods would let a RayService of 100 GPU workers, or any operator's CRD, jump the
+# queue. Group-exact for the same reason: a Knative `Service` makes pods.
+_PODLESS_KINDS = frozenset(
+    {
+        ("", "ConfigMap"),
+        ("", "Endpoints"),
+        ("", "LimitRange"),
+        ("", "PersistentVolumeClaim"),
+        ("", "ResourceQuota"),
+        ("", "Secret"),
+        ("", "Service"),
+        ("", "ServiceAccount"),
+        ("discovery.k8s.io", "EndpointSlice"),
+        ("extensions", "Ingress"),
+        ("extensions", "NetworkPolicy"),
+        ("networking.k8s.io", "Ingress"),
+        ("networking.k8s.io", "NetworkPolicy"),
+        ("policy", "PodDisruptionBudget"),
+        ("rbac.authorization.k8s.io", "Role"),
+        ("rbac.authorization.k8s.io", "RoleBinding"),
+        ("route.openshift.io", "Route"),
+        ("scheduling.sigs.k8s.io", "PodGroup"),
+        ("scheduling.volcano.sh", "PodGroup"),
+        ("scheduling.x-k8s.io", "PodGroup"),
+    }
+)
+_KNOWN_NAMES = frozenset(kind for _, kind in _WORKLOAD_KINDS | _PODLESS_KINDS)
 
 
 def _group(template: Mapping[str, Any]) -> str | None:
@@ -98,7 +151,10 @@ def pod_requests(spec: Mapping[str, Any], *, where: str) -> Resources:
     As Kubernetes computes it: the sum of the containers (and of restartable "sidecar" init
     containers, which keep running beside them), or, if larger per resource, what the init
     phase needs at its peak (each ordinary init container runs alone, beside the sidecars
-    started before it); plus the pod `overhead` (set by a RuntimeClass).
+    started before it); plus the pod `overhead` (set by a RuntimeClass); plus `pods: 1`,
+    the pod's place among the node's allocatable `pods`. Both the pods the dispatcher
+    expects (pod sets) and the live pods it counts (capacity cache) come from here, so the
+    two always agree.
     """
     containers = _containers(spec, "containers", where=where)
     init_containers = _containers(spec, "initContainers", where=where)
@@ -119,7 +175,17 @@ def pod_requests(spec: Mapping[str, Any], *, where: str) -> Resources:
         overhead = Resources.parse(_mapping(spec.get("overhead")))
     except QuantityError as exc:
         raise QuantityError(f"{where} overhead: {exc}") from None
-    return result + overhead
+    return _one_pod(result + overhead)
+
+
+def _one_pod(requests: Resources) -> Resources:
+    """`requests` asking for exactly one pod (containers cannot request `pods`; a
+    declaration that names it is overridden: a pod is one pod)."""
+    if requests.get(PODS) == ONE_POD:
+        return requests
+    items = dict(requests.items())
+    items[PODS] = ONE_POD
+    return Resources(items)
 
 
 def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
@@ -195,6 +261,10 @@ def _infer(template: Mapping[str, Any]) -> Iterator[PodSet | None]:
         yield _pod_set(spec.get("template"), count=pods, name=name)
     elif _is(template, "RayCluster", "ray.io"):
         yield from _ray_cluster_pod_sets(spec, name=name)
+    elif _is(template, "RayService", "ray.io"):
+        # The serving cluster. During a zero-downtime upgrade KubeRay runs a second cluster
+        # beside it for a while; that one is not counted (the gang is what must start at once).
+        yield from _ray_cluster_pod_sets(_mapping(spec.get("rayClusterConfig")), name=name)
     elif _is(template, "RayJob", "ray.io"):
         # The RayJob's submitter pod (the one that runs `ray job submit`) is not counted: it is
         # created only once the cluster is up, is small, and KubeRay makes it outside the gang.
@@ -211,17 +281,34 @@ def _infer(template: Mapping[str, Any]) -> Iterator[PodSet | None]:
                 replica_spec.get("replicas"), default=1, where=where, field_name="replicas"
             )
             yield _pod_set(replica_spec.get("template"), count=replicas, name=where)
-    # Any other kind (Service, ConfigMap, Secret, PodGroup, ...) makes no pods.
+    # Any other kind makes none that we know of: see `cannot_infer`.
+
+
+def cannot_infer(template: Mapping[str, Any]) -> str | None:
+    """Why the pods of this object cannot be inferred, or None when `infer_pod_sets` knows
+    them (a workload kind it reads, or a kind known to make no pods). An object of which it
+    is said must declare its pods in `custompodresources`."""
+    kind = template.get("kind")
+    group = _group(template)
+    if group is None:  # no apiVersion: validation says so; any group of a known name
+        if kind in _KNOWN_NAMES:
+            return None
+    elif (group, kind) in _WORKLOAD_KINDS or (group, kind) in _PODLESS_KINDS:
+        return None
+    what = f"{kind} ({template.get('apiVersion')})" if kind in _KNOWN_NAMES else f"{kind}"
+    return f"kind {what}: cannot infer its pods; declare them in custompodresources"
 
 
 def infer_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
-    """The pods a wrapped object will make, as pod sets; () for kinds that make no pods.
+    """The pods a wrapped object will make, as pod sets; () for kinds that make none and for
+    kinds it cannot read (`cannot_infer` tells those apart).
 
     Supported: Pod; Deployment, StatefulSet, ReplicaSet (spec.replicas, default 1); Job
-    (parallelism, default 1, capped by completions); RayCluster and RayJob (ray.io, any
-    version: the head plus every worker group); PyTorchJob (kubeflow.org: every replica
-    type). Node affinity and topology spread are not modelled, only nodeSelector and
-    tolerations. Raises QuantityError naming the object and container on malformed input.
+    (parallelism, default 1, capped by completions); RayCluster, RayJob (spec.rayClusterSpec)
+    and RayService (spec.rayClusterConfig) (ray.io, any version: the head plus every worker
+    group); PyTorchJob (kubeflow.org: every replica type). Node affinity and topology spread
+    are not modelled, only nodeSelector and tolerations. Every pod asks for `pods: 1`.
+    Raises QuantityError naming the object and container on malformed input.
     """
     return tuple(p for p in _infer(template) if p is not None)
 
@@ -230,7 +317,8 @@ def pod_sets_from_custom(custompodresources: list[dict[str, Any]]) -> tuple[PodS
     """Pod sets from MCAD's `custompodresources` ({replicas, requests, limits} each).
 
     A request that is absent falls back to the limit of the same resource; `replicas`
-    defaults to 1. These pods carry no placement constraints (MCAD's field has none).
+    defaults to 1; each pod asks for `pods: 1` as inferred ones do. These pods carry no
+    placement constraints (MCAD's field has none).
     """
     result: list[PodSet] = []
     for index, entry in enumerate(custompodresources):
@@ -238,7 +326,7 @@ def pod_sets_from_custom(custompodresources: list[dict[str, Any]]) -> tuple[PodS
         if not isinstance(entry, Mapping):
             raise QuantityError(f"{where}: must be an object with replicas, requests, limits")
         replicas = _count(entry.get("replicas"), default=1, where=where, field_name="replicas")
-        requests = _effective_requests(entry, label=where)
+        requests = _one_pod(_effective_requests(entry, label=where))
         if replicas:
             result.append(PodSet(count=replicas, requests=requests, name=where))
     return tuple(result)

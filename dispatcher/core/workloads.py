@@ -10,10 +10,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from dispatcher.api.models import AppWrapper, GenericItem, parse_time
+from dispatcher.api.models import (
+    AppWrapper,
+    GenericItem,
+    LabelSelectorRequirement,
+    parse_time,
+)
 from dispatcher.api.quantity import QuantityError
-from dispatcher.core.model import Placement, PodSet, Workload, pod_count, total_requests
-from dispatcher.core.podsets import infer_pod_sets, pod_sets_from_custom
+from dispatcher.core.model import (
+    LABEL_OPERATORS,
+    LabelRequirement,
+    Placement,
+    PodSet,
+    Workload,
+    pod_count,
+    total_requests,
+)
+from dispatcher.core.podsets import (
+    MAX_PODS,
+    cannot_infer,
+    infer_pod_sets,
+    pod_sets_from_custom,
+)
 from dispatcher.core.validation import (
     DEFAULT_CLUSTER_SCOPED,
     bounded_message,
@@ -30,11 +48,18 @@ def item_pod_sets(item: GenericItem) -> tuple[PodSet, ...]:
     """The pods an item will make.
 
     `custompodresources` (MCAD's declaration) is used as given unless the object is of a kind
-    whose pods we can read and they ask for more of some resource in total: then the pods'
-    own requests are what the scheduler will see, and reserving less would let the dispatcher
-    start a gang whose pods cannot all be placed.
+    whose pods we can read and they ask for more of some resource in total (`pods`, their
+    number, included): then the pods' own requests are what the scheduler will see, and
+    reserving less would let the dispatcher start a gang whose pods cannot all be placed.
+    An object whose pods cannot be read must declare them (an empty list declares none):
+    raises QuantityError, never counts it as no pods.
     """
     inferred = infer_pod_sets(item.generictemplate)
+    if item.custompodresources is None:
+        unreadable = cannot_infer(item.generictemplate)
+        if unreadable is not None:
+            raise QuantityError(unreadable)
+        return inferred
     if not item.custompodresources:
         return inferred
     declared = pod_sets_from_custom(
@@ -45,43 +70,43 @@ def item_pod_sets(item: GenericItem) -> tuple[PodSet, ...]:
     return declared
 
 
-def placement_of(aw: AppWrapper) -> Placement:
+def _requirement(index: int, expression: LabelSelectorRequirement) -> LabelRequirement:
+    """One matchExpressions entry, checked as the API server checks a label selector's."""
+    where = f"schedulingSpec.clusterScheduling.clusterSelector.matchExpressions[{index}]"
+    operator, values = expression.operator, expression.values
+    if operator not in LABEL_OPERATORS:
+        raise ValueError(
+            f"{where}: operator {operator!r} is not one of {', '.join(LABEL_OPERATORS)}"
+        )
+    if operator in ("In", "NotIn") and not values:
+        raise ValueError(f"{where}: operator {operator} needs at least one value")
+    if operator in ("Exists", "DoesNotExist") and values:
+        raise ValueError(f"{where}: operator {operator} takes no values")
+    return LabelRequirement(key=expression.key, operator=operator, values=frozenset(values))
+
+
+def placement_of(aw: AppWrapper) -> Placement | InvalidSpec:
+    """Where the AppWrapper may go; InvalidSpec for a cluster selector that cannot be read."""
     scheduling = aw.spec.schedulingSpec.clusterScheduling
     if scheduling is None:
         return Placement()
     clusters = frozenset(c.name for c in scheduling.clusters) or None
     labels: tuple[tuple[str, str], ...] = ()
-    expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
-    if scheduling.clusterSelector is not None:
-        labels = tuple(sorted(scheduling.clusterSelector.matchLabels.items()))
-        expressions = tuple(
-            (e.key, e.operator, tuple(e.values))
-            for e in scheduling.clusterSelector.matchExpressions
-        )
-    return Placement(clusters=clusters, match_labels=labels, match_expressions=expressions)
-
-
-SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
-
-
-def selector_errors(aw: AppWrapper) -> list[str]:
-    """What is wrong with the clusterSelector's matchExpressions, as Kubernetes checks them."""
-    scheduling = aw.spec.schedulingSpec.clusterScheduling
-    if scheduling is None or scheduling.clusterSelector is None:
-        return []
-    errors = []
-    where = "schedulingSpec.clusterScheduling.clusterSelector.matchExpressions"
-    for index, expression in enumerate(scheduling.clusterSelector.matchExpressions):
-        if expression.operator not in SELECTOR_OPERATORS:
-            errors.append(
-                f"{where}[{index}]: operator {expression.operator!r} is not one of "
-                + ", ".join(SELECTOR_OPERATORS)
-            )
-        elif expression.operator in ("In", "NotIn") and not expression.values:
-            errors.append(f"{where}[{index}]: operator {expression.operator} needs values")
-        elif expression.operator in ("Exists", "DoesNotExist") and expression.values:
-            errors.append(f"{where}[{index}]: operator {expression.operator} takes no values")
-    return errors
+    expressions: list[LabelRequirement] = []
+    selector = scheduling.clusterSelector
+    if selector is not None:
+        labels = tuple(sorted(selector.matchLabels.items()))
+        errors = []
+        for index, expression in enumerate(selector.matchExpressions):
+            try:
+                expressions.append(_requirement(index, expression))
+            except ValueError as exc:
+                errors.append(str(exc))
+        if errors:
+            return InvalidSpec("; ".join(errors))
+    # Sorted, so that the same selector written in another order is the same placement.
+    ordered = tuple(sorted(expressions, key=lambda r: (r.key, r.operator, sorted(r.values))))
+    return Placement(clusters=clusters, match_labels=labels, match_expressions=ordered)
 
 
 def _timestamp(text: str | None, default: datetime) -> float:
@@ -108,7 +133,10 @@ def workload_of(
         allowed_kinds=allowed_kinds,
         cluster_scoped_kinds=DEFAULT_CLUSTER_SCOPED,
     )
-    errors += selector_errors(aw)
+    placement = placement_of(aw)
+    if isinstance(placement, InvalidSpec):
+        errors.append(placement.message)
+        placement = Placement()
     if errors:
         # Items past the limits are not read further: their pod sets could be costly.
         return InvalidSpec(bounded_message(list(dict.fromkeys(errors))))
@@ -121,6 +149,11 @@ def workload_of(
     if errors:
         return InvalidSpec(bounded_message(list(dict.fromkeys(errors))))
     sets = tuple(pod_sets)
+    if pod_count(sets) > MAX_PODS:
+        # Refused here, before the scheduler adds it up or tries to place it.
+        return InvalidSpec(
+            f"the items make {pod_count(sets)} pods; an AppWrapper may make at most {MAX_PODS}"
+        )
     min_available = aw.spec.schedulingSpec.minAvailable
     if min_available is not None and min_available > pod_count(sets):
         return InvalidSpec(
@@ -149,7 +182,7 @@ def workload_of(
         priority=priority,
         created_at=created,
         pod_sets=sets,
-        placement=placement_of(aw),
+        placement=placement,
         queued_since=queued_since,
         preemptible=aw.spec.preemptible,
     )

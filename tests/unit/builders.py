@@ -8,6 +8,8 @@ from typing import Any
 
 from dispatcher.api.resources import Resources
 from dispatcher.core.model import (
+    ONE_POD,
+    PODS,
     AdmittedWorkload,
     ClusterSnapshot,
     NodeState,
@@ -49,10 +51,15 @@ def node(
     taints: tuple[Taint, ...] = (),
     ready: bool = True,
     unschedulable: bool = False,
+    max_pods: int | None = None,
 ) -> NodeState:
+    """A node; `max_pods` None reports no allocatable `pods` (any number fits)."""
+    allocatable = res(cpu=cpu, memory=memory, gpu=gpu)
+    if max_pods is not None:
+        allocatable = allocatable + {PODS: max_pods * ONE_POD}
     return NodeState(
         name=name,
-        allocatable=res(cpu=cpu, memory=memory, gpu=gpu),
+        allocatable=allocatable,
         requested=used if used is not None else Resources(),
         labels=dict(labels or {}),
         taints=taints,
@@ -71,9 +78,10 @@ def pods(
     selector: Mapping[str, str] | None = None,
     tolerations: tuple[Toleration, ...] = (),
 ) -> PodSet:
+    """`count` pods, each asking for one `pods` besides the rest, as inferred ones do."""
     return PodSet(
         count=count,
-        requests=res(cpu=cpu, memory=memory, gpu=gpu),
+        requests=res(cpu=cpu, memory=memory, gpu=gpu) + {PODS: ONE_POD},
         node_selector=tuple(sorted((selector or {}).items())),
         tolerations=tolerations,
         name=name,

@@ -27,6 +27,9 @@ from hypothesis import strategies as st
 
 from dispatcher.api.resources import Resources
 from dispatcher.core.model import (
+    ONE_POD,
+    PODS,
+    UNLIMITED_PODS,
     AdmittedWorkload,
     ClusterSnapshot,
     NodeState,
@@ -72,7 +75,8 @@ def _pod_sets(rng: random.Random, name: str) -> tuple[PodSet, ...]:
         result.append(
             PodSet(
                 count=rng.choice([1, 1, 2, 3, 4, 8]),
-                requests=_resources(rng.choice([0.5, 1, 2, 4, 8]), rng.choice([1, 2, 8, 32]), gpu),
+                requests=_resources(rng.choice([0.5, 1, 2, 4, 8]), rng.choice([1, 2, 8, 32]), gpu)
+                + {PODS: ONE_POD},
                 node_selector=(("zone", zone),) if zone else (),
                 tolerations=(TOLERATE,) if gpu or rng.random() < 0.1 else (),
                 name=f"Job/{name} {index}",
@@ -90,6 +94,11 @@ def random_cluster(rng: random.Random, name: str, nodes: int, reservations: int)
         allocatable = _resources(32, 128, 8) if gpu_node else _resources(16, 64)
         busy = rng.uniform(0.3, 1.0)
         used = Resources({r: int(v * busy * rng.uniform(0.8, 1.0)) for r, v in allocatable.items()})
+        # Some nodes run few pods (`pods` binds before cpu does), some do not say.
+        max_pods = rng.choice([None, None, 4, 8, 110])
+        if max_pods is not None:
+            allocatable = allocatable + {PODS: max_pods * ONE_POD}
+            used = used + {PODS: int(max_pods * busy) * ONE_POD}
         node_states.append(
             NodeState(
                 name=node_name,
@@ -170,15 +179,25 @@ def random_pending(rng: random.Random, count: int, clusters: list[str]) -> list[
 # -- placements against a plain best fit ---------------------------------------------------
 
 
+def ranked(requests: dict[str, int] | Resources) -> dict[str, int]:
+    """What ranks nodes by room and pods by size: all but `pods`, unless it is alone."""
+    others = {r: v for r, v in requests.items() if r != PODS and v > 0}
+    return others or {r: v for r, v in requests.items() if v > 0}
+
+
 class PlainState:
     """Best fit written out plainly: exact rooms, every candidate node sorted each time."""
 
     def __init__(self, snapshot: ClusterSnapshot) -> None:
         self.nodes = [n for n in snapshot.nodes if n.schedulable]
-        self.free = [dict(n.allocatable - n.requested) for n in self.nodes]
+        # A node that does not report `pods` takes any number of pods.
+        allocatable = [
+            n.allocatable + {PODS: UNLIMITED_PODS * (PODS not in n.allocatable)} for n in self.nodes
+        ]
+        self.free = [dict(a - n.requested) for a, n in zip(allocatable, self.nodes, strict=True)]
         self.capacity: dict[str, int] = {}
-        for node in self.nodes:
-            for resource, value in node.allocatable.items():
+        for node_allocatable in allocatable:
+            for resource, value in node_allocatable.items():
                 self.capacity[resource] = self.capacity.get(resource, 0) + value
         self.total: dict[str, int] = {}
         for free in self.free:
@@ -213,7 +232,7 @@ class PlainState:
     def largest_first(self, pod_sets: tuple[PodSet, ...]) -> list[int]:
         def share(index: int) -> float:
             largest = 0.0
-            for resource, value in pod_sets[index].requests.items():
+            for resource, value in ranked(pod_sets[index].requests).items():
                 cap = self.capacity.get(resource, 0)
                 largest = max(largest, value / cap if cap > 0 else math.inf)
             return largest
@@ -249,7 +268,7 @@ class PlainState:
                 if node.admits(pod_set)
                 and all(self.free[i].get(r, 0) >= v for r, v in request.items())
             ]
-            candidates.sort(key=lambda i: (self.room(i, sorted(request)), i))
+            candidates.sort(key=lambda i: (self.room(i, sorted(ranked(request))), i))
             remaining = pod_set.count
             for node in candidates:
                 if not remaining:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from pydantic import ValidationError
 
 from dispatcher.api.models import Reason, Requeuing
 from dispatcher.core.lifecycle import Progress, Verdict, assess, requeue_window
@@ -186,15 +187,47 @@ def test_waiting_message_counts_succeeded_pods() -> None:
     assert result.message == "2 of minAvailable 3 pods running or succeeded"
 
 
-@pytest.mark.parametrize("growth", ["exponential", "linear", "none"])
-def test_time_in_seconds_zero_means_no_window_never_a_requeue(growth: str) -> None:
-    requeuing = Requeuing(timeInSeconds=0, growthType=growth)
-    assert requeue_window(requeuing, 3) is None
-    # Long after dispatch with no pod running: it waits (a 0 s window would requeue at once,
-    # deleting and recreating its objects for ever); only dispatchDuration may end it.
-    late = replace(BASE, running=0, succeeded=0, seconds_since_dispatch=10_000.0)
-    waiting = assess(late, requeuing=requeuing, duration_limit=None)
+@pytest.mark.parametrize(
+    ("growth", "count", "cap"),
+    [
+        pytest.param("exponential", 0, 0, id="exp-first"),
+        pytest.param("exponential", 7, 100, id="exp-later-capped"),
+        pytest.param("linear", 3, 0, id="linear"),
+        pytest.param("none", 0, 0, id="none"),
+    ],
+)
+def test_zero_time_means_no_requeue_window(growth: str, count: int, cap: int) -> None:
+    requeuing = Requeuing(timeInSeconds=0, growthType=growth, maxTimeInSeconds=cap)
+    assert requeue_window(requeuing, count) is None
+
+
+@pytest.mark.parametrize("elapsed", [0.0, 1.0, 86_400.0 * 365])
+def test_zero_time_never_requeues_a_slow_dispatch(elapsed: float) -> None:
+    """`timeInSeconds: 0` once requeued every dispatch at its first look (a window of 0
+    seconds), creating and deleting the objects in a loop; now it waits for good."""
+    requeuing = Requeuing(timeInSeconds=0, maxNumRequeuings=1)
+    progress = replace(BASE, seconds_since_dispatch=elapsed, requeue_count=1)
+    result = assess(progress, requeuing=requeuing, duration_limit=None)
+    assert result.verdict is Verdict.WAIT
+    assert result.reason == Reason.PODS_NOT_READY
+    assert result.recheck_after is None  # no window to look at again
+
+
+def test_zero_time_keeps_the_dispatch_duration_limit() -> None:
+    requeuing = Requeuing(timeInSeconds=0)
+    waiting = assess(BASE, requeuing=requeuing, duration_limit=30)
     assert waiting.verdict is Verdict.WAIT
-    assert waiting.recheck_after is None
-    limited = assess(late, requeuing=requeuing, duration_limit=60)
-    assert limited.verdict is Verdict.FAILED
+    assert waiting.recheck_after == pytest.approx(20)
+    late = replace(BASE, seconds_since_dispatch=31)
+    assert assess(late, requeuing=requeuing, duration_limit=30).verdict is Verdict.FAILED
+
+
+def test_zero_max_time_is_no_bound() -> None:
+    requeuing = Requeuing(timeInSeconds=10, growthType="exponential", maxTimeInSeconds=0)
+    assert requeue_window(requeuing, 4) == 160
+
+
+@pytest.mark.parametrize("field", ["timeInSeconds", "maxTimeInSeconds"])
+def test_negative_requeue_times_are_refused(field: str) -> None:
+    with pytest.raises(ValidationError):
+        Requeuing.model_validate({field: -1})

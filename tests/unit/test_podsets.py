@@ -9,7 +9,7 @@ import pytest
 
 from dispatcher.api.quantity import QuantityError
 from dispatcher.api.resources import Resources
-from dispatcher.core.model import PodSet, Toleration
+from dispatcher.core.model import ONE_POD, PODS, PodSet, Toleration
 from dispatcher.core.podsets import infer_pod_sets, inject_labels, pod_sets_from_custom
 from tests.unit.builders import (
     GPU,
@@ -32,7 +32,10 @@ GPU_WORKER = pod_spec(container(requests={"cpu": "3", "memory": "16G"}, limits={
 
 
 def counts(pod_sets: tuple[PodSet, ...]) -> list[tuple[str, int, Resources]]:
-    return [(p.name, p.count, p.requests) for p in pod_sets]
+    """(name, count, requests) per pod set; every pod asks for one `pods`, which the tables
+    leave out."""
+    assert all(p.requests[PODS] == ONE_POD for p in pod_sets)
+    return [(p.name, p.count, p.requests - {PODS: ONE_POD}) for p in pod_sets]
 
 
 INFERENCE_CASES: list[Any] = [

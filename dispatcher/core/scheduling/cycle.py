@@ -144,8 +144,7 @@ def schedule(
         # priority; without a policy it plays no part).
         priority = None if preemption is None else workload.priority
         placement = workload.placement
-        anywhere = placement.anywhere  # (not hashed)
-        question = (gang.shape, None if anywhere else placement, priority)
+        question = (gang.shape, None if placement.anywhere else placement, priority)
         known = cycle.known_refusal(question)
         chosen: Preempt | None = None
         if known is not None:

@@ -32,7 +32,15 @@ from itertools import islice
 
 from dispatcher.api.quantity import format_milli
 from dispatcher.api.resources import Resources
-from dispatcher.core.model import ClusterSnapshot, NodeState, PodSet, Reservation, Toleration
+from dispatcher.core.model import (
+    PODS,
+    UNLIMITED_PODS,
+    ClusterSnapshot,
+    NodeState,
+    PodSet,
+    Reservation,
+    Toleration,
+)
 
 __all__ = ["ClusterState", "Gang", "NodeAssignment", "Placed", "Refusal"]
 
@@ -169,6 +177,13 @@ class ClusterState:
         self.names = [n.name for n in self.nodes]
         self.unschedulable = len(snapshot.nodes) - len(self.nodes)
         self.allocatable = Resources.columns([n.allocatable for n in self.nodes])
+        if self.nodes:
+            # Every pod asks for `pods: 1`; a node that does not report how many it runs
+            # takes any number, so a cluster whose nodes never say stays as it was.
+            pods = self.allocatable.setdefault(PODS, [0] * len(self.nodes))
+            for index, value in enumerate(pods):
+                if value <= 0:
+                    pods[index] = UNLIMITED_PODS
         self.capacity = {r: sum(column) for r, column in self.allocatable.items()}
         # Free room per resource, one integer per schedulable node.
         self.free: dict[str, list[int]] = {r: list(c) for r, c in self.allocatable.items()}
@@ -375,7 +390,7 @@ class ClusterState:
 
             def share(index: int) -> float:
                 largest = 0.0
-                for resource, value in gang.requests[index]:
+                for resource, value in _ranked(gang.requests[index]):
                     capacity = self.capacity.get(resource, 0)
                     largest = max(largest, value / capacity if capacity > 0 else math.inf)
                 return largest
@@ -396,16 +411,19 @@ class ClusterState:
 
     def _step(self, pod_set: PodSet, asked: Requests) -> _Step:
         """How pods of this size and these constraints are placed (worked out once)."""
-        order = self._order(pod_set, asked)
+        ranked = _ranked(asked)
+        order = self._order(pod_set, ranked)
         # A node that holds one pod has at least this room: the walk starts there.
-        floor = sum(value * m for (_, value), m in zip(asked, order.multipliers, strict=True))
-        columns = list(zip(order.columns, [value for _, value in asked], strict=True))
+        floor = sum(value * m for (_, value), m in zip(ranked, order.multipliers, strict=True))
+        # Whether a node holds them is decided by every resource asked, `pods` too.
+        columns = [(self.free_column(resource), value) for resource, value in asked]
         # Nodes known to hold no pod of this size: room only shrinks as pods are placed,
         # so they stay full until room comes back to them (see `_moved`).
         full = self._full.setdefault(asked, set())
         return (order, (floor, -1), columns, full)
 
     def _order(self, pod_set: PodSet, asked: Requests) -> _Order:
+        """The nodes ranked by their room in the resources `asked` (see `_ranked`)."""
         resources = tuple(r for r, _ in asked)
         key = (resources, (pod_set.node_selector, pod_set.tolerations))
         order = self._orders.get(key)
@@ -427,9 +445,13 @@ class ClusterState:
         # holds those amounts (None for the others), so room taken elsewhere keeps it.
         free = self.free_total
         short = tuple(
-            free.get(r, 0) if value > free.get(r, 0) else None for r, value in gang.totals
+            # With no schedulable node there is no `pods` to count: say that instead.
+            free.get(r, 0) if value > free.get(r, 0) and (r != PODS or self.nodes) else None
+            for r, value in gang.totals
         )
         known = self._shortfalls.get((gang.totals, short))
+        if known is None and all(have is None for have in short):
+            known = self._shortfalls[(gang.totals, short)] = self._no_nodes()
         if known is None:
             clauses = [
                 f"needs {_amount(r, value)}, free {_amount_of(r, have)} of "
@@ -474,16 +496,25 @@ class ClusterState:
         pod_set = gang.pod_sets[index]
         # Nodes that have none of a requested resource hold no room for it: a node that
         # has them all and room for a bit of a pod is the roomiest.
-        order = self._order(pod_set, asked)
+        order = self._order(pod_set, _ranked(asked))
         ratio, node = roomiest(order.nodes) if order.nodes else (0.0, -1)
         if ratio <= 0:
             ratio, node = roomiest(self._admitting_nodes(pod_set))
-        room = ", ".join(_amount(r, self.free[r][node]) for r, _ in asked)
+        # `pods` is named only when it is what that node lacks (or all the pod asks for):
+        # every pod asks for one, and saying so in every message would only add noise.
+        shown = [
+            (r, value)
+            for r, value in asked
+            if r != PODS or self.free[r][node] < value or len(asked) == 1
+        ]
+        room = ", ".join(_amount(r, self.free[r][node]) for r, _ in shown)
+        names = {r for r, _ in shown}
+        requests = Resources({r: v for r, v in pod_set.requests.items() if r in names})
         total = sum(max(p.count, 0) for p in gang.pod_sets)
         after = f" after placing {placed} of {total} pods" if placed else ""
         return Refusal(
             f"resources free in total but no node can hold pod {POD} "
-            f"({pod_set.requests.describe()}){after}: "
+            f"({requests.describe()}){after}: "
             f"largest free on a node is {room} ({self.names[node]})",
             index,
         )
@@ -515,6 +546,14 @@ class ClusterState:
         if not clauses:
             return None
         return Refusal("; ".join(clauses) + f" on the {len(nodes)} nodes its pods may use")
+
+
+def _ranked(asked: Requests) -> Requests:
+    """The requests that rank nodes by room (best fit) and pod sets by size: all but
+    `pods`, unless a pod asks for nothing else. Every pod asks for one `pods`, and counting
+    it would reorder nodes the other resources tie on."""
+    ranked = tuple(item for item in asked if item[0] != PODS)
+    return ranked or asked
 
 
 def _amount_of(resource: str, milli: int) -> str:
