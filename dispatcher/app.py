@@ -10,7 +10,6 @@ import base64
 import contextlib
 import os
 import signal
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,7 +20,7 @@ from dispatcher import health, metrics
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.manager import Manager
-from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.client import KubeClient, ResourceInfo, replica_identity
 from dispatcher.kube.leader import LeaderElector
 
 LOCAL_MEMBER = "local"
@@ -136,7 +135,7 @@ async def serve_forever(config: Config) -> None:
             dispatcher.hub,
             namespace=config.lease_namespace,
             name=config.lease_name,
-            identity=f"{socket.gethostname()}-{os.getpid()}",
+            identity=replica_identity(),
             lease_duration=config.lease_duration_seconds,
             renew_deadline=config.lease_renew_deadline_seconds,
             retry_period=config.lease_retry_period_seconds,

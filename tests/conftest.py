@@ -37,7 +37,9 @@ def cluster(cluster_workdir: Path) -> Iterator[LocalCluster | ExistingCluster]:
     if existing:
         yield ExistingCluster("existing", Path(existing))
         return
-    started = LocalCluster.start("hub", cluster_workdir, kuberay=True)
+    # Audited: the leader-election test checks, from the API server's side, whose writes it
+    # accepted and when.
+    started = LocalCluster.start("hub", cluster_workdir, kuberay=True, audit=True)
     try:
         yield started
     finally:

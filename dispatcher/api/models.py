@@ -14,6 +14,8 @@ and raises `QuantityError` naming the resource and value.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
@@ -137,13 +139,36 @@ class GenericItem(_Model):
 
     def ref(self) -> WrappedRef:
         """Which object this item makes (its name as written; the namespace is always the
-        AppWrapper's)."""
+        AppWrapper's), with the fingerprint of its content."""
         template = self.generictemplate
         return WrappedRef(
             apiVersion=str(template.get("apiVersion") or ""),
             kind=str(template.get("kind") or ""),
             name=str((template.get("metadata") or {}).get("name") or ""),
+            digest=self.digest(),
         )
+
+    def digest(self) -> str:
+        """A short fingerprint of what this item creates and declares. Recorded at dispatch,
+        so that an edit of its content afterwards is seen: the object created would no
+        longer be the one that was fitted (fewer pods declared than run is an overcommit).
+        A template that cannot be serialised (nested too deep) gets one that matches no
+        recorded fingerprint."""
+        declared = None
+        if self.custompodresources is not None:
+            declared = [
+                c.model_dump(mode="json", exclude_unset=True) for c in self.custompodresources
+            ]
+        content = {
+            "template": self.generictemplate,
+            "declared": declared,
+            "completion": self.completionstatus,
+        }
+        try:
+            text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
+        except (RecursionError, ValueError, TypeError):
+            return "unreadable"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def completion_conditions(self) -> tuple[str, ...]:
         """The condition types of the wrapped object that mean "done", e.g. ("Complete",)."""
@@ -258,10 +283,17 @@ class WrappedRef(_Model):
     apiVersion: str
     kind: str
     name: str
+    digest: str | None = None
+    """Fingerprint of the item's content at dispatch (`GenericItem.digest`); absent in
+    records written before it existed, which are then compared by identity only."""
 
     @property
     def label(self) -> str:
         return f"{self.kind}/{self.name}"
+
+    @property
+    def identity(self) -> tuple[str, str, str]:
+        return (self.apiVersion, self.kind, self.name)
 
 
 class AppWrapperStatus(_Model):

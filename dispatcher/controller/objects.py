@@ -160,21 +160,35 @@ def _build(
 def spec_change(aw: AppWrapper) -> str:
     """How the spec's objects differ from those recorded at dispatch ("" if they do not, or
     nothing was recorded): an edit after dispatch must not create objects that were never
-    validated or fitted, nor orphan the ones it renamed or removed."""
+    validated or fitted, nor orphan the ones it renamed or removed, nor leave running an
+    object whose content (its pods) is no longer what the dispatcher accounts for."""
     recorded = aw.status.dispatchedObjects if aw.status is not None else None
     if recorded is None:
         return ""
     now = [item.ref() for item in aw.spec.items]
-    if now == recorded:
-        return ""
-    gone = [r.label for r in recorded if r not in now]
-    added = [r.label for r in now if r not in recorded]
+    before = {r.identity: r for r in recorded}
+    after = {r.identity: r for r in now}
+    gone = [r.label for r in recorded if r.identity not in after]
+    added = [r.label for r in now if r.identity not in before]
+    edited = [
+        r.label
+        for r in now
+        if r.identity in before
+        and before[r.identity].digest is not None  # recorded before fingerprints existed
+        and before[r.identity].digest != r.digest
+    ]
     parts = []
     if gone:
         parts.append("removed or renamed " + ", ".join(gone[:5]))
     if added:
         parts.append("added " + ", ".join(added[:5]))
-    return "; ".join(parts) or "reordered the wrapped objects"
+    if edited:
+        parts.append("edited " + ", ".join(edited[:5]))
+    if parts:
+        return "; ".join(parts)
+    if [r.identity for r in now] != [r.identity for r in recorded]:
+        return "reordered the wrapped objects"
+    return ""
 
 
 def dispatched_objects(aw: AppWrapper, *, owner_reference: bool) -> list[Wrapped]:

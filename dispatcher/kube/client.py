@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import asyncio.sslproto
 import json
+import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -27,6 +29,7 @@ import aiohttp
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
+from dispatcher import __version__
 from dispatcher.kube.errors import (
     KubeError,
     NotFound,
@@ -189,6 +192,17 @@ def _resource_of(path: str) -> str:
     return parts[3] if len(parts) > 3 else "/".join(parts)
 
 
+def replica_identity() -> str:
+    """This process among the dispatcher's replicas: the Lease's holderIdentity and the comment
+    in every request's User-Agent, so that the API server's audit log tells apart the writes
+    of each replica (a check that two never lead at once needs exactly that)."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def user_agent() -> str:
+    return f"appwrapper-dispatcher/{__version__} ({replica_identity()})"
+
+
 class KubeClient:
     """JSON over REST to one API server. Create with `connect()`; `close()` when done."""
 
@@ -208,6 +222,7 @@ class KubeClient:
         self._host = str(configuration.host).rstrip("/")
         self._limiter = RateLimiter(qps, burst or max(1, int(qps * 2)))
         self._timeout = request_timeout
+        self._agent = user_agent()
         self._resources: OrderedDict[str, dict[str, ResourceInfo]] = OrderedDict()
         """group-version -> kind -> info, least recently used first (DISCOVERY_LIMIT)."""
         self._missing: OrderedDict[str, float] = OrderedDict()
@@ -253,7 +268,7 @@ class KubeClient:
         return self._host
 
     async def _headers(self, content_type: str = JSON) -> dict[str, str]:
-        headers = {"Accept": JSON, "Content-Type": content_type}
+        headers = {"Accept": JSON, "Content-Type": content_type, "User-Agent": self._agent}
         for setting in (await self._cfg.auth_settings()).values():
             headers[setting["key"]] = setting["value"]
         return headers

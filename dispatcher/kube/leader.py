@@ -86,6 +86,7 @@ class LeaderElector:
         self._observed: tuple[str, ...] | None = None
         self._observed_at = 0.0
         """Monotonic time this process saw the record as `_observed` for the first time."""
+        self._holder_seen = ""
         self._renewed_at: float | None = None
         """Monotonic time the last attempt that left us holding the lease was started."""
         self.lost = False
@@ -97,6 +98,12 @@ class LeaderElector:
 
     def _observe(self, lease: dict[str, Any]) -> None:
         record = _record(lease)
+        holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
+        if holder != self._holder_seen and holder and holder != self.identity:
+            # Once per holder: which replica a standby waits on (operators, and tests that
+            # need the standby to have read the Lease, look for it).
+            self.log.info("standing_by", holder=holder)
+        self._holder_seen = holder
         if record != self._observed:
             self._observed = record
             self._observed_at = self.clock.monotonic()

@@ -239,6 +239,18 @@ class ExistingCluster(KubectlMixin):
         """Nothing to stop: the cluster is not ours."""
 
 
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "verbs": ["get", "list", "watch"]},
+        {"level": "Metadata"},
+    ],
+}
+"""Writes only: reads are most of the traffic and no test asks who read what."""
+
+
 @dataclass
 class LocalCluster(KubectlMixin):
     """One control plane on loopback. Create with `LocalCluster.start(...)`; `stop()` kills it."""
@@ -261,6 +273,7 @@ class LocalCluster(KubectlMixin):
         binaries: Binaries | None = None,
         kuberay: bool = False,
         api_qps: int = 0,
+        audit: bool = False,
         timeout: float = 120,
     ) -> LocalCluster:
         binaries = binaries or ensure_binaries()
@@ -279,7 +292,7 @@ class LocalCluster(KubectlMixin):
             kubectl_path=binaries.kubectl,
         )
         try:
-            cluster._start_all(api_port=api_port, kuberay=kuberay, timeout=timeout)
+            cluster._start_all(api_port=api_port, kuberay=kuberay, audit=audit, timeout=timeout)
         except BaseException:
             cluster.stop()
             raise
@@ -287,7 +300,7 @@ class LocalCluster(KubectlMixin):
 
     # -- start-up -------------------------------------------------------------------------
 
-    def _start_all(self, *, api_port: int, kuberay: bool, timeout: float) -> None:
+    def _start_all(self, *, api_port: int, kuberay: bool, audit: bool, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         work = self.workdir
         (work / "tokens.csv").write_text(f'{self.token},admin,admin,"system:masters"\n')
@@ -335,6 +348,7 @@ class LocalCluster(KubectlMixin):
                 "--endpoint-reconciler-type=none",
                 "--max-requests-inflight=800",
                 "--max-mutating-requests-inflight=400",
+                *(self._audit_flags() if audit else []),
             ],
         )
         self._wait_http(f"{self.server}/readyz", "kube-apiserver", deadline, token=self.token)
@@ -465,6 +479,28 @@ class LocalCluster(KubectlMixin):
             if time.monotonic() > deadline:
                 raise ClusterStartError(f"namespace default never appeared in {self.name}")
             time.sleep(0.2)
+
+    def _audit_flags(self) -> list[str]:
+        """Every write, at Metadata level (who, what, when, answer), to logs/audit.log."""
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(json.dumps(AUDIT_POLICY))
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.workdir / 'logs' / 'audit.log'}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+        ]
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """The audit log so far (empty unless started with `audit=True`)."""
+        path = self.workdir / "logs" / "audit.log"
+        if not path.exists():
+            return []
+        events = []
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                events.append(json.loads(line))
+        return events
 
     # -- life ---------------------------------------------------------------------------
 

@@ -6,9 +6,11 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import pytest
 import yaml
@@ -26,6 +28,27 @@ def _holder(cluster, namespace: str) -> str:
     if out.returncode != 0:
         return ""
     return str(json.loads(out.stdout)["spec"].get("holderIdentity") or "")
+
+
+def _accepted_writes(cluster, pid: int) -> list[tuple[datetime, datetime]]:
+    """(received, answered) of each write the API server accepted from the replica `pid`."""
+    agent = f"({socket.gethostname()}-{pid})"
+    found = []
+    for event in cluster.audit_events():
+        if agent not in event.get("userAgent", "") or event.get("verb") in READS:
+            continue
+        if event.get("responseStatus", {}).get("code", 500) >= 400:
+            continue  # refused: nothing was written
+        found.append(
+            (
+                datetime.fromisoformat(event["requestReceivedTimestamp"]),
+                datetime.fromisoformat(event["stageTimestamp"]),
+            )
+        )
+    return sorted(found)
+
+
+READS = {"get", "list", "watch"}
 
 
 def test_one_leader_and_failover(cluster, namespace, appwrapper_crd, tmp_path):
@@ -138,7 +161,11 @@ def test_paused_api_server_never_leaves_two_leaders(cluster, namespace, appwrapp
             what="the first replica leads",
         )
         second = start("second")
-        time.sleep(3)  # the follower has read the lease
+        wait_until(
+            lambda: "standing_by" in [e.get("event") for e in events("second")],
+            timeout=30,
+            what="the follower has read the lease",
+        )
         applied = appwrapper("before", job("before", 1, {"cpu": "1"}))
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(applied))
         wait_until(
@@ -174,6 +201,13 @@ def test_paused_api_server_never_leaves_two_leaders(cluster, namespace, appwrapp
         assert "leader_lost" in told, told[-10:]
         after_loss = told[told.index("leader_lost") + 1 :]
         assert not {"dispatched", "preempted", "requeued"} & set(after_loss), after_loss
+        # And from the API server's side (its audit log; each replica's identity is in its
+        # User-Agent): every write it accepted from the old leader ended before the first
+        # one it accepted from the new leader began.
+        old, new = (_accepted_writes(cluster, p.pid) for p in (first, second))
+        assert old, "no write of the first replica was audited"
+        assert new, "no write of the second replica was audited"
+        assert max(end for _, end in old) < min(start for start, _ in new), (old[-3:], new[:3])
     finally:
         # While a replica still leads: it removes the finalizers.
         cluster.kubectl(

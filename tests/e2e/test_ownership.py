@@ -138,8 +138,8 @@ async def test_renaming_an_item_after_dispatch_requeues_with_the_new_spec(
         return bool(
             running is not None
             and running["status"] == "True"
-            and status.get("dispatchedObjects")
-            == [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "after"}]
+            and [(r["kind"], r["name"]) for r in status.get("dispatchedObjects") or []]
+            == [("Deployment", "after")]
         )
 
     await async_wait_until(dispatched_again_with_the_new_object, timeout=60, what="re-dispatched")
@@ -151,6 +151,24 @@ async def test_renaming_an_item_after_dispatch_requeues_with_the_new_spec(
     await async_wait_until(only_the_new_one, timeout=60, what="Deployment before deleted")
     out = await cluster.akubectl("get", "deployments", "-n", namespace, "-o", "name")
     assert out.stdout.split() == ["deployment.apps/after"]
+
+    # Its content edited (same object, three replicas): requeued again, and dispatched with it.
+    await apply(cluster, namespace, appwrapper("edited", deployment("after", 3, {"cpu": "1"})))
+
+    async def requeued_for_the_content() -> bool:
+        status = (await get_aw(cluster, namespace, "edited"))["status"]
+        requeued = next(c for c in status["conditions"] if c["type"] == "Requeued")
+        return "edited Deployment/after" in requeued["message"]
+
+    await async_wait_until(requeued_for_the_content, timeout=60, what="requeued for the edit")
+
+    async def three_replicas() -> bool:
+        out = await cluster.akubectl(
+            "get", "deployment", "after", "-n", namespace, "-o", "json", check=False
+        )
+        return out.returncode == 0 and json.loads(out.stdout)["spec"]["replicas"] == 3
+
+    await async_wait_until(three_replicas, timeout=60, what="dispatched with three replicas")
 
 
 async def test_delete_and_reapply_counts_only_the_new_appwrappers_pods(

@@ -243,8 +243,8 @@ async def test_renaming_an_item_after_dispatch_deletes_the_old_object_and_requeu
         await env.add_node("n1", cpu="8")
         await env.apply(appwrapper("a", deployment("old", 1, {"cpu": "1"})))
         await admitted(env, "a")
-        recorded = status_of(await env.get("a"))["dispatchedObjects"]
-        assert recorded == [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "old"}]
+        recorded = identities(status_of(await env.get("a"))["dispatchedObjects"])
+        assert recorded == [("apps/v1", "Deployment", "old")]
         assert [d["metadata"]["name"] for d in env.objects(*DEPLOYMENT)] == ["old"]
 
         await edit(env, "a", deployment("new", 1, {"cpu": "1"}))
@@ -261,8 +261,53 @@ async def test_renaming_an_item_after_dispatch_deletes_the_old_object_and_requeu
         await env.reconcile("a")
         assert (await env.conditions("a"))["Dispatched"] == "True"
         assert [d["metadata"]["name"] for d in env.objects(*DEPLOYMENT)] == ["new"]
-        recorded = status_of(await env.get("a"))["dispatchedObjects"]
-        assert recorded == [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "new"}]
+        recorded = identities(status_of(await env.get("a"))["dispatchedObjects"])
+        assert recorded == [("apps/v1", "Deployment", "new")]
+
+
+def identities(recorded: list[Obj]) -> list[tuple[str, str, str]]:
+    return [(r["apiVersion"], r["kind"], r["name"]) for r in recorded]
+
+
+async def test_an_item_whose_content_is_edited_after_dispatch_is_requeued_and_fitted_again() -> (
+    None
+):
+    """Shrinking a dispatched Deployment's replicas in the spec would leave the dispatcher
+    accounting for fewer pods than run: the edit is seen by the content's fingerprint."""
+    async with fake_env() as env:
+        await env.add_node("n1", cpu="8")
+        await env.apply(appwrapper("a", deployment("a", 6, {"cpu": "1"})))
+        await admitted(env, "a")
+        [before] = status_of(await env.get("a"))["dispatchedObjects"]
+        await edit(env, "a", deployment("a", 1, {"cpu": "1"}))
+        await env.reconcile("a")
+        status = status_of(await env.get("a"))
+        requeued = next(c for c in status["conditions"] if c["type"] == "Requeued")
+        assert requeued["reason"] == "SpecChanged"
+        assert "edited Deployment/a" in requeued["message"]
+        assert env.objects(*DEPLOYMENT) == []
+        await env.cycle()
+        await env.reconcile("a")
+        [made] = env.objects(*DEPLOYMENT)
+        assert made["spec"]["replicas"] == 1
+        [after] = status_of(await env.get("a"))["dispatchedObjects"]
+        assert after["digest"] != before["digest"]
+
+
+async def test_a_record_without_fingerprints_is_compared_by_identity_only() -> None:
+    """Records written before fingerprints existed: no requeue on upgrade."""
+    async with fake_env() as env:
+        await env.add_node("n1", cpu="8")
+        await env.apply(appwrapper("a", deployment("a", 1, {"cpu": "1"})))
+        await admitted(env, "a")
+        current = await env.get("a")
+        for record in current["status"]["dispatchedObjects"]:
+            del record["digest"]
+        await env.fake.replace(APPWRAPPERS, NAMESPACE, "a", current, sub="status")
+        await env.restart()
+        await env.reconcile("a")
+        assert (await env.conditions("a"))["Dispatched"] == "True"
+        assert len(env.objects(*DEPLOYMENT)) == 1
 
 
 async def test_an_item_added_after_dispatch_is_not_created_without_the_scheduler() -> None:

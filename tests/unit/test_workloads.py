@@ -82,7 +82,9 @@ def test_cluster_selector_match_expressions_are_honoured(
         pytest.param(
             {"key": "zone", "operator": "Near", "values": ["x"]}, "'Near' is not one of", id="op"
         ),
-        pytest.param({"key": "zone", "operator": "In"}, "In needs at least one value", id="in-empty"),
+        pytest.param(
+            {"key": "zone", "operator": "In"}, "In needs at least one value", id="in-empty"
+        ),
         pytest.param(
             {"key": "zone", "operator": "Exists", "values": ["x"]},
             "takes no values",
