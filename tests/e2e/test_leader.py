@@ -15,6 +15,7 @@ from datetime import datetime
 import pytest
 import yaml
 
+from dispatcher.testing.faultproxy import FaultProxy
 from dispatcher.testing.manifests import appwrapper, job
 from dispatcher.testing.waits import wait_until
 
@@ -113,33 +114,39 @@ def _has_status(cluster, namespace: str, name: str) -> bool:
     return out.returncode == 0 and bool(json.loads(out.stdout).get("status"))
 
 
-def test_paused_api_server_never_leaves_two_leaders(cluster, namespace, appwrapper_crd, tmp_path):
-    """The API server stops answering (SIGSTOP) for longer than the lease while two replicas
-    run: the leader fences itself and exits at its renew deadline, before the follower can
-    count the lease as expired; after the pause only the follower leads and writes."""
+@pytest.mark.parametrize("fault", ["paused-api-server", "429-storm"])
+def test_a_fault_longer_than_the_lease_never_leaves_two_leaders(
+    cluster, namespace, appwrapper_crd, tmp_path, fault
+):
+    """The leader cannot reach the API server for longer than the lease while a second
+    replica runs: the API server stops answering anyone (SIGSTOP), or answers only the leader
+    with 429s (a proxy in front of it). The leader fences itself and exits at its renew
+    deadline, before the follower can count the lease as expired; only then does the follower
+    lead and write, as the API server's audit log shows."""
     if not hasattr(cluster, "pause_api"):
-        pytest.skip("needs the local control plane (its API server is paused)")
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "kubeconfig": str(cluster.kubeconfig),
-                "health_port": 0,
-                "leader_election": True,
-                "lease_namespace": namespace,
-                "log_format": "json",
-                "members": [
-                    {"name": "local", "node_selector": {"appwrapper.test/pool": namespace}}
-                ],
-            }
-        )
-    )
+        pytest.skip("needs the local control plane (its API server is paused, its audit read)")
+    proxy = FaultProxy(cluster.server)
+    proxy.start()
+    settings = {
+        "health_port": 0,
+        "leader_election": True,
+        "lease_namespace": namespace,
+        "log_format": "json",
+        "members": [{"name": "local", "node_selector": {"appwrapper.test/pool": namespace}}],
+    }
+    configs = {}
+    for name, kubeconfig in (
+        ("first", proxy.kubeconfig(tmp_path / "proxied.kubeconfig", cluster.token)),
+        ("second", cluster.kubeconfig),
+    ):
+        configs[name] = tmp_path / f"{name}.yaml"
+        configs[name].write_text(yaml.safe_dump({**settings, "kubeconfig": str(kubeconfig)}))
     logs = {name: tmp_path / f"{name}.log" for name in ("first", "second")}
 
     def start(name: str) -> subprocess.Popen[bytes]:
         with logs[name].open("ab") as out:
             return subprocess.Popen(
-                [sys.executable, "-m", "dispatcher", "run", "--config", str(config)],
+                [sys.executable, "-m", "dispatcher", "run", "--config", str(configs[name])],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -151,6 +158,18 @@ def test_paused_api_server_never_leaves_two_leaders(cluster, namespace, appwrapp
             with contextlib.suppress(ValueError):
                 found.append(json.loads(line))
         return found
+
+    def fault_on() -> None:
+        if fault == "paused-api-server":
+            cluster.pause_api()
+        else:
+            proxy.storm(True)
+
+    def fault_off() -> None:
+        if fault == "paused-api-server":
+            cluster.resume_api()
+        else:
+            proxy.storm(False)
 
     first = start("first")
     second = None
@@ -173,20 +192,22 @@ def test_paused_api_server_never_leaves_two_leaders(cluster, namespace, appwrapp
             timeout=30,
             what="the leader writes status",
         )
-        cluster.pause_api()
-        paused = time.monotonic()
+        fault_on()
+        began = time.monotonic()
         try:
             # Renew deadline 10 s: the leader stops (exit 1) before the 15 s lease is over.
             assert first.wait(timeout=25) == 1
-            stopped_after = time.monotonic() - paused
-            time.sleep(max(0.0, 20 - (time.monotonic() - paused)))  # longer than the lease
+            stopped_after = time.monotonic() - began
+            time.sleep(max(0.0, 20 - (time.monotonic() - began)))  # longer than the lease
         finally:
-            cluster.resume_api()
+            fault_off()
         assert stopped_after < 15, stopped_after
+        if fault == "429-storm":
+            assert proxy.refused > 0
         wait_until(
             lambda: _holder(cluster, namespace).endswith(f"-{second.pid}"),
             timeout=40,
-            what="the follower takes over once the API server answers",
+            what="the follower takes over",
         )
         applied = appwrapper("after", job("after", 1, {"cpu": "1"}))
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(applied))
@@ -227,3 +248,4 @@ def test_paused_api_server_never_leaves_two_leaders(cluster, namespace, appwrapp
                     process.wait(15)
                 except subprocess.TimeoutExpired:
                     process.kill()
+        proxy.stop()

@@ -465,7 +465,7 @@ async def test_a_template_that_cannot_be_built_after_dispatch_fails_and_deletes(
         item = model.spec.resources.generic_items[0]
         item.generictemplate["metadata"]["ownerReferences"] = 1
         # As if dispatched with it (not an edit after dispatch, which would be requeued).
-        assert model.status is not None and model.status.dispatchedObjects is not None
+        assert model.status is not None
         model.status.dispatchedObjects = [item.ref()]
         assert (await failed_with(env, "late")).startswith("DispatchFailed: creating the wrapped")
         await deleted_cleanly(env, "late")
