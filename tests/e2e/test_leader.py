@@ -1,4 +1,9 @@
-"""Leader election: of two dispatcher processes only one dispatches; the other takes over."""
+"""Leader election: of two dispatcher processes only one dispatches; the other takes over.
+
+"Never two leaders writing" is checked from the API server's side: its audit log records
+every write it accepted, and each replica's identity (host-pid, as in the Lease) is in its
+User-Agent.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +15,28 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import yaml
 
 from dispatcher.testing.faultproxy import FaultProxy
 from dispatcher.testing.manifests import appwrapper, job
-from dispatcher.testing.waits import wait_until
+from dispatcher.testing.waits import holds_for, wait_until
 
 pytestmark = [pytest.mark.cluster]
+
+READS = {"get", "list", "watch"}
+
+# A replica whose wall clock is off by SKEW seconds (time.time() shifted in that process
+# only): what it writes into the Lease's renewTime is an hour wrong.
+SKEWED = (
+    "import runpy, sys, time; real = time.time; skew = float(sys.argv.pop(1)); "
+    "time.time = lambda: real() + skew; sys.argv[0] = 'dispatcher'; "
+    "runpy.run_module('dispatcher', run_name='__main__', alter_sys=True)"
+)
 
 
 def _holder(cluster, namespace: str) -> str:
@@ -29,6 +46,11 @@ def _holder(cluster, namespace: str) -> str:
     if out.returncode != 0:
         return ""
     return str(json.loads(out.stdout)["spec"].get("holderIdentity") or "")
+
+
+def _has_status(cluster, namespace: str, name: str) -> bool:
+    out = cluster.kubectl("get", "appwrapper", name, "-n", namespace, "-o", "json", check=False)
+    return out.returncode == 0 and bool(json.loads(out.stdout).get("status"))
 
 
 def _accepted_writes(cluster, pid: int) -> list[tuple[datetime, datetime]]:
@@ -49,203 +71,193 @@ def _accepted_writes(cluster, pid: int) -> list[tuple[datetime, datetime]]:
     return sorted(found)
 
 
-READS = {"get", "list", "watch"}
+class Replicas:
+    """Dispatcher processes with leader election on, each with its own config and log."""
 
+    def __init__(self, cluster, namespace: str, workdir: Path) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.workdir = workdir
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
-def test_one_leader_and_failover(cluster, namespace, appwrapper_crd, tmp_path):
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "kubeconfig": str(cluster.kubeconfig),
-                "health_port": 0,
-                "leader_election": True,
-                "lease_namespace": namespace,
-                # Only this test's (absent) nodes: the processes must not dispatch anyone's work.
-                "members": [
-                    {"name": "local", "node_selector": {"appwrapper.test/pool": namespace}}
-                ],
-            }
-        )
-    )
-    log = (tmp_path / "dispatchers.log").open("ab")
-
-    def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "dispatcher", "run", "--config", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
-    first = start()
-    second = None
-    try:
-        holder = wait_until(lambda: _holder(cluster, namespace), timeout=30, what="a leader")
-        assert holder.endswith(f"-{first.pid}")
-        second = start()
-        # The second replica stays a follower while the first renews.
-        with pytest.raises(TimeoutError):
-            wait_until(
-                lambda: _holder(cluster, namespace).endswith(f"-{second.pid}"),
-                timeout=8,
-                what="no takeover while the leader lives",
+    def start(
+        self, name: str, *, kubeconfig: Path | None = None, skew: float = 0
+    ) -> subprocess.Popen[bytes]:
+        config = self.workdir / f"{name}.yaml"
+        settings = {
+            "kubeconfig": str(kubeconfig or self.cluster.kubeconfig),
+            "health_port": 0,
+            "leader_election": True,
+            "lease_namespace": self.namespace,
+            "log_format": "json",
+            # Only this test's (absent) nodes: the processes must not dispatch anyone's work.
+            "members": [
+                {"name": "local", "node_selector": {"appwrapper.test/pool": self.namespace}}
+            ],
+        }
+        config.write_text(yaml.safe_dump(settings))
+        command = [sys.executable, "-m", "dispatcher"]
+        if skew:
+            command = [sys.executable, "-c", SKEWED, str(skew)]
+        with (self.workdir / f"{name}.log").open("ab") as out:
+            process = subprocess.Popen(
+                [*command, "run", "--config", str(config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        first.send_signal(signal.SIGKILL)
-        first.wait(10)
+        self.processes[name] = process
+        return process
+
+    def events(self, name: str) -> list[str]:
+        told = []
+        for line in (self.workdir / f"{name}.log").read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                told.append(str(json.loads(line).get("event")))
+        return told
+
+    def leads(self, name: str) -> bool:
+        return _holder(self.cluster, self.namespace).endswith(f"-{self.processes[name].pid}")
+
+    def wait_leads(self, name: str, timeout: float = 40) -> None:
+        wait_until(lambda: self.leads(name), timeout=timeout, what=f"replica {name} leads")
+
+    def wait_standing_by(self, name: str) -> None:
         wait_until(
-            lambda: _holder(cluster, namespace).endswith(f"-{second.pid}"),
-            timeout=40,
-            what="the follower takes over after the lease expires",
+            lambda: "standing_by" in self.events(name),
+            timeout=30,
+            what=f"replica {name} has read the lease",
         )
-    finally:
-        for process in (first, second):
-            if process is not None and process.poll() is None:
+
+    def apply_and_see_status(self, name: str) -> None:
+        applied = appwrapper(name, job(name, 1, {"cpu": "1"}))
+        self.cluster.kubectl("apply", "-n", self.namespace, "-f", "-", input=json.dumps(applied))
+        wait_until(
+            lambda: _has_status(self.cluster, self.namespace, name),
+            timeout=30,
+            what=f"the leader writes the status of {name}",
+        )
+
+    def assert_one_writer_at_a_time(self, old: str, new: str) -> None:
+        """Every write the API server accepted from `old` ended before the first one it
+        accepted from `new` began."""
+        before, after = (_accepted_writes(self.cluster, self.processes[n].pid) for n in (old, new))
+        assert before, f"no write of replica {old} was audited"
+        assert after, f"no write of replica {new} was audited"
+        assert max(end for _, end in before) < min(start for start, _ in after), (
+            before[-3:],
+            after[:3],
+        )
+
+    def stop(self) -> None:
+        # While a replica still leads: it removes the finalizers.
+        self.cluster.kubectl(
+            "delete",
+            "appwrappers",
+            "--all",
+            "-n",
+            self.namespace,
+            "--timeout=60s",
+            check=False,
+            timeout=90,
+        )
+        for process in self.processes.values():
+            if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
                 try:
                     process.wait(15)
                 except subprocess.TimeoutExpired:
                     process.kill()
-        log.close()
 
 
-def _has_status(cluster, namespace: str, name: str) -> bool:
-    out = cluster.kubectl("get", "appwrapper", name, "-n", namespace, "-o", "json", check=False)
-    return out.returncode == 0 and bool(json.loads(out.stdout).get("status"))
+@pytest.fixture
+def replicas(cluster, namespace, appwrapper_crd, tmp_path) -> Iterator[Replicas]:
+    if not hasattr(cluster, "audit_events"):
+        pytest.skip("needs the local control plane (its audit log is read)")
+    started = Replicas(cluster, namespace, tmp_path)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def test_one_leader_and_failover(replicas):
+    replicas.start("first")
+    replicas.wait_leads("first", timeout=30)
+    replicas.start("second")
+    replicas.wait_standing_by("second")
+    # The second replica stays a follower while the first renews.
+    holds_for(lambda: replicas.leads("first"), seconds=8, what="no takeover while it lives")
+    replicas.apply_and_see_status("before")
+    replicas.processes["first"].send_signal(signal.SIGKILL)
+    replicas.processes["first"].wait(10)
+    replicas.wait_leads("second")
+    replicas.apply_and_see_status("after")
+    replicas.assert_one_writer_at_a_time("first", "second")
+
+
+def test_replicas_with_clocks_an_hour_off_neither_take_a_live_lease_nor_wait_on_a_dead_one(
+    replicas,
+):
+    """The leader's clock an hour slow (its renewTime looks an hour stale), the follower's an
+    hour fast: a follower comparing renewTime with its clock would take over at once."""
+    replicas.start("first", skew=-3600)
+    replicas.wait_leads("first", timeout=30)
+    replicas.start("second", skew=3600)
+    replicas.wait_standing_by("second")
+    holds_for(lambda: replicas.leads("first"), seconds=20, what="no takeover of a live lease")
+    replicas.apply_and_see_status("before")
+    replicas.processes["first"].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    replicas.processes["first"].wait(10)
+    replicas.wait_leads("second")
+    # It counted the lease on its own clock: one lease duration (15 s), plus a retry period.
+    assert time.monotonic() - killed < 15 + 2 + 5
+    replicas.apply_and_see_status("after")
+    replicas.assert_one_writer_at_a_time("first", "second")
 
 
 @pytest.mark.parametrize("fault", ["paused-api-server", "429-storm"])
-def test_a_fault_longer_than_the_lease_never_leaves_two_leaders(
-    cluster, namespace, appwrapper_crd, tmp_path, fault
-):
+def test_a_fault_longer_than_the_lease_never_leaves_two_leaders(cluster, replicas, fault):
     """The leader cannot reach the API server for longer than the lease while a second
     replica runs: the API server stops answering anyone (SIGSTOP), or answers only the leader
     with 429s (a proxy in front of it). The leader fences itself and exits at its renew
     deadline, before the follower can count the lease as expired; only then does the follower
-    lead and write, as the API server's audit log shows."""
-    if not hasattr(cluster, "pause_api"):
-        pytest.skip("needs the local control plane (its API server is paused, its audit read)")
+    lead and write."""
     proxy = FaultProxy(cluster.server)
     proxy.start()
-    settings = {
-        "health_port": 0,
-        "leader_election": True,
-        "lease_namespace": namespace,
-        "log_format": "json",
-        "members": [{"name": "local", "node_selector": {"appwrapper.test/pool": namespace}}],
-    }
-    configs = {}
-    for name, kubeconfig in (
-        ("first", proxy.kubeconfig(tmp_path / "proxied.kubeconfig", cluster.token)),
-        ("second", cluster.kubeconfig),
-    ):
-        configs[name] = tmp_path / f"{name}.yaml"
-        configs[name].write_text(yaml.safe_dump({**settings, "kubeconfig": str(kubeconfig)}))
-    logs = {name: tmp_path / f"{name}.log" for name in ("first", "second")}
-
-    def start(name: str) -> subprocess.Popen[bytes]:
-        with logs[name].open("ab") as out:
-            return subprocess.Popen(
-                [sys.executable, "-m", "dispatcher", "run", "--config", str(configs[name])],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-
-    def events(name: str) -> list[dict[str, object]]:
-        found = []
-        for line in logs[name].read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                found.append(json.loads(line))
-        return found
-
-    def fault_on() -> None:
+    try:
+        first = replicas.start(
+            "first", kubeconfig=proxy.kubeconfig(replicas.workdir / "proxied", cluster.token)
+        )
+        replicas.wait_leads("first", timeout=30)
+        replicas.start("second")
+        replicas.wait_standing_by("second")
+        replicas.apply_and_see_status("before")
         if fault == "paused-api-server":
             cluster.pause_api()
         else:
             proxy.storm(True)
-
-    def fault_off() -> None:
-        if fault == "paused-api-server":
-            cluster.resume_api()
-        else:
-            proxy.storm(False)
-
-    first = start("first")
-    second = None
-    try:
-        wait_until(
-            lambda: _holder(cluster, namespace).endswith(f"-{first.pid}"),
-            timeout=30,
-            what="the first replica leads",
-        )
-        second = start("second")
-        wait_until(
-            lambda: "standing_by" in [e.get("event") for e in events("second")],
-            timeout=30,
-            what="the follower has read the lease",
-        )
-        applied = appwrapper("before", job("before", 1, {"cpu": "1"}))
-        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(applied))
-        wait_until(
-            lambda: _has_status(cluster, namespace, "before"),
-            timeout=30,
-            what="the leader writes status",
-        )
-        fault_on()
         began = time.monotonic()
         try:
             # Renew deadline 10 s: the leader stops (exit 1) before the 15 s lease is over.
             assert first.wait(timeout=25) == 1
             stopped_after = time.monotonic() - began
-            time.sleep(max(0.0, 20 - (time.monotonic() - began)))  # longer than the lease
+            time.sleep(max(0.0, 20 - (time.monotonic() - began)))  # the fault outlasts the lease
         finally:
-            fault_off()
+            cluster.resume_api()
+            proxy.storm(False)
         assert stopped_after < 15, stopped_after
         if fault == "429-storm":
             assert proxy.refused > 0
-        wait_until(
-            lambda: _holder(cluster, namespace).endswith(f"-{second.pid}"),
-            timeout=40,
-            what="the follower takes over",
-        )
-        applied = appwrapper("after", job("after", 1, {"cpu": "1"}))
-        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(applied))
-        wait_until(
-            lambda: _has_status(cluster, namespace, "after"),
-            timeout=30,
-            what="the new leader writes status",
-        )
-        assert second.poll() is None
+        replicas.wait_leads("second")
+        replicas.apply_and_see_status("after")
+        assert replicas.processes["second"].poll() is None
         # The old leader's last words: the lease lost (the fence), nothing after it.
-        told = [e.get("event") for e in events("first")]
+        told = replicas.events("first")
         assert "leader_lost" in told, told[-10:]
         after_loss = told[told.index("leader_lost") + 1 :]
         assert not {"dispatched", "preempted", "requeued"} & set(after_loss), after_loss
-        # And from the API server's side (its audit log; each replica's identity is in its
-        # User-Agent): every write it accepted from the old leader ended before the first
-        # one it accepted from the new leader began.
-        old, new = (_accepted_writes(cluster, p.pid) for p in (first, second))
-        assert old, "no write of the first replica was audited"
-        assert new, "no write of the second replica was audited"
-        assert max(end for _, end in old) < min(start for start, _ in new), (old[-3:], new[:3])
+        replicas.assert_one_writer_at_a_time("first", "second")
     finally:
-        # While a replica still leads: it removes the finalizers.
-        cluster.kubectl(
-            "delete",
-            "appwrappers",
-            "--all",
-            "-n",
-            namespace,
-            "--timeout=60s",
-            check=False,
-            timeout=90,
-        )
-        for process in (first, second):
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
         proxy.stop()
