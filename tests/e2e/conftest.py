@@ -31,24 +31,29 @@ REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "appwrapper.yaml"
 
 
-@pytest.fixture(scope="session")
-def appwrapper_crd(cluster: Any) -> None:
-    cluster.kubectl("apply", "-f", str(CRD))
+def wait_established(cluster: Any, crd: str) -> None:
+    """Until the API server serves the CRD named `crd`."""
     wait_until(
         lambda: (
             "True"
             in cluster.kubectl(
                 "get",
                 "crd",
-                "appwrappers.workload.codeflare.dev",
+                crd,
                 "-o",
                 "jsonpath={.status.conditions[?(@.type=='Established')].status}",
                 check=False,
             ).stdout
         ),
         timeout=60,
-        what="AppWrapper CRD established",
+        what=f"CRD {crd} established",
     )
+
+
+@pytest.fixture(scope="session")
+def appwrapper_crd(cluster: Any) -> None:
+    cluster.kubectl("apply", "-f", str(CRD))
+    wait_established(cluster, "appwrappers.workload.codeflare.dev")
 
 
 StartDispatcher = Callable[..., Awaitable[Manager]]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.testing.waits import async_holds_for, async_wait_until, wait_until
+from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     QUIET_SECONDS,
     apply,
@@ -16,6 +16,7 @@ from tests.e2e.conftest import (
     deployment,
     get_aw,
     wait_condition,
+    wait_established,
 )
 
 pytestmark = [pytest.mark.cluster]
@@ -70,21 +71,7 @@ def _ensure_ray_service_crd(cluster: Any) -> None:
         pytest.skip("the RayService CRD is not installed in this cluster")
     crd = binaries.kuberay_crds / "ray.io_rayservices.yaml"
     cluster.kubectl("apply", "--server-side", "-f", str(crd))
-    wait_until(
-        lambda: (
-            "True"
-            in cluster.kubectl(
-                "get",
-                "crd",
-                "rayservices.ray.io",
-                "-o",
-                "jsonpath={.status.conditions[?(@.type=='Established')].status}",
-                check=False,
-            ).stdout
-        ),
-        timeout=60,
-        what="RayService CRD established",
-    )
+    wait_established(cluster, "rayservices.ray.io")
 
 
 async def test_ray_service_larger_than_the_cluster_stays_queued_naming_gpus(

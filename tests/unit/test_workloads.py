@@ -1,16 +1,16 @@
-"""From an AppWrapper to the core's Workload: age within a second, the cluster selector."""
+"""From an AppWrapper to the core's Workload: its age within a second.
+
+Cluster selectors are tested with the rest of inference, in test_inference.py.
+"""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import pytest
-
 from dispatcher.api.models import AppWrapper
-from dispatcher.core.model import ClusterSnapshot, Workload
+from dispatcher.core.model import Workload
 from dispatcher.core.scheduling import queue_order_key
-from dispatcher.core.workloads import InvalidSpec, workload_of
-from dispatcher.testing.manifests import appwrapper, deployment
+from dispatcher.core.workloads import workload_of
 
 
 def _aw(name: str, queued_at: str | None) -> AppWrapper:
@@ -39,64 +39,3 @@ def test_new_appwrapper_sorts_after_an_older_one_of_the_same_second() -> None:
     assert isinstance(older, Workload)
     assert isinstance(newer, Workload)
     assert sorted([newer, older], key=queue_order_key) == [older, newer]
-
-
-def _selected(expressions: list[dict[str, object]]) -> dict[str, object]:
-    aw = appwrapper("a", deployment("a", 1, {"cpu": "1"}))
-    aw["metadata"].update(namespace="ns", uid="u")
-    aw["spec"]["schedulingSpec"] = {
-        "clusterScheduling": {"clusterSelector": {"matchExpressions": expressions}}
-    }
-    return aw
-
-
-@pytest.mark.parametrize(
-    ("expressions", "east", "west"),
-    [
-        pytest.param([{"key": "zone", "operator": "In", "values": ["east"]}], True, False, id="in"),
-        pytest.param(
-            [{"key": "zone", "operator": "NotIn", "values": ["east"]}], False, True, id="notin"
-        ),
-        pytest.param([{"key": "gpu", "operator": "Exists"}], True, False, id="exists"),
-        pytest.param([{"key": "gpu", "operator": "DoesNotExist"}], False, True, id="absent"),
-    ],
-)
-def test_cluster_selector_match_expressions_are_honoured(
-    expressions: list[dict[str, object]], east: bool, west: bool
-) -> None:
-    model = AppWrapper.from_kube(_selected(expressions))
-    workload = workload_of(model, priority=0, allowed_kinds=None, now=datetime.now(UTC))
-    assert isinstance(workload, Workload)
-    placement = workload.placement
-    assert not placement.anywhere
-    assert (
-        placement.allows(ClusterSnapshot("east", (), labels={"zone": "east", "gpu": "a100"}))
-        == east
-    )
-    assert placement.allows(ClusterSnapshot("west", (), labels={"zone": "west"})) == west
-
-
-@pytest.mark.parametrize(
-    ("expression", "says"),
-    [
-        pytest.param(
-            {"key": "zone", "operator": "Near", "values": ["x"]}, "'Near' is not one of", id="op"
-        ),
-        pytest.param(
-            {"key": "zone", "operator": "In"}, "In needs at least one value", id="in-empty"
-        ),
-        pytest.param(
-            {"key": "zone", "operator": "Exists", "values": ["x"]},
-            "takes no values",
-            id="exists-values",
-        ),
-    ],
-)
-def test_a_bad_match_expression_is_an_invalid_spec(
-    expression: dict[str, object], says: str
-) -> None:
-    model = AppWrapper.from_kube(_selected([expression]))
-    result = workload_of(model, priority=0, allowed_kinds=None, now=datetime.now(UTC))
-    assert isinstance(result, InvalidSpec)
-    assert "clusterSelector.matchExpressions[0]" in result.message
-    assert says in result.message
