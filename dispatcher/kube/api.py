@@ -36,7 +36,14 @@ class KubeApi(Protocol):
     ) -> dict[str, Any]: ...
 
     async def merge_patch(
-        self, info: ResourceInfo, namespace: str | None, name: str, patch: Any, sub: str = ""
+        self,
+        info: ResourceInfo,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        sub: str = "",
+        *,
+        field_manager: str = "",
     ) -> dict[str, Any]: ...
 
     async def delete(

@@ -439,10 +439,21 @@ class KubeClient:
         return result
 
     async def merge_patch(
-        self, info: ResourceInfo, namespace: str | None, name: str, patch: Any, sub: str = ""
+        self,
+        info: ResourceInfo,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        sub: str = "",
+        *,
+        field_manager: str = "",
     ) -> dict[str, Any]:
         result: dict[str, Any] = await self.request(
-            "PATCH", info.path(namespace, name, sub), body=patch, content_type=MERGE_PATCH
+            "PATCH",
+            info.path(namespace, name, sub),
+            query={"fieldManager": field_manager} if field_manager else None,
+            body=patch,
+            content_type=MERGE_PATCH,
         )
         return result
 

@@ -150,11 +150,20 @@ class Chaos:
         return result
 
     async def _merge_patch(
-        self, info: ResourceInfo, namespace: str | None, name: str, patch: Any, sub: str = ""
+        self,
+        info: ResourceInfo,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        sub: str = "",
+        *,
+        field_manager: str = "",
     ) -> Obj:
         controller = self._gate(info.kind)
         try:
-            result: Obj = await self._originals["merge_patch"](info, namespace, name, patch, sub)
+            result: Obj = await self._originals["merge_patch"](
+                info, namespace, name, patch, sub, field_manager=field_manager
+            )
         except KubeError:
             self.errors += controller
             raise

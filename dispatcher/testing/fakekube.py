@@ -47,6 +47,8 @@ from dispatcher.testing.fakekube_store import (
     bookmark,
     copy_json,
     event_for,
+    keep_server_fields,
+    managed_by,
     merge_patch,
     same_content,
     selector_of,
@@ -58,6 +60,10 @@ from dispatcher.testing.fakekube_store import (
 Call = tuple[str, str, str | None, str | None, str]
 """(method, kind, namespace, name, sub) of one request."""
 WRITES = ("create", "replace", "merge_patch", "delete")
+CLIENT_MANAGER = "fakekube-client"
+"""The manager recorded for a write without a fieldManager. The API server takes the product
+name of the client's User-Agent (the dispatcher's: appwrapper-dispatcher); here every client
+counts as one other than the dispatcher, so objects planted in tests are not its own."""
 _Key = tuple[str, str]  # (apiVersion, kind)
 _WAKE, _END = "wake", "end"
 
@@ -235,15 +241,8 @@ class FakeKube:
         for server_field in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
             meta.pop(server_field, None)
         # As the API server: who made the object is recorded under the request's fieldManager
-        # (without one, a name taken from the client's user agent).
-        meta["managedFields"] = [
-            {
-                "manager": field_manager or "fakekube-client",
-                "operation": "Update",
-                "apiVersion": spec.api_version,
-                "time": timestamp(),
-            }
-        ]
+        # (without one, the product name in the client's User-Agent).
+        meta["managedFields"] = [managed_by(field_manager or CLIENT_MANAGER, spec.api_version)]
         if spec.status:
             obj.pop("status", None)
         return self._out(spec, self._store(obj))
@@ -260,7 +259,14 @@ class FakeKube:
         return self._out(spec, self._update(spec, old, new, sub, given))
 
     async def merge_patch(
-        self, info: ResourceInfo, namespace: str | None, name: str, patch: Any, sub: str = ""
+        self,
+        info: ResourceInfo,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        sub: str = "",
+        *,
+        field_manager: str = "",
     ) -> dict[str, Any]:
         spec = await self._request("merge_patch", "PATCH", info, namespace, name, sub)
         old = self._existing(spec, namespace, name)
@@ -269,7 +275,8 @@ class FakeKube:
         given = (patch.get("metadata") or {}).get("resourceVersion")
         new = merge_patch(copy_json(old), copy_json(patch))
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-        return self._out(spec, self._update(spec, old, new, sub, given))
+        manager = field_manager or CLIENT_MANAGER
+        return self._out(spec, self._update(spec, old, new, sub, given, manager=manager))
 
     async def delete(
         self,
@@ -465,7 +472,16 @@ class FakeKube:
             meta["name"] = name
         return obj
 
-    def _update(self, spec: KindSpec, old: Obj, new: Obj, sub: str, given: str | None) -> Obj:
+    def _update(
+        self,
+        spec: KindSpec,
+        old: Obj,
+        new: Obj,
+        sub: str,
+        given: str | None,
+        *,
+        manager: str | None = None,
+    ) -> Obj:
         """PUT or PATCH: preconditions, subresource rules, server fields, then store."""
         old_meta, meta = old["metadata"], new["metadata"]
         if given and given != old_meta["resourceVersion"]:
@@ -488,18 +504,7 @@ class FakeKube:
             if "status" in old:
                 new["status"] = copy_json(old["status"])
         meta = new["metadata"]
-        server_fields = (
-            "uid",
-            "creationTimestamp",
-            "deletionTimestamp",
-            "generation",
-            "managedFields",
-        )
-        for server_field in server_fields:
-            meta.pop(server_field, None)
-            if server_field in old_meta:
-                meta[server_field] = old_meta[server_field]
-        meta["resourceVersion"] = old_meta["resourceVersion"]
+        keep_server_fields(old_meta, meta, manager, spec.api_version)
         if old_meta.get("deletionTimestamp"):
             added = set(meta.get("finalizers") or []) - set(old_meta.get("finalizers") or [])
             if added:

@@ -178,6 +178,35 @@ def timestamp() -> str:
     return datetime.fromtimestamp(time.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def managed_by(manager: str, api_version: str) -> dict[str, Any]:
+    """One managedFields entry, as the API server records a write by `manager`."""
+    return {
+        "manager": manager,
+        "operation": "Update",
+        "apiVersion": api_version,
+        "time": timestamp(),
+    }
+
+
+def keep_server_fields(
+    old_meta: dict[str, Any], meta: dict[str, Any], manager: str | None, api_version: str
+) -> None:
+    """An update's metadata as the API server keeps it: what only the server sets is taken
+    from the stored object whatever the client sent, and a new manager (a patcher) gets its
+    entry. Field-level ownership is not modelled: earlier managers keep theirs."""
+    for server_field in ("uid", "creationTimestamp", "deletionTimestamp", "generation"):
+        meta.pop(server_field, None)
+        if server_field in old_meta:
+            meta[server_field] = old_meta[server_field]
+    meta["resourceVersion"] = old_meta["resourceVersion"]
+    managers = list(old_meta.get("managedFields") or [])
+    if manager and manager not in [entry.get("manager") for entry in managers]:
+        managers.append(managed_by(manager, api_version))
+    meta.pop("managedFields", None)
+    if managers or "managedFields" in old_meta:
+        meta["managedFields"] = managers
+
+
 def bookmark(spec: KindSpec, version: str) -> Obj:
     return {
         "kind": spec.kind,
