@@ -13,6 +13,12 @@ LABEL_NAME = f"{GROUP}/appwrapper"
 LABEL_NAMESPACE = f"{GROUP}/appwrapper-namespace"
 LABEL_UID = f"{GROUP}/appwrapper-uid"
 
+# MCAD's labels, also on every wrapped object and pod template: tools and scripts written for
+# MCAD find an AppWrapper's objects and pods by them (`-l appwrapper.mcad.ibm.com=NAME`). Only
+# informative: ownership is decided by the uid label and the field manager, never by these.
+MCAD_LABEL_APPWRAPPER = "appwrapper.mcad.ibm.com"
+MCAD_LABEL_RESOURCE = "resourceName"
+
 # Sent as fieldManager on every create of a wrapped object, so the object's managedFields
 # record that the dispatcher made it: an object that merely copies the uid label (planted by
 # someone else) is not adopted.

@@ -19,9 +19,12 @@ from dispatcher.api.constants import (
     LABEL_NAME,
     LABEL_NAMESPACE,
     LABEL_UID,
+    MCAD_LABEL_APPWRAPPER,
+    MCAD_LABEL_RESOURCE,
 )
-from dispatcher.api.models import AppWrapper, WrappedRef
+from dispatcher.api.models import AppWrapper, GenericItem, WrappedRef
 from dispatcher.core.podsets import inject_labels
+from dispatcher.core.validation import is_label_value
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo, well_formed
 from dispatcher.kube.errors import (
@@ -82,7 +85,7 @@ def wrapped_objects(
     result = []
     for index, item in enumerate(aw.spec.items):
         try:
-            body = _build(aw, item.generictemplate, labels, owner_reference)
+            body = _build(aw, item.generictemplate, labels | mcad_labels(aw, item), owner_reference)
             if lenient and _identity(body) is None:
                 continue  # no well-formed identity: it was never created
             metadata = body["metadata"]
@@ -108,6 +111,20 @@ def wrapped_objects(
                 api_version, kind, name = identity
                 result.append(Wrapped(index, api_version, kind, name, {}, ()))
     return result
+
+
+def mcad_labels(aw: AppWrapper, item: GenericItem) -> dict[str, str]:
+    """MCAD's labels for one item (the AppWrapper's name; the object's name), each only when
+    it is a valid label value: a longer name would make the create fail, where MCAD's
+    labels are only there to be found by."""
+    metadata = item.generictemplate.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    candidates = {MCAD_LABEL_APPWRAPPER: aw.metadata.name, MCAD_LABEL_RESOURCE: name}
+    return {
+        key: value
+        for key, value in candidates.items()
+        if isinstance(value, str) and is_label_value(value)
+    }
 
 
 def _identity(template: Any) -> tuple[str, str, str] | None:

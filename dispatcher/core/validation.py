@@ -53,6 +53,7 @@ _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 _DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _VERSION = re.compile(r"v[0-9]+((alpha|beta)[0-9]+)?")
 _KIND = re.compile(r"[A-Z][A-Za-z0-9]*")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 _LABEL_NAMED_KINDS = frozenset({"Service"})
 """Kinds whose names must be DNS-1035 labels (they become DNS names themselves)."""
 
@@ -62,6 +63,11 @@ def _ascii_match(pattern: re.Pattern[str], text: str) -> bool:
     # letters and digits cheaply, and would still if a pattern ever used \d (which matches
     # any Unicode digit). fullmatch, unlike "$", does not accept a trailing newline.
     return text.isascii() and pattern.fullmatch(text) is not None
+
+
+def is_label_value(text: str) -> bool:
+    """Whether Kubernetes accepts `text` as a label value (at most 63 characters)."""
+    return len(text) <= 63 and _ascii_match(_LABEL_VALUE, text)
 
 
 def _short(value: Any) -> str:

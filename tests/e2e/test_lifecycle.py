@@ -280,3 +280,29 @@ async def test_conditions_hold_one_entry_per_type(cluster, namespace, fake_nodes
     types = [c["type"] for c in status["conditions"]]
     assert len(types) == len(set(types))
     assert (await conditions(cluster, namespace, "once"))["Running"] == "True"
+
+
+async def test_mcad_users_find_the_pods_by_mcad_labels(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
+    """`kubectl get pods -l appwrapper.mcad.ibm.com=NAME,resourceName=OBJECT`, as MCAD's
+    users and its own test suite do."""
+    fake_nodes.add("n1", cpu="4")
+    await run_dispatcher()
+    await apply(cluster, namespace, appwrapper("mcad-way", deployment("web", 2, {"cpu": "1"})))
+    await wait_condition(cluster, namespace, "mcad-way", "Running")
+    out = await cluster.akubectl(
+        "get",
+        "pods",
+        "-n",
+        namespace,
+        "-l",
+        "appwrapper.mcad.ibm.com=mcad-way,resourceName=web",
+        "-o",
+        "name",
+    )
+    assert len(out.stdout.split()) == 2, out.stdout
+    out = await cluster.akubectl(
+        "get", "deployment", "-n", namespace, "-l", "appwrapper.mcad.ibm.com=mcad-way", "-o", "name"
+    )
+    assert out.stdout.split() == ["deployment.apps/web"]
