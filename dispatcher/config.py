@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -12,6 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dispatcher.core.model import QueueMode
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
+
+
+class DeclaredPodResources(StrEnum):
+    """How an item's `custompodresources` is read."""
+
+    AS_WRITTEN = "as_written"
+    """MCAD's reading: the declaration is the reservation, whatever the pod templates ask."""
+    AT_LEAST_TEMPLATES = "at_least_templates"
+    """For a kind whose pods are read, never less than the templates ask in total."""
 
 
 class MemberConfig(BaseModel):
@@ -47,6 +57,8 @@ class Config(BaseModel):
     requeue_pause_seconds: float = Field(default=5.0, ge=0)
     """Backoff after a requeue when the AppWrapper sets no requeuing.pauseTimeInSeconds."""
     allowed_kinds: list[str] = Field(default_factory=lambda: sorted(DEFAULT_ALLOWED_KINDS))
+    declared_pod_resources: DeclaredPodResources = DeclaredPodResources.AS_WRITTEN
+    """How `custompodresources` is read: as written (MCAD), or never below the pod templates."""
     create_namespaces: bool = True
     """Create the AppWrapper's namespace in a member cluster when it is missing there."""
     member_timeout_seconds: float = Field(default=60.0, gt=0)

@@ -26,7 +26,7 @@ import structlog
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.cluster.capacity import pod_owner
 from dispatcher.cluster.member import Member
-from dispatcher.config import Config
+from dispatcher.config import Config, DeclaredPodResources
 from dispatcher.controller.cache import SchedulerCache
 from dispatcher.controller.models import Models, key_of, without_bookkeeping
 from dispatcher.controller.reconciler import Reconciler
@@ -86,6 +86,7 @@ class Manager:
         self.priority_classes = Informer(hub, PRIORITY_CLASSES)
         self.models = Models(
             allowed_kinds=frozenset(config.allowed_kinds),
+            declared_as_written=config.declared_pod_resources is DeclaredPodResources.AS_WRITTEN,
             # Through the informer each time: a relist replaces its store.
             priority_class=lambda name: self.priority_classes.store.get(name),
         )

@@ -96,8 +96,10 @@ class Models:
         *,
         allowed_kinds: frozenset[str],
         priority_class: Callable[[str], Obj | None],
+        declared_as_written: bool = True,
     ) -> None:
         self.allowed_kinds = allowed_kinds
+        self.declared_as_written = declared_as_written
         self._priority_class = priority_class
         self._parsed: dict[str, tuple[str, AppWrapper]] = {}
         self._workloads: dict[str, tuple[WorkloadStamp, Workload | InvalidSpec]] = {}
@@ -144,7 +146,13 @@ class Models:
         cached = self._workloads.get(aw.key)
         if cached is not None and cached[0] == stamp:
             return cached[1]
-        result = workload_of(aw, priority=priority, allowed_kinds=self.allowed_kinds, now=now)
+        result = workload_of(
+            aw,
+            priority=priority,
+            allowed_kinds=self.allowed_kinds,
+            now=now,
+            declared_as_written=self.declared_as_written,
+        )
         self._workloads[aw.key] = (stamp, result)
         return result
 

@@ -44,15 +44,15 @@ class InvalidSpec:
     message: str
 
 
-def item_pod_sets(item: GenericItem) -> tuple[PodSet, ...]:
+def item_pod_sets(item: GenericItem, *, as_written: bool = True) -> tuple[PodSet, ...]:
     """The pods an item will make.
 
-    `custompodresources` (MCAD's declaration) is used as given unless the object is of a kind
-    whose pods we can read and they ask for more of some resource in total (`pods`, their
-    number, included): then the pods' own requests are what the scheduler will see, and
-    reserving less would let the dispatcher start a gang whose pods cannot all be placed.
-    An object whose pods cannot be read must declare them (an empty list declares none):
-    raises QuantityError, never counts it as no pods.
+    `custompodresources` (MCAD's declaration) is used as written, as MCAD uses it. With
+    `as_written` False, the pods' own requests win when the object is of a kind whose pods we
+    can read and they ask for more of some resource in total (`pods`, their number, included):
+    they are what kube-scheduler will see, and reserving less can start a gang whose pods
+    cannot all be placed. An object whose pods cannot be read must declare them (an empty
+    list declares none): raises QuantityError, never counts it as no pods.
     """
     inferred = infer_pod_sets(item.generictemplate)
     if item.custompodresources is None:
@@ -65,7 +65,8 @@ def item_pod_sets(item: GenericItem) -> tuple[PodSet, ...]:
     declared = pod_sets_from_custom(
         [c.model_dump(mode="json", exclude_none=True) for c in item.custompodresources]
     )
-    if inferred and not total_requests(inferred).fits_in(total_requests(declared)):
+    smaller = inferred and not total_requests(inferred).fits_in(total_requests(declared))
+    if smaller and not as_written:
         return inferred
     return declared
 
@@ -124,6 +125,7 @@ def workload_of(
     priority: int,
     allowed_kinds: frozenset[str] | None,
     now: datetime,
+    declared_as_written: bool = True,
 ) -> Workload | InvalidSpec:
     namespace = aw.metadata.namespace
     templates = [item.generictemplate for item in aw.spec.items]
@@ -143,7 +145,7 @@ def workload_of(
     pod_sets: list[PodSet] = []
     for index, item in enumerate(aw.spec.items):
         try:
-            pod_sets.extend(item_pod_sets(item))
+            pod_sets.extend(item_pod_sets(item, as_written=declared_as_written))
         except QuantityError as exc:
             errors.append(f"item {index}: {exc}")
     if errors:

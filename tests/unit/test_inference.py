@@ -512,14 +512,41 @@ def test_the_limit_itself_is_allowed() -> None:
     assert pod_count(counted(deployment("d", replicas=MAX_PODS)).pod_sets) == MAX_PODS
 
 
-def test_fewer_declared_pods_than_the_object_makes_are_not_believed() -> None:
-    """`pods` is a resource like the others: a declaration of 1 pod for a Deployment of 4
-    would let 3 pods in uncounted."""
+@pytest.mark.parametrize(
+    ("as_written", "want"),
+    [
+        pytest.param(True, [("custompodresources[0]", 1, res(cpu=8))], id="as-written"),
+        pytest.param(False, [("Deployment/d", 4, res(cpu=1))], id="at-least-templates"),
+    ],
+)
+def test_fewer_declared_pods_than_the_object_makes(
+    as_written: bool, want: list[tuple[str, int, Resources]]
+) -> None:
+    """As written (MCAD's reading, the default), the declaration is the reservation. Never
+    below the templates: `pods` is a resource like the others, and a declaration of 1 pod
+    for a Deployment of 4 would let 3 pods in uncounted."""
     spec = pod_spec(container(requests={"cpu": "1"}))
-    aw = counted(
-        deployment("d", spec, replicas=4), custom=[{"replicas": 1, "requests": {"cpu": "8"}}]
+    item = GenericItem.model_validate(
+        {
+            "generictemplate": deployment("d", spec, replicas=4),
+            "custompodresources": [{"replicas": 1, "requests": {"cpu": "8"}}],
+        }
     )
-    assert table(aw.pod_sets) == [("Deployment/d", 4, res(cpu=1))]
+    assert table(item_pod_sets(item, as_written=as_written)) == want
+
+
+@pytest.mark.parametrize("as_written", [True, False])
+def test_a_declaration_at_or_above_the_templates_is_used_either_way(as_written: bool) -> None:
+    spec = pod_spec(container(requests={"cpu": "1"}))
+    item = GenericItem.model_validate(
+        {
+            "generictemplate": deployment("d", spec, replicas=2),
+            "custompodresources": [{"replicas": 2, "requests": {"cpu": "2"}}],
+        }
+    )
+    assert table(item_pod_sets(item, as_written=as_written)) == [
+        ("custompodresources[0]", 2, res(cpu=2))
+    ]
 
 
 # -- cluster selector expressions -------------------------------------------------------------

@@ -1,0 +1,250 @@
+"""`make conformance`: MCAD's own end-to-end suite, run against this dispatcher (or MCAD).
+
+MCAD v1.40.0's Go e2e suite (`test/e2e` of its module, from the Go module proxy) is built once
+into the cache directory, never into the repository. A local control plane gets KWOK nodes
+sized like MCAD's CI cluster; the system under test runs against it; then every active test of
+the suite runs alone (`-ginkgo.focus`), with a time cap and a clean-up between tests, and the
+outcome of each is written as JSON and as a Markdown table.
+
+Side effects: `go` downloads and builds into the cache; a local control plane and the system
+under test run for the duration; results under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from benchmarks import report
+from dispatcher.testing.localcluster import DEFAULT_CACHE, LocalCluster, free_port
+
+MODULE = "github.com/project-codeflare/multi-cluster-app-dispatcher"
+VERSION = "v1.40.0"
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+# MCAD's CI cluster (kind): what its tests' sizes assume.
+NODES = {
+    "test-control-plane": {"cpu": "1050m", "memory": "6Gi", "gpu": 8, "pods": 110},
+    "test-worker": {"cpu": "900m", "memory": "6Gi", "gpu": 8, "pods": 110},
+}
+
+_IT = re.compile(r'^\s*It\("((?:[^"\\]|\\.)*)"', re.MULTILINE)
+_BLOCK_COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
+_LINE_COMMENT = re.compile(r"^\s*//.*$", re.MULTILINE)
+_RE2_SPECIAL = set(r"\.+*?()|[]{}^$")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    test: str
+    result: str
+    """pass, fail, timeout (the cap was reached) or missing (the focus matched nothing)."""
+    seconds: float
+    detail: str
+    """The suite's own failure message, cut short."""
+
+
+def mcad_dir(cache: Path) -> Path:
+    return cache / "mcad"
+
+
+def build(cache: Path, *, controller_too: bool) -> tuple[Path, Path, Path]:
+    """(source, e2e test binary, kar-controllers): downloaded and built when missing (the
+    controller only when asked: MCAD itself is the system under test)."""
+    home = mcad_dir(cache)
+    source = home / f"src-{VERSION}"
+    tests, controller = home / f"mcad-e2e-{VERSION}.test", home / f"kar-controllers-{VERSION}"
+    if not source.exists():
+        found = subprocess.run(
+            ["go", "mod", "download", "-json", f"{MODULE}@{VERSION}"],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=tempfile.gettempdir(),
+        )
+        # A writable copy: its own go.mod must be the main module (it has replaces).
+        shutil.copytree(json.loads(found.stdout)["Dir"], source)
+        for path in [source, *source.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o200)
+    if not tests.exists():
+        subprocess.run(["go", "test", "-c", "-o", str(tests), "./test/e2e"], check=True, cwd=source)
+    if controller_too and not controller.exists():
+        subprocess.run(
+            ["go", "build", "-o", str(controller), "./cmd/kar-controllers"], check=True, cwd=source
+        )
+    return source, tests, controller
+
+
+def active_tests(source: Path) -> list[str]:
+    """The names of the suite's tests that are not commented out, in file order."""
+    names = []
+    for path in sorted((source / "test" / "e2e").glob("*.go")):
+        text = _LINE_COMMENT.sub("", _BLOCK_COMMENT.sub("", path.read_text()))
+        names += [m.group(1).replace('\\"', '"') for m in _IT.finditer(text)]
+    return names
+
+
+def focus(name: str) -> str:
+    """A Go (RE2) regular expression matching exactly this test's name at the end."""
+    return "".join("\\" + c if c in _RE2_SPECIAL else c for c in name) + "$"
+
+
+def start_system(
+    system: str, cluster: LocalCluster, controller: Path, source: Path, work: Path
+) -> subprocess.Popen[bytes]:
+    """The system under test, running against `cluster`, with its CRDs installed."""
+    log = (work / f"{system}.log").open("ab")
+    if system == "ours":
+        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "appwrapper.yaml"))
+        config = work / "dispatcher.yaml"
+        config.write_text(json.dumps({"kubeconfig": str(cluster.kubeconfig), "health_port": 0}))
+        command = [sys.executable, "-m", "dispatcher", "run", "--config", str(config)]
+    else:
+        for crd in sorted((source / "config" / "crd" / "bases").glob("*.yaml")):
+            cluster.kubectl("apply", "--server-side", "-f", str(crd))
+        command = [
+            str(controller),
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            f"--healthProbeListenAddr=127.0.0.1:{free_port()}",
+        ]
+    cluster.kubectl("wait", "--for=condition=Established", "crd/appwrappers.workload.codeflare.dev")
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_one(binary: Path, source: Path, home: Path, name: str, cap: float, log: Path) -> Outcome:
+    """One test alone; its whole output kept in `log`."""
+    started = time.monotonic()
+    command = [
+        str(binary),
+        f"-ginkgo.focus={focus(name)}",
+        "-ginkgo.noColor",
+        f"-test.timeout={int(cap) + 30}s",
+    ]
+    try:
+        done = subprocess.run(
+            command,
+            cwd=source / "test" / "e2e",
+            env={**os.environ, "HOME": str(home)},  # the suite reads ~/.kube/config
+            capture_output=True,
+            text=True,
+            timeout=cap,
+        )
+    except subprocess.TimeoutExpired as exc:
+        log.write_text(str(exc.stdout or "") + str(exc.stderr or ""))
+        return Outcome(name, "timeout", round(time.monotonic() - started, 1), f"over {cap:.0f}s")
+    seconds = round(time.monotonic() - started, 1)
+    output = done.stdout + done.stderr
+    log.write_text(output)
+    ran = re.search(r"Ran (\d+) of \d+ Specs", output)
+    if ran is None or ran.group(1) != "1":
+        found = ran.group(0) if ran else output.strip().splitlines()[-1:]
+        return Outcome(name, "missing", seconds, f"not run alone: {found}")
+    if done.returncode == 0:
+        return Outcome(name, "pass", seconds, "")
+    return Outcome(name, "fail", seconds, _failure(output))
+
+
+def _failure(output: str) -> str:
+    """The first assertion message the suite printed, on one line."""
+    lines = output.splitlines()
+    for index, line in enumerate(lines):
+        if line.strip().startswith("[Fail]") or "Expected" in line:
+            return " ".join(s.strip() for s in lines[index : index + 4])[:300]
+    return " ".join(lines[-3:])[:300]
+
+
+def clean(cluster: LocalCluster) -> None:
+    """Between tests: no AppWrapper, and nothing left in the suite's namespace."""
+    cluster.kubectl(
+        "delete", "appwrappers", "--all", "-A", "--timeout=120s", check=False, timeout=150
+    )
+    for kind in ("deployments", "statefulsets", "jobs", "services", "pods", "podtemplates"):
+        cluster.kubectl(
+            "delete",
+            kind,
+            "--all",
+            "-n",
+            "test",
+            "--grace-period=0",
+            "--timeout=60s",
+            check=False,
+            timeout=90,
+        )
+
+
+def table(system: str, outcomes: list[Outcome]) -> str:
+    passed = sum(o.result == "pass" for o in outcomes)
+    lines = [
+        f"MCAD {VERSION} e2e suite against {system}: {passed} of {len(outcomes)} pass",
+        "",
+        "| Test | Result | Seconds | Detail |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {o.test} | {o.result} | {o.seconds} | {o.detail.replace('|', '/')} |" for o in outcomes
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--system", choices=["ours", "mcad"], default="ours")
+    parser.add_argument("--only", default="", help="run only tests whose name matches this")
+    parser.add_argument("--cap", type=float, default=240, help="seconds per test")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    args = parser.parse_args(argv)
+    source, binary, controller = build(args.cache, controller_too=args.system == "mcad")
+    names = [n for n in active_tests(source) if re.search(args.only, n)]
+    with tempfile.TemporaryDirectory(prefix="aw-conformance-") as tmp:
+        work = Path(tmp)
+        cluster = LocalCluster.start("conformance", work)
+        system = None
+        try:
+            for node, size in NODES.items():
+                cluster.add_node(node, **size)
+            cluster.wait_nodes_ready(list(NODES))
+            home = work / "home"
+            (home / ".kube").mkdir(parents=True)
+            shutil.copy(cluster.kubeconfig, home / ".kube" / "config")
+            system = start_system(args.system, cluster, controller, source, work)
+            outcomes = []
+            logs = mcad_dir(args.cache) / "logs" / args.system
+            logs.mkdir(parents=True, exist_ok=True)
+            for number, name in enumerate(names):
+                log = logs / f"{number:02d}.log"
+                outcome = run_one(binary, source, home, name, args.cap, log)
+                print(f"{outcome.result:8} {outcome.seconds:7.1f}s  {name}", flush=True)
+                outcomes.append(outcome)
+                clean(cluster)
+        finally:
+            if system is not None:
+                system.terminate()
+                system.wait(30)
+            cluster.stop()
+    result = {
+        "suite": f"{MODULE}@{VERSION} test/e2e",
+        "system": args.system,
+        "nodes": NODES,
+        "cap_seconds": args.cap,
+        "passed": sum(o.result == "pass" for o in outcomes),
+        "tests": [asdict(o) for o in outcomes],
+    }
+    report.save(result, RESULTS / f"conformance-{args.system}.json")
+    (RESULTS / f"conformance-{args.system}.md").write_text(table(args.system, outcomes))
+    print(table(args.system, outcomes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
