@@ -11,6 +11,7 @@ import yaml
 
 from dispatcher.api.models import API_VERSION, KIND, AppWrapper
 from dispatcher.api.resources import Resources
+from dispatcher.core.podsets import infer_pod_sets
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "appwrapper.yaml"
@@ -332,18 +333,25 @@ def test_sample_is_a_valid_appwrapper(path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["glue-1", "glue-2"])
-def test_ray_samples_reserve_as_the_blog_did(name: str) -> None:
+def test_ray_samples_reserve_what_their_pods_ask(name: str) -> None:
+    """The blog's RayCluster, with a declaration equal to its pods: read as written (MCAD's
+    way), a smaller one could start a gang kube-scheduler cannot place."""
     aw = AppWrapper.from_kube(yaml.safe_load((ROOT / "samples" / f"ray-{name}.yaml").read_text()))
     assert aw.metadata.name == name
     (generic,) = aw.spec.items
     assert generic.generictemplate["kind"] == "RayCluster"
     assert generic.generictemplate["metadata"]["name"] == name
     assert generic.custompodresources is not None
-    got = [(p.replicas, p.effective_requests()) for p in generic.custompodresources]
-    assert got == [
+    declared = [(p.replicas, p.effective_requests()) for p in generic.custompodresources]
+    assert declared == [
         (1, Resources.parse({"cpu": 2, "memory": "16G"})),
-        (2, Resources.parse({"cpu": 3, "memory": "16G", "nvidia.com/gpu": 1})),
+        (2, Resources.parse({"cpu": 4, "memory": "16G", "nvidia.com/gpu": 2})),
     ]
+    templates = [
+        (p.count, Resources({k: v for k, v in p.requests.items() if k != "pods"}))
+        for p in infer_pod_sets(generic.generictemplate)
+    ]
+    assert templates == declared
 
 
 def test_crd_item_limit_is_validations() -> None:

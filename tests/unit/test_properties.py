@@ -463,15 +463,57 @@ def test_preemption_victims_are_lower_priority_sufficient_and_minimal(
     for victim in victims:
         assert by_key[victim].priority < preemptor.priority
         assert by_key[victim].preemptible
-    assert fits(snapshot, preemptor, set(victims))
-    # The next cycle builds the member afresh without them: it fits there too, so evicting
-    # these never leaves it to evict again.
+    # The next cycle builds the member afresh without them, the other reservations placed
+    # anew: it fits there, so evicting these never leaves it to evict again. (Evicting them
+    # from today's placement is not the test: a reservation of pods not yet bound placed
+    # beside a victim today may sit elsewhere tomorrow: see the test that follows.)
     assert fits_afresh(snapshot, preemptor, set(victims))
     for victim in victims:
         spared = set(victims) - {victim}
         assert not (
             fits(snapshot, preemptor, spared) and fits_afresh(snapshot, preemptor, spared)
         ), f"{victim} not needed"
+
+
+def test_victims_make_room_once_the_other_reservations_are_placed_anew() -> None:
+    """Found by the property above: run0's three 1-GPU pods sit on n2 today, as run1 holds
+    n1's GPU. Evicting run1 and run2 and keeping run0 where it is leaves room for three of
+    the preemptor's four 4-CPU pods; the next cycle places run0 anew (one pod on n1, two on
+    n2) and all four fit, which is what the victims were chosen for."""
+
+    def reservation(key: str, count: int, cpu: int) -> Reservation:
+        pods = PodSet(count=count, requests=resources(cpu, 1), name="pods")
+        return Reservation(key=key, pod_sets=(pods,), priority=0, dispatched_at=0.0)
+
+    nodes = (
+        NodeState(name="n0", allocatable=resources(1, 0)),
+        NodeState(name="n1", allocatable=resources(11, 1), requested=resources(1, 1)),
+        NodeState(name="n2", allocatable=resources(16, 3)),
+    )
+    snapshot = ClusterSnapshot(
+        name="c",
+        nodes=nodes,
+        reservations=(reservation("ns/run0", 3, 3), reservation("ns/run2", 3, 4)),
+        admitted=(
+            AdmittedWorkload(key="ns/run0", priority=0, dispatched_at=0.0),
+            AdmittedWorkload(
+                key="ns/run1", priority=0, dispatched_at=1.0, usage=(("n1", resources(1, 1)),)
+            ),
+            AdmittedWorkload(key="ns/run2", priority=0, dispatched_at=0.0),
+            AdmittedWorkload(key="ns/run3", priority=0, dispatched_at=0.0),
+        ),
+    )
+    preemptor = Workload(
+        key="ns/preemptor",
+        priority=1,
+        created_at=0.0,
+        pod_sets=(PodSet(count=4, requests=resources(4, 0), name="pods"),),
+    )
+    victims = LowestPriorityFirst().choose_victims(preemptor, snapshot)
+    assert victims is not None
+    assert set(victims) == {"ns/run1", "ns/run2"}
+    assert not fits(snapshot, preemptor, set(victims))  # run0 left where it is today
+    assert fits_afresh(snapshot, preemptor, set(victims))
 
 
 @st.composite
