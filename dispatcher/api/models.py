@@ -126,7 +126,9 @@ class GenericItem(_Model):
 
     model_config = ConfigDict(extra="allow")
 
-    generictemplate: dict[str, Any]
+    generictemplate: dict[str, Any] = Field(default_factory=dict)
+    """Absent is accepted here, as MCAD's CRD accepts it; the AppWrapper then fails
+    (InvalidSpec), as it does under MCAD."""
     custompodresources: list[CustomPodResource] | None = None
     completionstatus: str | None = None
     # legacy, ignored

@@ -128,6 +128,13 @@ def workload_of(
     declared_as_written: bool = True,
 ) -> Workload | InvalidSpec:
     namespace = aw.metadata.namespace
+    missing = [
+        f"item {index}: no generictemplate (the object to create)"
+        for index, item in enumerate(aw.spec.items)
+        if "generictemplate" not in item.model_fields_set
+    ]
+    if missing:
+        return InvalidSpec(bounded_message(missing))
     templates = [item.generictemplate for item in aw.spec.items]
     errors = validate_appwrapper(
         templates,

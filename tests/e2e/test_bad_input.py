@@ -27,7 +27,6 @@ def _named(kind: str, name: str | None, **extra: object) -> dict:
 
 
 BAD_ITEMS = [
-    pytest.param({"apiVersion": "v1", "metadata": {"name": "x"}}, "kind", id="missing-kind"),
     pytest.param(_named("ConfigMap", None), "metadata.name", id="missing-name"),
     pytest.param(
         {
@@ -138,6 +137,15 @@ async def test_kind_without_crd_fails_and_cleans_up(cluster, namespace, fake_nod
             "replicas",
             id="negative",
         ),
+        pytest.param(
+            {
+                "resources": {
+                    "GenericItems": [{"generictemplate": {"apiVersion": "v1", "metadata": {}}}]
+                }
+            },
+            "generictemplate.kind: Required value",
+            id="template-without-kind",
+        ),
     ],
 )
 async def test_schema_errors_are_rejected_at_apply(
@@ -148,6 +156,22 @@ async def test_schema_errors_are_rejected_at_apply(
     with pytest.raises(KubectlError) as error:
         await apply(cluster, namespace, aw)
     assert expected in error.value.stderr
+
+
+async def test_an_item_without_a_template_is_accepted_and_fails(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
+    """As with MCAD: the API server takes it; the dispatcher fails it, naming the item."""
+    fake_nodes.add("n1")
+    await run_dispatcher()
+    aw = appwrapper("empty", deployment("d", 1, {"cpu": "1"}))
+    aw["spec"]["resources"]["GenericItems"].append({"replicas": 1})
+    await apply(cluster, namespace, aw)
+    await wait_condition(cluster, namespace, "empty", "Failed")
+    status = (await get_aw(cluster, namespace, "empty"))["status"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert failed["message"] == "item 1: no generictemplate (the object to create)"
 
 
 async def test_object_of_someone_else_is_never_touched(

@@ -60,25 +60,45 @@ async def test_a_template_500_levels_deep(cluster, namespace, fake_nodes, run_di
     await still_serves_and_deletes(cluster, namespace, "deep")
 
 
-async def test_owner_references_of_the_wrong_type(cluster, namespace, fake_nodes, run_dispatcher):
-    fake_nodes.add("n1")
+@pytest.mark.parametrize(
+    ("template", "says"),
+    [
+        pytest.param(
+            config_map("o", ownerReferences=1),
+            "cannot unmarshal number into Go struct field ObjectMeta.ownerReferences",
+            id="owner-references-of-the-wrong-type",
+        ),
+        pytest.param(
+            {"apiVersion": "../api/v1/pods", "kind": "Pod", "metadata": {"name": "p"}},
+            'generictemplate.apiVersion: Invalid value: "../api/v1/pods"',
+            id="api-version-that-is-a-path",
+        ),
+    ],
+)
+async def test_a_template_that_is_not_an_object_is_refused_at_apply(
+    cluster, namespace, run_dispatcher, template, says
+):
+    """The CRD declares each template an embedded object (as MCAD's does): the API server
+    checks its apiVersion and metadata before the AppWrapper exists. The dispatcher's own
+    checks of the same (for AppWrappers stored under an older CRD) are in the unit tests."""
     await run_dispatcher()
-    await apply(cluster, namespace, appwrapper("owners", config_map("o", ownerReferences=1)))
-    message = await failed_message(cluster, namespace, "owners")
-    assert message.startswith(
-        "InvalidSpec: item 0 (ConfigMap/o): metadata.ownerReferences must be a list of objects"
-    ), message
-    await still_serves_and_deletes(cluster, namespace, "owners")
+    with pytest.raises(KubectlError) as refused:
+        await apply(cluster, namespace, appwrapper("refused", template))
+    assert says in str(refused.value), str(refused.value)
 
 
-async def test_an_api_version_that_is_a_path(cluster, namespace, fake_nodes, run_dispatcher):
+async def test_an_api_version_with_a_query(cluster, namespace, fake_nodes, run_dispatcher):
+    """Passes the API server's check (group "apps", version "v1?x=1"); the dispatcher's
+    grammar refuses it before any URL is built."""
     fake_nodes.add("n1")
     await run_dispatcher()
-    template = {"apiVersion": "../api/v1/pods", "kind": "Pod", "metadata": {"name": "p"}}
-    await apply(cluster, namespace, appwrapper("path", template))
-    message = await failed_message(cluster, namespace, "path")
-    assert message.startswith("InvalidSpec: item 0 (Pod/p): apiVersion '../api/v1/pods'"), message
-    await still_serves_and_deletes(cluster, namespace, "path")
+    template = {"apiVersion": "apps/v1?x=1", "kind": "Deployment", "metadata": {"name": "d"}}
+    await apply(cluster, namespace, appwrapper("query", template))
+    message = await failed_message(cluster, namespace, "query")
+    assert message.startswith("InvalidSpec: item 0 (Deployment/d): apiVersion 'apps/v1?x=1'"), (
+        message
+    )
+    await still_serves_and_deletes(cluster, namespace, "query")
 
 
 async def test_too_many_items_are_refused_at_apply(cluster, namespace, run_dispatcher):

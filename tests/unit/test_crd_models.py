@@ -189,7 +189,9 @@ def test_crd_schema_is_structural() -> None:
             assert "items" in node, path
 
 
-def test_generictemplate_is_opaque() -> None:
+def test_generictemplate_is_an_embedded_object_kept_as_written() -> None:
+    """As MCAD's CRD: apiVersion and kind required and metadata checked as an object's,
+    every other field kept as written; and the template itself may be absent."""
     spec = crd_root()["properties"]["spec"]["properties"]
     items = spec["resources"]["properties"]["GenericItems"]["items"]
     template = items["properties"]["generictemplate"]
@@ -197,8 +199,9 @@ def test_generictemplate_is_opaque() -> None:
         "type": "object",
         "description": template["description"],
         "x-kubernetes-preserve-unknown-fields": True,
-        "x-kubernetes-embedded-resource": False,
+        "x-kubernetes-embedded-resource": True,
     }
+    assert "generictemplate" not in items.get("required", [])
 
 
 # -- a small validator for the CRD schema, so samples are checked without an API server ---------
@@ -234,9 +237,10 @@ def validate(value: Any, node: Schema, path: str = "") -> list[str]:
         for index, element in enumerate(value):
             errors += validate(element, node["items"], f"{path}[{index}]")
     if isinstance(value, dict):
-        errors += [
-            f"{path}.{name}: required" for name in node.get("required", []) if name not in value
-        ]
+        required = list(node.get("required", []))
+        if node.get("x-kubernetes-embedded-resource"):
+            required += ["apiVersion", "kind"]  # what the API server asks of an embedded object
+        errors += [f"{path}.{name}: required" for name in required if name not in value]
         props = node.get("properties", {})
         extra = node.get("additionalProperties")
         for name, child in value.items():
@@ -284,7 +288,11 @@ def validate(value: Any, node: Schema, path: str = "") -> list[str]:
             "does not match",
             id="malformed-quantity",
         ),
-        pytest.param({"resources": {"GenericItems": [{}]}}, "required", id="no-template"),
+        pytest.param(
+            {"resources": {"GenericItems": [{"generictemplate": {"metadata": {"name": "x"}}}]}},
+            ".generictemplate.apiVersion: required",
+            id="template-without-apiversion",
+        ),
     ],
 )
 def test_crd_rejects_bad_specs(patch: Schema, want_error: str) -> None:

@@ -1,7 +1,9 @@
-"""What MCAD users' tools rely on, kept: MCAD's labels on every wrapped object and pod template."""
+"""What MCAD users and their tools rely on, kept: MCAD's labels on every wrapped object and pod
+template; an item without a template accepted, then failed."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ from dispatcher.api.constants import LABEL_UID, MCAD_LABEL_APPWRAPPER, MCAD_LABE
 from dispatcher.api.models import AppWrapper
 from dispatcher.controller.objects import wrapped_objects
 from dispatcher.core.validation import is_label_value
+from dispatcher.core.workloads import InvalidSpec, workload_of
 from dispatcher.testing.manifests import appwrapper, deployment, job, service
 
 
@@ -85,3 +88,14 @@ def test_a_name_that_is_no_label_value_leaves_that_label_out() -> None:
 )
 def test_label_values(text: str, valid: bool) -> None:
     assert is_label_value(text) is valid
+
+
+def test_an_item_without_a_template_is_accepted_then_invalid() -> None:
+    """MCAD's CRD and client accept it; the AppWrapper then fails, naming the item."""
+    raw = appwrapper("bad", deployment("d", 1, {"cpu": "1"}))
+    raw["spec"]["resources"]["GenericItems"].append({"replicas": 1})
+    raw["metadata"].update(namespace="ns", uid="u")
+    model = AppWrapper.from_kube(raw)
+    result = workload_of(model, priority=0, allowed_kinds=None, now=datetime.now(UTC))
+    assert isinstance(result, InvalidSpec)
+    assert result.message == "item 1: no generictemplate (the object to create)"

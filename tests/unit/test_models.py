@@ -239,11 +239,6 @@ def test_empty_status_defaults() -> None:
             id="cluster-without-name",
         ),
         pytest.param(
-            minimal(resources={"GenericItems": [{"replicas": 1}]}),
-            "spec.resources.GenericItems.0.generictemplate",
-            id="item-without-template",
-        ),
-        pytest.param(
             minimal(resources={"GenericItems": [{"generictemplate": "kind: Pod"}]}),
             "spec.resources.GenericItems.0.generictemplate",
             id="template-not-object",
