@@ -45,6 +45,8 @@ class AppWrapperState(StrEnum):
 
     PENDING = "Pending"
     RUNNING = "Running"
+    RUNNING_HOLD_COMPLETION = "RunningHoldCompletion"
+    """MCAD's: every item with a completionstatus reports it, but pods still run."""
     COMPLETED = "Completed"
     FAILED = "Failed"
     DELETED = "Deleted"
@@ -82,6 +84,7 @@ class Reason(StrEnum):
     PODS_NOT_READY = "PodsNotReady"
     MIN_AVAILABLE_NOT_REACHED = "MinAvailableNotReached"
     WORKLOAD_COMPLETED = "WorkloadCompleted"
+    SOME_ITEMS_COMPLETED = "SomeItemsCompleted"
     INVALID_SPEC = "InvalidSpec"
     REQUEUE_LIMIT_REACHED = "RequeueLimitReached"
     DISPATCH_DURATION_EXCEEDED = "DispatchDurationExceeded"
@@ -332,10 +335,8 @@ class AppWrapperStatus(_Model):
     @field_validator("state", mode="before")
     @classmethod
     def _known_state(cls, value: object) -> object:
-        # Status written by MCAD may hold "" or RunningHoldCompletion; the dispatcher re-derives
-        # the state, so an unknown one reads as "not set" rather than making the object unreadable.
-        if value == "RunningHoldCompletion":
-            return AppWrapperState.RUNNING
+        # Status written by MCAD may hold "" or a state of its own; the dispatcher re-derives the
+        # state, so an unknown one reads as "not set" rather than making the object unreadable.
         if isinstance(value, str) and value not in set(AppWrapperState):
             return None
         return value

@@ -399,11 +399,11 @@ class Reconciler:
             min_available = expected
         completion_items = sum(1 for item in aw.spec.items if item.completion_conditions())
         done_items, failed_object, polled = 0, "", False
-        # Wrapped objects report completion through their own status, read only once no
-        # pod is pending or running: before that they cannot be done. It comes from a watch
-        # cache of that kind (whose changes wake this reconcile); until that cache has
-        # synced, from a GET, looked at again a little later.
-        if completion_items and counts.pending == 0 and counts.running == 0:
+        # Wrapped objects report completion through their own status, also while pods run
+        # (MCAD's RunningHoldCompletion). It comes from a watch cache of that kind (whose
+        # changes wake this reconcile); until that cache has synced, from a GET, looked at
+        # again a little later.
+        if completion_items:
             objects = objects or wrapped_objects(aw, owner_reference=member.is_hub, lenient=True)
             result = await completion(
                 member.client,
@@ -443,14 +443,15 @@ class Reconciler:
             return DONE
         if verdict.verdict is Verdict.RUNNING:
             transition = cond.mark_running(status, message, now=moment)
+        elif verdict.verdict is Verdict.HOLD_COMPLETION:
+            transition = cond.mark_holding_completion(status, message, now=moment)
         elif verdict.verdict is Verdict.COMPLETED:
             transition = cond.mark_completed(status, message, now=moment)
         elif verdict.verdict is Verdict.FAILED:
             assert verdict.reason is not None
             transition = cond.mark_failed(status, verdict.reason, message, now=moment)
-        poll = (
-            POLL_SECONDS if polled and verdict.verdict in (Verdict.RUNNING, Verdict.WAIT) else None
-        )
+        watching = verdict.verdict in (Verdict.RUNNING, Verdict.WAIT, Verdict.HOLD_COMPLETION)
+        poll = POLL_SECONDS if polled and watching else None
         recheck = None if verdict.recheck_after is None else max(verdict.recheck_after, 0.05)
         if transition is not None:
             await self._status.write(obj, status, [transition])

@@ -256,6 +256,25 @@ def mark_running(status: AppWrapperStatus, message: str, *, now: datetime) -> Tr
     return Transition(Reason.PODS_RUNNING, message)
 
 
+def mark_holding_completion(
+    status: AppWrapperStatus, message: str, *, now: datetime
+) -> Transition | None:
+    """MCAD's RunningHoldCompletion: the items report completion, pods still run. Running
+    stays True; `status.state` says it; Completed follows when the pods end."""
+    changed = set_condition(
+        status,
+        C.RUNNING,
+        true=True,
+        reason=Reason.SOME_ITEMS_COMPLETED,
+        message=message,
+        now=now,
+    )
+    if not changed and status.state is AppWrapperState.RUNNING_HOLD_COMPLETION:
+        return None
+    _settle(status, AppWrapperState.RUNNING_HOLD_COMPLETION, message)
+    return Transition(Reason.SOME_ITEMS_COMPLETED, message)
+
+
 def mark_completed(status: AppWrapperStatus, message: str, *, now: datetime) -> Transition | None:
     """Completed, and so Running too: pods that finished ran, however briefly.
 

@@ -14,6 +14,8 @@ from dispatcher.api.models import Reason, Requeuing
 class Verdict(Enum):
     WAIT = "wait"
     RUNNING = "running"
+    HOLD_COMPLETION = "hold_completion"
+    """Every item with a completionstatus reports it; pods still run (MCAD's rule)."""
     COMPLETED = "completed"
     FAILED = "failed"
     REQUEUE = "requeue"
@@ -72,15 +74,24 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
     """Decide the next step for a dispatched AppWrapper (first matching rule wins)."""
     p = progress
     elapsed = p.seconds_since_dispatch
-    # 1. Done: every item with a completionstatus shows it; or, with none declared, every
-    #    pod it declared has succeeded.
+    # 1. Done: every item with a completionstatus shows it and no pod is left (as MCAD: while
+    #    pods still run or wait it holds, RunningHoldCompletion); or, with none declared,
+    #    every pod it declared has succeeded.
+    seen = p.running + p.pending + p.succeeded + p.failed
     if p.completion_items:
-        if p.completed_items >= p.completion_items:
-            return Assessment(
-                Verdict.COMPLETED,
-                Reason.WORKLOAD_COMPLETED,
-                f"{p.completed_items} of {p.completion_items} items report completion",
-            )
+        # Not before its pods were seen: a Deployment reports Progressing as soon as it is
+        # created, before any pod exists to hold completion for.
+        started = bool(seen) or p.reached_running or not p.expected_pods
+        if p.completed_items >= p.completion_items and started:
+            reported = f"{p.completed_items} of {p.completion_items} items report completion"
+            if p.running or p.pending:
+                # No pod count in the message: it would cost a status write per pod ending.
+                return Assessment(
+                    Verdict.HOLD_COMPLETION,
+                    Reason.SOME_ITEMS_COMPLETED,
+                    f"{reported}; held until its running and pending pods end",
+                )
+            return Assessment(Verdict.COMPLETED, Reason.WORKLOAD_COMPLETED, reported)
     elif (
         p.expected_pods > 0
         and p.succeeded >= p.expected_pods

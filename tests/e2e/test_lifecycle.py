@@ -306,3 +306,35 @@ async def test_mcad_users_find_the_pods_by_mcad_labels(
         "get", "deployment", "-n", namespace, "-l", "appwrapper.mcad.ibm.com=mcad-way", "-o", "name"
     )
     assert out.stdout.split() == ["deployment.apps/web"]
+
+
+async def test_items_done_while_pods_run_hold_completion(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
+    """MCAD's rule: two Deployments, one with `completionstatus: Progressing` (true while it
+    rolls out and runs). Its item reports completion while both Deployments' pods run: the
+    AppWrapper is held in RunningHoldCompletion, not Completed; Completed once no pod is
+    left."""
+    fake_nodes.add("n1", cpu="4")
+    await run_dispatcher()
+    aw = appwrapper("rhc", deployment("tracked", 1, {"cpu": "1"}), deployment("other", 1, {}))
+    aw["spec"]["resources"]["GenericItems"][0]["completionstatus"] = "Progressing"
+    await apply(cluster, namespace, aw)
+
+    async def held() -> bool:
+        status = (await get_aw(cluster, namespace, "rhc")).get("status") or {}
+        return status.get("state") == "RunningHoldCompletion"
+
+    await async_wait_until(held, timeout=60, what="RunningHoldCompletion")
+    found = await conditions(cluster, namespace, "rhc")
+    assert found["Running"] == "True"
+    assert "Completed" not in found
+    out = await cluster.akubectl("get", "appwrapper", "rhc", "-n", namespace, "--no-headers")
+    assert "RunningHoldCompletion" in out.stdout, out.stdout
+
+    # The pods end (both Deployments scaled to zero): Completed.
+    for name in ("tracked", "other"):
+        await cluster.akubectl("scale", "deployment", name, "-n", namespace, "--replicas=0")
+    await wait_condition(cluster, namespace, "rhc", "Completed", timeout=60)
+    status = (await get_aw(cluster, namespace, "rhc"))["status"]
+    assert status["state"] == "Completed"

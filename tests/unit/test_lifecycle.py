@@ -43,11 +43,40 @@ CASES = [
         Reason.WORKLOAD_COMPLETED,
     ),
     (
-        "completion-items",
+        "completion-items-pods-left",
         {"completion_items": 1, "completed_items": 1, "pending": 0, "running": 3},
+        None,
+        Verdict.HOLD_COMPLETION,
+        Reason.SOME_ITEMS_COMPLETED,
+    ),
+    (
+        "completion-items-pods-pending",
+        {"completion_items": 2, "completed_items": 2, "pending": 1, "running": 0},
+        None,
+        Verdict.HOLD_COMPLETION,
+        Reason.SOME_ITEMS_COMPLETED,
+    ),
+    (
+        "completion-items-no-pod-left",
+        {"completion_items": 1, "completed_items": 1, "pending": 0, "running": 0, "succeeded": 3},
         None,
         Verdict.COMPLETED,
         Reason.WORKLOAD_COMPLETED,
+    ),
+    (
+        # A Deployment reports Progressing before any of its pods exists.
+        "completion-items-before-any-pod",
+        {"completion_items": 1, "completed_items": 1, "pending": 0, "running": 0},
+        None,
+        Verdict.WAIT,
+        Reason.PODS_NOT_READY,
+    ),
+    (
+        "completion-items-one-short",
+        {"completion_items": 2, "completed_items": 1, "pending": 0, "running": 3},
+        None,
+        Verdict.RUNNING,
+        Reason.PODS_RUNNING,
     ),
     (
         "object-failed",

@@ -329,7 +329,11 @@ def test_completion_conditions(completionstatus: str | None, want: tuple[str, ..
     [
         pytest.param("Running", AppWrapperState.RUNNING, id="known"),
         pytest.param("Completed", AppWrapperState.COMPLETED, id="completed"),
-        pytest.param("RunningHoldCompletion", AppWrapperState.RUNNING, id="mcad-hold-completion"),
+        pytest.param(
+            "RunningHoldCompletion",
+            AppWrapperState.RUNNING_HOLD_COMPLETION,
+            id="mcad-hold-completion",
+        ),
         pytest.param("", None, id="empty"),
         pytest.param("SomethingElse", None, id="unknown-reads-as-unset"),
     ],
@@ -438,7 +442,9 @@ def test_parse_time(text: str) -> None:
     ("enum", "want"),
     [
         pytest.param(
-            AppWrapperState, ["Pending", "Running", "Completed", "Failed", "Deleted"], id="states"
+            AppWrapperState,
+            ["Pending", "Running", "RunningHoldCompletion", "Completed", "Failed", "Deleted"],
+            id="states",
         ),
         pytest.param(
             ConditionType,
