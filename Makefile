@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CACHE_DIR ?= $(HOME)/.cache/appwrapper-dispatcher
 export APPWRAPPER_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: all venv testenv lint typecheck unit test demo demo-multi bench clean
+.PHONY: all venv testenv lint typecheck unit test demo demo-multi bench conformance clean
 
 all: test
 
@@ -56,6 +56,13 @@ bench: venv testenv
 	$(PY) -m benchmarks.e2e_bench --count 1000 --churn 10000 --out benchmarks/results/e2e.json
 	$(PY) -m benchmarks.hops_bench --out benchmarks/results/hops.json
 	$(PY) -m benchmarks.plot benchmarks/results
+
+# MCAD v1.40.0's own e2e suite (built from the Go module proxy into $(CACHE_DIR)/mcad) run
+# against this dispatcher, each test alone; SYSTEM=mcad runs it against MCAD itself. Writes
+# benchmarks/results/conformance-$(SYSTEM).{json,md}. Not part of `make test` (~30 min).
+SYSTEM ?= ours
+conformance: venv testenv
+	$(PY) -m benchmarks.conformance --system $(SYSTEM)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -201,9 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", choices=["ours", "mcad"], default="ours")
     parser.add_argument("--only", default="", help="run only tests whose name matches this")
-    parser.add_argument("--cap", type=float, default=240, help="seconds per test")
+    parser.add_argument("--cap", type=float, default=300, help="seconds per test")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args(argv)
+    # Stopped (timeout, kill): the clean-up below still runs, nothing is left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     source, binary, controller = build(args.cache, controller_too=args.system == "mcad")
     names = [n for n in active_tests(source) if re.search(args.only, n)]
     with tempfile.TemporaryDirectory(prefix="aw-conformance-") as tmp:
