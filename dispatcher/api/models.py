@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dispatcher.api.resources import Resources
 
@@ -331,6 +331,23 @@ class AppWrapperStatus(_Model):
     priority: Int | None = None
     """Effective priority (from priorityClassName when set)."""
     observedGeneration: Int | None = None
+    # MCAD's names for facts held above, for tools written against MCAD: written from those
+    # facts on every status write (`mcad_fields`), never read back.
+    canrun: bool | None = None
+    isdispatched: bool | None = None
+    queuejobstate: str | None = None
+    controllerfirsttimestamp: str | None = None
+    numberOfRequeueings: Int | None = None
+    systempriority: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_not_read(cls, value: object) -> object:
+        # MCAD's fields are derived at each write: what a status holds is ours, never a copy
+        # read back (an MCAD-written one may disagree with it).
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if k not in MCAD_STATUS_FIELDS}
+        return value
 
     @field_validator("state", mode="before")
     @classmethod
@@ -399,8 +416,43 @@ class AppWrapper(_Model):
 
 
 def status_to_kube(status: AppWrapperStatus) -> dict[str, Any]:
-    """The status as a JSON-ready dict for a status write (wire names, None left out)."""
-    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    """The status as a JSON-ready dict for a status write (wire names, None left out), with
+    MCAD's fields derived afresh."""
+    body = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    body.update(mcad_fields(status))
+    return body
+
+
+MCAD_STATUS_FIELDS = frozenset(
+    {
+        "canrun",
+        "isdispatched",
+        "queuejobstate",
+        "controllerfirsttimestamp",
+        "numberOfRequeueings",
+        "systempriority",
+    }
+)
+
+
+def mcad_fields(status: AppWrapperStatus) -> dict[str, Any]:
+    """MCAD's status fields, from this dispatcher's: dispatched (`canrun`, `isdispatched`),
+    the latest milestone (`queuejobstate`), first seen, requeues and priority."""
+    dispatched = status.is_true(ConditionType.DISPATCHED)
+    fields: dict[str, Any] = {
+        "canrun": dispatched,
+        "isdispatched": dispatched,
+        "numberOfRequeueings": status.requeueCount,
+    }
+    if status.state is AppWrapperState.RUNNING_HOLD_COMPLETION:
+        fields["queuejobstate"] = status.state.value
+    elif status.stage:
+        fields["queuejobstate"] = status.stage
+    if status.queuedAt:
+        fields["controllerfirsttimestamp"] = status.queuedAt
+    if status.priority is not None:
+        fields["systempriority"] = float(status.priority)
+    return fields
 
 
 def format_micro_time(moment: datetime) -> str:

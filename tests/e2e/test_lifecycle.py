@@ -306,6 +306,15 @@ async def test_mcad_users_find_the_pods_by_mcad_labels(
         "get", "deployment", "-n", namespace, "-l", "appwrapper.mcad.ibm.com=mcad-way", "-o", "name"
     )
     assert out.stdout.split() == ["deployment.apps/web"]
+    # And MCAD's status fields, as its users' scripts read them.
+    fields = "{.status.canrun},{.status.isdispatched},{.status.numberOfRequeueings}"
+    out = await cluster.akubectl(
+        "get", "appwrapper", "mcad-way", "-n", namespace, "-o", f"jsonpath={fields}"
+    )
+    assert out.stdout == "true,true,0", out.stdout
+    status = (await get_aw(cluster, namespace, "mcad-way"))["status"]
+    assert status["queuejobstate"] == status["stage"]
+    assert status["controllerfirsttimestamp"] == status["queuedAt"]
 
 
 async def test_items_done_while_pods_run_hold_completion(

@@ -385,6 +385,13 @@ def test_status_round_trips_through_kube() -> None:
         "requeueCount": 1,
         "queuedAt": "2024-05-01T12:00:00.123456Z",
         "priority": 10,
+        # MCAD's names for the same facts, derived at the write; dropped when read.
+        "canrun": True,
+        "isdispatched": True,
+        "queuejobstate": "Running",
+        "controllerfirsttimestamp": "2024-05-01T12:00:00.123456Z",
+        "numberOfRequeueings": 1,
+        "systempriority": 10.0,
     }
     assert AppWrapperStatus.model_validate(raw) == status
 
