@@ -306,7 +306,10 @@ def mark_failed(
 ) -> Transition | None:
     if not set_condition(status, C.FAILED, true=True, reason=reason, message=message, now=now):
         return None
-    _settle(status, AppWrapperState.FAILED, message)
+    # At the requeue limit MCAD names the state Deleted (its objects are removed); the Failed
+    # condition says why either way.
+    limit = reason is Reason.REQUEUE_LIMIT_REACHED
+    _settle(status, AppWrapperState.DELETED if limit else AppWrapperState.FAILED, message)
     return Transition(reason, message, warning=True)
 
 

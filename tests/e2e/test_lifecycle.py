@@ -163,6 +163,7 @@ async def test_pods_that_never_start_are_requeued_then_failed(
     await wait_condition(cluster, namespace, "stuck", "Failed", timeout=90)
     status = (await get_aw(cluster, namespace, "stuck"))["status"]
     assert status["requeueCount"] == 2
+    assert status["state"] == "Deleted"  # MCAD's name for this end
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "RequeueLimitReached"
     requeued = next(c for c in status["conditions"] if c["type"] == "Requeued")

@@ -199,3 +199,18 @@ def test_completed_is_never_shown_without_running(steps: list[str]) -> None:
             cond.mark_completed(status, "done", now=now)
     assert status.is_true(cond.C.COMPLETED)
     assert status.is_true(cond.C.RUNNING)
+
+
+@pytest.mark.parametrize(
+    ("reason", "state"),
+    [
+        pytest.param(Reason.REQUEUE_LIMIT_REACHED, "Deleted", id="requeue-limit-as-mcad"),
+        pytest.param(Reason.PODS_FAILED, "Failed", id="pods-failed"),
+        pytest.param(Reason.INVALID_SPEC, "Failed", id="invalid"),
+    ],
+)
+def test_failed_state_names_the_end_as_mcad(reason: Reason, state: str) -> None:
+    status = AppWrapperStatus()
+    cond.mark_failed(status, reason, "done", now=T0)
+    assert status.state == state
+    assert "Failed" in true_types(status)
