@@ -73,17 +73,18 @@ class Reason(StrEnum):
     with which condition type)."""
 
     CREATED = "Created"
-    QUEUED = "Queued"
+    # Where MCAD names the same step, its reason is used (its tools and users read them).
+    QUEUED = "AwaitingHeadOfLine"
     REQUEUED = "Requeued"
-    FRONT_OF_QUEUE = "FrontOfQueue"
+    FRONT_OF_QUEUE = "FrontOfQueue."  # sic, MCAD's
     REQUEUE_BACKOFF = "RequeueBackoff"
-    DISPATCHED = "Dispatched"
+    DISPATCHED = "AppWrapperRunnable"
     INSUFFICIENT_RESOURCES = "InsufficientResources"
     DISPATCH_FAILED = "DispatchFailed"
     PODS_RUNNING = "PodsRunning"
     PODS_NOT_READY = "PodsNotReady"
     MIN_AVAILABLE_NOT_REACHED = "MinAvailableNotReached"
-    WORKLOAD_COMPLETED = "WorkloadCompleted"
+    WORKLOAD_COMPLETED = "PodsCompleted"
     SOME_ITEMS_COMPLETED = "SomeItemsCompleted"
     INVALID_SPEC = "InvalidSpec"
     REQUEUE_LIMIT_REACHED = "RequeueLimitReached"

@@ -83,7 +83,7 @@ async def test_brief_job_is_running_then_completed(
     assert kinds["Running"]["status"] == "True"
     assert kinds["Running"]["reason"] == "PodsRunning"
     assert kinds["Completed"]["status"] == "True"
-    assert kinds["Completed"]["reason"] == "WorkloadCompleted"
+    assert kinds["Completed"]["reason"] == "PodsCompleted"
     assert kinds["Dispatched"]["status"] == "True"
     assert "Failed" not in kinds
 

@@ -371,7 +371,7 @@ def test_status_round_trips_through_kube() -> None:
             {
                 "type": "Dispatched",
                 "status": "True",
-                "reason": "Dispatched",
+                "reason": "AppWrapperRunnable",
                 "message": "dispatched to cluster hub",
                 "lastTransitionMicroTime": "2024-05-01T12:00:00.123456Z",
                 "lastUpdateMicroTime": "2024-05-01T12:00:00.123456Z",
