@@ -274,6 +274,7 @@ class LocalCluster(KubectlMixin):
         kuberay: bool = False,
         api_qps: int = 0,
         audit: bool = False,
+        kwok_stages: Sequence[Path] | None = None,
         timeout: float = 120,
     ) -> LocalCluster:
         binaries = binaries or ensure_binaries()
@@ -292,7 +293,13 @@ class LocalCluster(KubectlMixin):
             kubectl_path=binaries.kubectl,
         )
         try:
-            cluster._start_all(api_port=api_port, kuberay=kuberay, audit=audit, timeout=timeout)
+            cluster._start_all(
+                api_port=api_port,
+                kuberay=kuberay,
+                audit=audit,
+                stages=list(kwok_stages or binaries.kwok_stages),
+                timeout=timeout,
+            )
         except BaseException:
             cluster.stop()
             raise
@@ -300,7 +307,15 @@ class LocalCluster(KubectlMixin):
 
     # -- start-up -------------------------------------------------------------------------
 
-    def _start_all(self, *, api_port: int, kuberay: bool, audit: bool, timeout: float) -> None:
+    def _start_all(
+        self,
+        *,
+        api_port: int,
+        kuberay: bool,
+        audit: bool,
+        stages: list[Path],
+        timeout: float,
+    ) -> None:
         deadline = time.monotonic() + timeout
         work = self.workdir
         (work / "tokens.csv").write_text(f'{self.token},admin,admin,"system:masters"\n')
@@ -395,7 +410,7 @@ class LocalCluster(KubectlMixin):
                 "--cidr=10.244.0.0/16",
                 "--node-ip=10.243.0.1",
                 "--server-address=127.0.0.1:0",
-                *(f"--config={p}" for p in self.binaries.kwok_stages),
+                *(f"--config={p}" for p in stages),
             ],
             env={"HOME": str(kwok_home)},
         )
