@@ -1,5 +1,5 @@
 """What the dispatcher counts, and refuses to guess: RayService pods, kinds it cannot read,
-pods per node, absurd pod counts, cluster selector expressions.
+pods per node, absurd pod counts (cluster selector expressions: test_selectors.py).
 
 A tenant must not get a gang past the queue by wrapping a kind whose pods are not counted,
 by asking for nothing but pods, or by writing a selector the dispatcher would ignore.
@@ -24,15 +24,13 @@ from dispatcher.core.model import (
     PODS,
     UNLIMITED_PODS,
     ClusterSnapshot,
-    LabelRequirement,
-    Placement,
     PodSet,
     QueueMode,
     Workload,
     pod_count,
 )
 from dispatcher.core.podsets import MAX_PODS, cannot_infer, infer_pod_sets, pod_requests
-from dispatcher.core.scheduling import Admit, Wait, schedule
+from dispatcher.core.scheduling import Wait, schedule
 from dispatcher.core.scheduling.placement import ClusterState, NodeAssignment
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
 from dispatcher.core.workloads import InvalidSpec, item_pod_sets, workload_of
@@ -547,137 +545,6 @@ def test_a_declaration_at_or_above_the_templates_is_used_either_way(as_written: 
     assert table(item_pod_sets(item, as_written=as_written)) == [
         ("custompodresources[0]", 2, res(cpu=2))
     ]
-
-
-# -- cluster selector expressions -------------------------------------------------------------
-
-
-def member(name: str, **labels: str) -> ClusterSnapshot:
-    return cluster(name, node(f"{name}-1", gpu=8), labels=labels)
-
-
-SELECTOR_CASES: list[Any] = [
-    pytest.param(
-        {"matchExpressions": [{"key": "region", "operator": "In", "values": ["eu", "ap"]}]},
-        {"eu"},
-        id="in",
-    ),
-    pytest.param(
-        {"matchExpressions": [{"key": "region", "operator": "NotIn", "values": ["eu"]}]},
-        {"us", "bare"},
-        id="not-in-includes-unlabelled",
-    ),
-    pytest.param(
-        {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}, {"eu", "us"}, id="exists"
-    ),
-    pytest.param(
-        {"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]},
-        {"bare"},
-        id="does-not-exist",
-    ),
-    pytest.param(
-        {
-            "matchLabels": {"gpu": "a100"},
-            "matchExpressions": [{"key": "region", "operator": "NotIn", "values": ["us"]}],
-        },
-        {"eu"},
-        id="labels-and-expressions-all-hold",
-    ),
-    pytest.param(
-        {
-            "matchExpressions": [
-                {"key": "region", "operator": "In", "values": ["us"]},
-                {"key": "region", "operator": "In", "values": ["eu"]},
-            ]
-        },
-        set(),
-        id="contradiction-matches-none",
-    ),
-]
-
-MEMBERS = (
-    member("eu", region="eu", gpu="a100"),
-    member("us", region="us", gpu="h100"),
-    member("bare"),
-)
-
-
-@pytest.mark.parametrize(("selector", "want"), SELECTOR_CASES)
-def test_cluster_selector_expressions(selector: dict[str, Any], want: set[str]) -> None:
-    aw = counted(pod("p"))
-    placed = workload_or_error(
-        pod("p"), scheduling={"clusterScheduling": {"clusterSelector": selector}}
-    )
-    assert isinstance(placed, Workload), placed
-    assert {c.name for c in MEMBERS if placed.placement.allows(c)} == want
-    assert aw.placement.anywhere
-    assert not placed.placement.anywhere
-
-
-def test_a_selector_expression_steers_the_cycle() -> None:
-    selector = {"matchExpressions": [{"key": "region", "operator": "NotIn", "values": ["eu"]}]}
-    aw = workload_or_error(
-        pod("p", pod_spec(container(requests={"cpu": "1"}, limits={GPU: 2}))),
-        scheduling={"clusterScheduling": {"clusterSelector": selector}},
-    )
-    assert isinstance(aw, Workload)
-    # "eu" would be the best fit (it is listed first and both are empty).
-    result = schedule(
-        [aw],
-        MEMBERS[:2],
-        mode=QueueMode.STRICT_FIFO,
-        now=0.0,
-        starvation_after=1e9,
-        preemption=None,
-    )
-    assert result.admits == (Admit("ns/aw", "us"),)
-
-
-INVALID_SELECTORS: list[Any] = [
-    pytest.param(
-        {"key": "region", "operator": "Equals", "values": ["eu"]},
-        "matchExpressions[0]: operator 'Equals' is not one of In, NotIn, Exists, DoesNotExist",
-        id="unknown-operator",
-    ),
-    pytest.param(
-        {"key": "region", "operator": "in", "values": ["eu"]},
-        "operator 'in' is not one of",
-        id="operators-are-case-sensitive",
-    ),
-    pytest.param(
-        {"key": "region", "operator": "In", "values": []},
-        "matchExpressions[0]: operator In needs at least one value",
-        id="in-without-values",
-    ),
-    pytest.param(
-        {"key": "gpu", "operator": "Exists", "values": ["a100"]},
-        "matchExpressions[0]: operator Exists takes no values",
-        id="exists-with-values",
-    ),
-]
-
-
-@pytest.mark.parametrize(("expression", "want"), INVALID_SELECTORS)
-def test_invalid_selector_expressions_are_invalid_specs(
-    expression: dict[str, Any], want: str
-) -> None:
-    selector = {"matchExpressions": [expression]}
-    message = refused(pod("p"), scheduling={"clusterScheduling": {"clusterSelector": selector}})
-    assert message.startswith("schedulingSpec.clusterScheduling.clusterSelector.")
-    assert want in message
-
-
-def test_label_requirement_of_an_unknown_operator_matches_nothing() -> None:
-    assert not LabelRequirement("a", "Gt", frozenset({"1"})).matches({"a": "2"})
-
-
-def test_placements_differing_only_in_expressions_are_distinct() -> None:
-    """The cycle remembers refusals per placement: two selectors must not share one."""
-    a = Placement(match_expressions=(LabelRequirement("r", "In", frozenset({"eu"})),))
-    b = Placement(match_expressions=(LabelRequirement("r", "NotIn", frozenset({"eu"})),))
-    assert a != b
-    assert hash(a) != hash(b)
-    assert Placement(clusters=None).anywhere
 
 
 def test_unlimited_pods_are_beyond_any_valid_appwrapper() -> None:

@@ -1,6 +1,6 @@
 """From an AppWrapper to the core's Workload: its age within a second.
 
-Cluster selectors are tested with the rest of inference, in test_inference.py.
+Cluster selectors are tested in test_selectors.py.
 """
 
 from __future__ import annotations
