@@ -107,7 +107,7 @@ def focus(name: str) -> str:
 
 # The suite's pods stand for real programs: KWOK's fast stages would finish them at once. Two
 # of them matter to its tests: a container that runs `sleep infinity` never ends, and a pod
-# with init containers (which take 200 s in the suite's Job) is not Ready within a test.
+# with init containers (the suite's take 200 s) is Ready only 200 s after it is bound.
 _NEVER_ENDS = """    - key: '.spec.containers.[].args.[]'
       operator: 'NotIn'
       values:
@@ -118,17 +118,41 @@ _NO_INIT = """    - key: '.spec.initContainers'
 """
 
 
+_AFTER_INIT = """    - key: '.spec.initContainers'
+      operator: 'Exists'
+"""
+_INIT_DELAY = """  delay:
+    durationMilliseconds: 200000
+  next:
+"""
+
+
+def _with(text: str, selector: str) -> str:
+    return text.replace("    matchExpressions:\n", "    matchExpressions:\n" + selector, 1)
+
+
 def kwok_stages(work: Path) -> list[Path]:
     """KWOK's fast stages, with the two exceptions above."""
     stages = []
     for path in ensure_binaries().kwok_stages:
+        if path.parent.parent.name != "pod" or path.name not in (
+            "pod-complete.yaml",
+            "pod-ready.yaml",
+        ):
+            stages.append(path)
+            continue
         text = path.read_text()
-        extra = {"pod-complete.yaml": _NEVER_ENDS, "pod-ready.yaml": _NO_INIT}.get(path.name)
-        if extra is not None and path.parent.parent.name == "pod":
-            text = text.replace("    matchExpressions:\n", "    matchExpressions:\n" + extra, 1)
-            path = work / f"stage-{path.name}"
-            path.write_text(text)
-        stages.append(path)
+        variants = {"": _with(text, _NEVER_ENDS)}
+        if path.name == "pod-ready.yaml":
+            delayed = _with(text, _AFTER_INIT).replace("  next:\n", _INIT_DELAY, 1)
+            variants = {
+                "": _with(text, _NO_INIT),
+                "-after-init": delayed.replace("name: pod-ready\n", "name: pod-ready-after-init\n"),
+            }
+        for suffix, content in variants.items():
+            stage = work / f"stage-{path.stem}{suffix}.yaml"
+            stage.write_text(content)
+            stages.append(stage)
     return stages
 
 
