@@ -15,6 +15,15 @@ from dispatcher.core.model import QueueMode
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
 
 
+class Fit(StrEnum):
+    """When an AppWrapper's pods count as fitting a member cluster."""
+
+    PER_NODE = "per_node"
+    """Every pod has a node with room for it (the default)."""
+    CLUSTER_TOTAL = "cluster_total"
+    """MCAD's accounting: the cluster's free resources add up to the request."""
+
+
 class DeclaredPodResources(StrEnum):
     """How an item's `custompodresources` is read."""
 
@@ -57,6 +66,8 @@ class Config(BaseModel):
     requeue_pause_seconds: float = Field(default=5.0, ge=0)
     """Backoff after a requeue when the AppWrapper sets no requeuing.pauseTimeInSeconds."""
     allowed_kinds: list[str] = Field(default_factory=lambda: sorted(DEFAULT_ALLOWED_KINDS))
+    fit: Fit = Fit.PER_NODE
+    """per_node, or cluster_total as MCAD (pods may then wait Pending for a node)."""
     declared_pod_resources: DeclaredPodResources = DeclaredPodResources.AS_WRITTEN
     """How `custompodresources` is read: as written (MCAD), or never below the pod templates."""
     create_namespaces: bool = True

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from dispatcher.api.models import AppWrapperStatus
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
-from dispatcher.config import Config
+from dispatcher.config import Config, Fit
 from dispatcher.controller.cache import SchedulerCache
 from dispatcher.controller.models import Models
 from dispatcher.controller.status import StatusWriter
@@ -44,6 +44,7 @@ from dispatcher.core.scheduling import (
     PreemptionPolicy,
     schedule,
 )
+from dispatcher.core.scheduling.pooled import anywhere, pooled
 from dispatcher.kube.errors import Conflict, KubeError
 
 BATCH_SECONDS = 0.005
@@ -112,9 +113,13 @@ class Scheduler:
         policy = None
         if self._policy is not None:
             policy = HonourClaims(self._policy, snapshot.claims)
+        pending, clusters = snapshot.pending, snapshot.clusters
+        if self._config.fit is Fit.CLUSTER_TOTAL:
+            pending = [anywhere(w) for w in pending]
+            clusters = [pooled(c) for c in clusters]
         result = schedule(
-            snapshot.pending,
-            snapshot.clusters,
+            pending,
+            clusters,
             mode=self._config.queue_mode,
             now=now,
             starvation_after=self._config.starvation_after_seconds,
@@ -122,6 +127,7 @@ class Scheduler:
         )
         self.cycles += 1
         self.considered.update(w.key for w in snapshot.pending)
+        # The spec as written is what an admission records (and checks is still current).
         self._apply(result, snapshot.pending, now)
         self._cycle_seconds = time.perf_counter() - started
         self._log.debug(

@@ -110,3 +110,23 @@ async def test_service_and_deployment_sample(cluster, namespace, fake_nodes, run
     assert status["running"] >= 2
     assert status["state"] == "Running"
     assert status["stage"] == "Running"
+
+
+async def test_cluster_total_fit_dispatches_as_mcad_did(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
+    """`fit: cluster_total`, MCAD's accounting, for those who want it: two 425m pods on
+    nodes with 500m and 350m free are dispatched (850m free in total), and one of them waits
+    Pending for a node, as under MCAD. The default (per-node) keeps the gang queued."""
+    fake_nodes.add("a", cpu="500m", memory="8Gi")
+    fake_nodes.add("b", cpu="350m", memory="8Gi")
+    await run_dispatcher(fit="cluster_total")
+    await apply(cluster, namespace, appwrapper("pair", deployment("pair", 2, {"cpu": "425m"})))
+    await wait_condition(cluster, namespace, "pair", "Dispatched", timeout=30)
+
+    async def one_runs_one_waits() -> bool:
+        phases = sorted(p["status"].get("phase") for p in await pods_of(cluster, namespace, "pair"))
+        return phases == ["Pending", "Running"]
+
+    await async_wait_until(one_runs_one_waits, timeout=60, what="one pod Running, one Pending")
+    await async_holds_for(one_runs_one_waits, seconds=QUIET_SECONDS, what="the second pod waits")
