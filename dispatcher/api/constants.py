@@ -26,3 +26,10 @@ FIELD_MANAGER = "appwrapper-dispatcher"
 
 FINALIZER = f"{GROUP}/finalizer"
 ANNOTATION_ITEM = f"{GROUP}/item-index"
+
+# Quotas: an AppWrapper names the namespaced queue (AppQueue) it is submitted to with this
+# label; Kueue's label, as the Kueue guides write it, is honoured too. A namespace's AppQueue
+# named DEFAULT_QUEUE takes AppWrappers that name none.
+LABEL_QUEUE = f"{GROUP}/queue-name"
+KUEUE_LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
+DEFAULT_QUEUE = "default"

@@ -227,6 +227,7 @@ class Workload:
     placement: Placement = Placement()
     queued_since: float = 0.0  # when it became head-of-line eligible (starvation guard)
     preemptible: bool = True
+    queue_name: str = ""  # the AppQueue it names ("" = none; see `core.quota.resolve`)
     # Its pod sets' shapes: what its fit depends on (see `PodSet.shape`).
     shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
 

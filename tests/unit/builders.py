@@ -96,6 +96,7 @@ def workload(
     queued_since: float | None = None,
     placement: Placement | None = None,
     preemptible: bool = True,
+    queue: str = "",
 ) -> Workload:
     return Workload(
         key=key,
@@ -105,6 +106,7 @@ def workload(
         placement=placement or Placement(),
         queued_since=created_at if queued_since is None else queued_since,
         preemptible=preemptible,
+        queue_name=queue,
     )
 
 

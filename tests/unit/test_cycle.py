@@ -18,6 +18,7 @@ from dispatcher.core.scheduling import (
     schedule,
 )
 from dispatcher.core.scheduling.placement import NodeAssignment
+from dispatcher.core.scheduling.preemption import VictimRules
 from tests.unit.builders import (
     admitted_placements,
     cluster,
@@ -360,7 +361,7 @@ class CannedPolicy:
         self.asked: list[tuple[str, str]] = []
 
     def choose_victims(
-        self, workload: Workload, cluster: ClusterSnapshot
+        self, workload: Workload, cluster: ClusterSnapshot, rules: VictimRules | None = None
     ) -> tuple[str, ...] | None:
         self.asked.append((workload.key, cluster.name))
         return self.answer

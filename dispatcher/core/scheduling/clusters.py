@@ -42,7 +42,7 @@ class CycleState:
         # (cluster, gang shape) -> the highest priority for which the policy found no
         # victims: room only shrinks within a cycle, and a lower priority has fewer
         # candidates, so asking again could not do better.
-        self.no_victims: dict[tuple[str, tuple[str, ...]], int] = {}
+        self.no_victims: dict[tuple[str, tuple[str, ...], object], int] = {}
         # Equal messages share one string: thousands of waits often say the same.
         self.messages: dict[str, str] = {}
         # Answers for gangs that fit nowhere, by (gang shape, usable clusters, priority),

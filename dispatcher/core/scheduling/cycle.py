@@ -9,12 +9,18 @@ comes in addition to the `Wait` of the workload that asked for it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
-from dispatcher.core.scheduling.clusters import CycleState, best_fit
-from dispatcher.core.scheduling.placement import Gang
+from dispatcher.core.quota.fairshare import fair_order
+from dispatcher.core.quota.flavors import Assignment, QuotaRefusal
+from dispatcher.core.quota.model import WhenCanPreempt
+from dispatcher.core.quota.resolve import Queued, QueueProblem
+from dispatcher.core.quota.victims import QuotaRules
+from dispatcher.core.quota.view import QuotaView
+from dispatcher.core.scheduling.clusters import CycleState, Reasons, best_fit
+from dispatcher.core.scheduling.placement import Gang, Refusal
 from dispatcher.core.scheduling.preemption import PreemptionPolicy
 
 __all__ = ["Admit", "CycleResult", "Preempt", "Wait", "queue_order_key", "schedule"]
@@ -22,10 +28,14 @@ __all__ = ["Admit", "CycleResult", "Preempt", "Wait", "queue_order_key", "schedu
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """Dispatch workload `key` to `cluster`."""
+    """Dispatch workload `key` to `cluster` (charged to cluster queue `queue`, submitted
+    through AppQueue `local`, with the flavors of `assignment`, when it has a queue)."""
 
     key: str
     cluster: str
+    queue: str = ""
+    local: str = ""
+    assignment: Assignment | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +61,7 @@ class CycleResult:
     waits: tuple[Wait, ...] = ()
     preemptions: tuple[Preempt, ...] = ()
     head_key: str | None = None  # the first workload in queue order not admitted
+    heads: frozenset[str] = frozenset()  # with queues: the first of each queue too
 
 
 def queue_order_key(workload: Workload) -> tuple[int, float, str]:
@@ -64,18 +75,20 @@ def _preempt(
     cycle: CycleState,
     usable: Sequence[ClusterSnapshot],
     policy: PreemptionPolicy,
+    rules: QuotaRules | None,
+    context: object,
 ) -> Preempt | None:
     """Ask the policy in every usable cluster; take the fewest victims, then cluster name."""
     best: Preempt | None = None
     for cluster in usable:
         if not cluster.reachable or cluster.name in cycle.held:
             continue
-        failed_at = cycle.no_victims.get((cluster.name, gang.shape))
+        failed_at = cycle.no_victims.get((cluster.name, gang.shape, context))
         if failed_at is not None and workload.priority <= failed_at:
             continue
-        victims = policy.choose_victims(workload, cycle.with_admitted(cluster))
+        victims = policy.choose_victims(workload, cycle.with_admitted(cluster), rules)
         if victims is None:  # cannot make room there
-            cycle.no_victims[(cluster.name, gang.shape)] = workload.priority
+            cycle.no_victims[(cluster.name, gang.shape, context)] = workload.priority
         elif victims and (best is None or len(victims) < len(best.victims)):
             best = Preempt(key=workload.key, cluster=cluster.name, victims=victims)
             if len(victims) == 1:
@@ -84,15 +97,70 @@ def _preempt(
 
 
 def _policy_done(
-    workload: Workload, gang: Gang, cycle: CycleState, usable: Sequence[ClusterSnapshot]
+    workload: Workload,
+    gang: Gang,
+    cycle: CycleState,
+    usable: Sequence[ClusterSnapshot],
+    context: object,
 ) -> bool:
     """Whether `_preempt` would ask the policy nothing for this workload now."""
     for cluster in usable:
         if cluster.reachable and cluster.name not in cycle.held:
-            failed_at = cycle.no_victims.get((cluster.name, gang.shape))
+            failed_at = cycle.no_victims.get((cluster.name, gang.shape, context))
             if failed_at is None or workload.priority > failed_at:
                 return False
     return True
+
+
+@dataclass(slots=True)
+class _Tried:
+    """Why a workload did not fit, and the preemption it asked for (if any)."""
+
+    reasons: Reasons
+    why: Refusal
+    chosen: Preempt | None = None
+
+
+def _fit(
+    workload: Workload,
+    cycle: CycleState,
+    preemption: PreemptionPolicy | None,
+    *,
+    preempt: bool,
+    rules: QuotaRules | None = None,
+    context: object = None,
+    quota_limit: str = "",
+) -> str | _Tried:
+    """Place the workload (its pods as they will be made) in the best cluster: the
+    cluster's name, or why not (having asked for victims if `preempt`). With a
+    `quota_limit` its quota does not fit: it is never placed, only victims are sought."""
+    gang = cycle.gang(workload)
+    usable = cycle.usable(workload.placement)
+    # A gang of the same shape and placement refused since the last admission or hold
+    # is refused again for the same reasons (the policy's answers also depend on the
+    # priority and the queue; without a policy they play no part).
+    priority = None if preemption is None else workload.priority
+    placement = workload.placement
+    question = (gang.shape, None if placement.anywhere else placement, priority, context)
+    known = cycle.known_refusal(question)
+    if known is not None:
+        return _Tried(*known)
+    outcome = best_fit(cycle, gang, usable)
+    if isinstance(outcome, tuple):
+        if not quota_limit:
+            cycle.admit(workload, outcome[0].name)
+            return outcome[0].name
+        outcome[1].undo()
+        tried = _Tried([], Refusal(quota_limit))
+    else:
+        tried = _Tried(outcome, cycle.combine(outcome))
+    if preempt and preemption is not None:
+        tried.chosen = _preempt(workload, gang, cycle, usable, preemption, rules, context)
+    if preemption is None or (
+        preempt and tried.chosen is None and _policy_done(workload, gang, cycle, usable, context)
+    ):
+        cycle.refused[question] = (cycle.version, tried.reasons, tried.why)
+    return tried
 
 
 def schedule(
@@ -103,6 +171,7 @@ def schedule(
     now: float,
     starvation_after: float,
     preemption: PreemptionPolicy | None,
+    quotas: QuotaView | None = None,
 ) -> CycleResult:
     """Decide, for every pending workload, admit (where) or wait (why); maybe preempt.
 
@@ -121,60 +190,93 @@ def schedule(
       where it preempts is held for it for the rest of the cycle (its victims' room is its
       claim), and at most one preemption happens per cluster per cycle.
     """
-    # 1. Order the queue: priority, then age, then key.
-    ordered = sorted(pending, key=queue_order_key)
+    # 1. Order the queue: priority, then age, then key (with fair sharing, queues that
+    #    borrow less of their cohort go first).
+    in_order = sorted(pending, key=queue_order_key)
+    ordered: Iterable[Workload] = in_order
+    resolved = {w.key: quotas.resolve(w) for w in in_order} if quotas is not None else {}
+    if quotas is not None and quotas.setup.fair_sharing:
+        ordered = fair_order(in_order, resolved, quotas.ledger)
 
     # 2. Snapshot: one mutable simulation per cluster, built on first use.
     cycle = CycleState(clusters, now)
     admits: list[Admit] = []
     waits: list[Wait] = []
     preemptions: list[Preempt] = []
-    head_key: str | None = None
+    heads: list[str] = []
     blocked: str | None = None  # StrictFIFO: the message of every workload after the head
+    blocked_queues: dict[str, str] = {}  # the same, per cluster queue
 
     # 3. Fit, or preempt, each workload in order.
     for workload in ordered:
-        if blocked is not None:
+        queued = resolved.get(workload.key)
+        if isinstance(queued, QueueProblem):
+            waits.append(
+                Wait(workload.key, cycle.messages.setdefault(queued.message, queued.message))
+            )
+            continue
+        strict = mode is QueueMode.STRICT_FIFO
+        if queued is not None:
+            assert quotas is not None
+            strict = quotas.spec(queued.queue).strategy is QueueMode.STRICT_FIFO
+            if queued.queue in blocked_queues:
+                waits.append(Wait(workload.key, blocked_queues[queued.queue]))
+                continue
+        elif blocked is not None:
             waits.append(Wait(workload.key, blocked))
             continue
-        gang = cycle.gang(workload)
-        usable = cycle.usable(workload.placement)
-        # A gang of the same shape and placement refused since the last admission or hold
-        # is refused again for the same reasons (the policy's answers also depend on the
-        # priority; without a policy it plays no part).
-        priority = None if preemption is None else workload.priority
-        placement = workload.placement
-        question = (gang.shape, None if placement.anywhere else placement, priority)
-        known = cycle.known_refusal(question)
-        chosen: Preempt | None = None
-        if known is not None:
-            reasons, why = known
+        if queued is None:
+            decided = _fit(workload, cycle, preemption, preempt=True)
+            assignment = None
+            fitted = workload
         else:
-            outcome = best_fit(cycle, gang, usable)
-            if isinstance(outcome, tuple):
-                admits.append(Admit(workload.key, outcome[0].name))
-                cycle.admit(workload, outcome[0].name)
+            assert quotas is not None
+            outcome = _fit_queued(workload, queued, quotas, cycle, preemption)
+            if isinstance(outcome, QuotaRefusal):
+                # Quota, not capacity, keeps it out: it holds no cluster.
+                waits.append(
+                    Wait(workload.key, cycle.messages.setdefault(outcome.message, outcome.message))
+                )
+                heads.append(workload.key)
+                if strict and not outcome.never:
+                    blocked_queues[queued.queue] = (
+                        f"waiting behind {workload.key} (head of queue {queued.queue})"
+                    )
                 continue
-            reasons, why = outcome, cycle.combine(outcome)
-            if preemption is not None:
-                chosen = _preempt(workload, gang, cycle, usable, preemption)
-            if chosen is None and (
-                preemption is None or _policy_done(workload, gang, cycle, usable)
-            ):
-                cycle.refused[question] = (cycle.version, reasons, why)
+            decided, assignment, fitted = outcome
+        if isinstance(decided, str):
+            admits.append(
+                Admit(
+                    workload.key,
+                    decided,
+                    queue=queued.queue if queued else "",
+                    local=queued.local if queued else "",
+                    assignment=assignment,
+                )
+            )
+            continue
 
         # 4. It fits nowhere: say why, maybe preempt, and hold what it is owed.
-        head_key = head_key or workload.key
-        message = cycle.message(workload, reasons, why)
+        heads.append(workload.key)
+        message = cycle.message(fitted, decided.reasons, decided.why)
+        chosen = decided.chosen
         if chosen is not None:
             preemptions.append(chosen)
             cycle.hold(chosen.cluster, f"held for {workload.key}, which is preempting")
             where = "" if len(cycle.clusters) == 1 else f" in {chosen.cluster}"
             message += f"; preempting {', '.join(chosen.victims)}{where}"
         waits.append(Wait(workload.key, message))
-        if mode is QueueMode.STRICT_FIFO:
+        gang = cycle.gang(fitted)
+        usable = cycle.usable(fitted.placement)
+        if strict:
             if any(cycle.could_ever_fit(gang, c) for c in usable):
-                blocked = f"waiting behind {workload.key} (head of line)"
+                why = f"waiting behind {workload.key} (head of line)"
+                if queued is None:
+                    blocked = why
+                else:
+                    blocked_queues[queued.queue] = (
+                        f"waiting behind {workload.key} (head of queue {queued.queue})"
+                    )
         elif now - workload.queued_since > starvation_after:
             for cluster in usable:
                 if cluster.name not in cycle.held and cycle.could_ever_fit(gang, cluster):
@@ -186,5 +288,58 @@ def schedule(
 
     # 5. Hand the decisions back to the controller.
     return CycleResult(
-        admits=tuple(admits), waits=tuple(waits), preemptions=tuple(preemptions), head_key=head_key
+        admits=tuple(admits),
+        waits=tuple(waits),
+        preemptions=tuple(preemptions),
+        head_key=heads[0] if heads else None,
+        heads=frozenset(heads) if quotas is not None else frozenset(heads[:1]),
     )
+
+
+def _fit_queued(
+    workload: Workload,
+    queued: Queued,
+    quotas: QuotaView,
+    cycle: CycleState,
+    preemption: PreemptionPolicy | None,
+) -> tuple[str | _Tried, Assignment, Workload] | QuotaRefusal:
+    """Quota fit and capacity fit together: each flavor assignment the queue allows, in its
+    order, until one also fits a cluster (the admission is charged to the queue); else the
+    first one's refusal, with the victims that would make quota and capacity fit."""
+    options = quotas.candidates(queued.queue, workload)
+    if isinstance(options, QuotaRefusal):
+        return options
+    spec = quotas.spec(queued.queue)
+    first: tuple[_Tried, Assignment, Workload] | None = None
+    for assignment in options:
+        fitted = quotas.flavored(workload, assignment)
+        if not assignment.admissible:
+            if first is None:
+                first = (_Tried([], Refusal(assignment.limit)), assignment, fitted)
+            if spec.when_can_preempt is WhenCanPreempt.PREEMPT:
+                break
+            continue
+        decided = _fit(fitted, cycle, preemption, preempt=False, context=queued.queue)
+        if isinstance(decided, str):
+            quotas.admit(queued.queue, assignment)
+            return decided, assignment, fitted
+        if first is None:
+            first = (decided, assignment, fitted)
+    assert first is not None  # `candidates` never returns an empty list
+    _, assignment, fitted = first
+    if preemption is None:
+        if not assignment.admissible:
+            return QuotaRefusal(assignment.limit)
+        return first
+    rules = quotas.rules(workload, queued.queue, assignment)
+    context = (queued.queue, quotas.version)
+    limit = "" if assignment.admissible else assignment.limit
+    again = _fit(
+        fitted, cycle, preemption, preempt=True, rules=rules, context=context, quota_limit=limit
+    )
+    if isinstance(again, str):  # admissible, and room appeared (cannot happen: same cycle)
+        quotas.admit(queued.queue, assignment)
+        return again, assignment, fitted
+    if limit and again.chosen is None:
+        return QuotaRefusal(limit)
+    return again, assignment, fitted

@@ -7,7 +7,7 @@ default policy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -15,14 +15,32 @@ from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, Workload
 from dispatcher.core.scheduling.evictions import evict, without
 from dispatcher.core.scheduling.placement import ClusterState, Gang
 
-__all__ = ["Claim", "HonourClaims", "LowestPriorityFirst", "PreemptionPolicy"]
+__all__ = ["Claim", "HonourClaims", "LowestPriorityFirst", "PreemptionPolicy", "VictimRules"]
+
+
+class VictimRules(Protocol):
+    """A second thing victims must free besides room in the cluster (a queue's quota),
+    and who may be a victim for it (see `core.quota.victims`)."""
+
+    def allowed(self, candidate: AdmittedWorkload) -> bool: ...
+
+    def order(self, candidate: AdmittedWorkload) -> int: ...
+
+    def still_allowed(self, candidate: AdmittedWorkload) -> bool: ...
+
+    def evict(self, key: str) -> Callable[[], None]: ...
+
+    def fits(self) -> bool: ...
+
+    def fits_without(self, keys: Iterable[str]) -> bool: ...
 
 
 class PreemptionPolicy(Protocol):
     def choose_victims(
-        self, workload: Workload, cluster: ClusterSnapshot
+        self, workload: Workload, cluster: ClusterSnapshot, rules: VictimRules | None = None
     ) -> tuple[str, ...] | None:
-        """Keys of the dispatched AppWrappers in `cluster` to evict so that `workload` fits.
+        """Keys of the dispatched AppWrappers in `cluster` to evict so that `workload` fits
+        (and, given `rules`, its quota fits too, victims chosen as the rules allow).
 
         None when eviction cannot help: there is nothing it may evict, or evicting all of
         that still leaves it short. () when it fits already.
@@ -53,27 +71,53 @@ class LowestPriorityFirst:
     """
 
     def choose_victims(
-        self, workload: Workload, cluster: ClusterSnapshot
+        self, workload: Workload, cluster: ClusterSnapshot, rules: VictimRules | None = None
     ) -> tuple[str, ...] | None:
-        candidates: list[AdmittedWorkload] = sorted(
-            (a for a in cluster.admitted if a.preemptible and a.priority < workload.priority),
-            key=lambda a: (a.priority, -a.dispatched_at, a.key),
-        )
-        if not candidates:
-            return None
+        if rules is None:
+            candidates: list[AdmittedWorkload] = sorted(
+                (a for a in cluster.admitted if a.preemptible and a.priority < workload.priority),
+                key=lambda a: (a.priority, -a.dispatched_at, a.key),
+            )
+        else:
+            candidates = sorted(
+                (a for a in cluster.admitted if rules.allowed(a)),
+                key=lambda a: (rules.order(a), a.priority, -a.dispatched_at, a.key),
+            )
         gang = Gang.of(workload.pod_sets)
         state = ClusterState(cluster)
-        if state.fits(gang):
+
+        def fits() -> bool:
+            return state.fits(gang) and (rules is None or rules.fits())
+
+        if candidates and fits():
             return ()
+        if not candidates:
+            return None
         # Evict candidates in order until it fits.
         undo: dict[str, Callable[[], None]] = {}
         taken: list[AdmittedWorkload] = []
+
+        def take(victim: AdmittedWorkload) -> None:
+            room = evict(state, victim)
+            quota = rules.evict(victim.key) if rules is not None else None
+
+            def back() -> None:
+                room()
+                if quota is not None:
+                    quota()
+
+            undo[victim.key] = back
+
         for candidate in candidates:
-            undo[candidate.key] = evict(state, candidate)
+            if rules is not None and not rules.still_allowed(candidate):
+                continue
+            take(candidate)
             taken.append(candidate)
-            if state.fits(gang):
+            if fits():
                 break
         else:
+            for victim in taken:
+                undo[victim.key]()
             return None  # evicting all of them still leaves it short
         # Give back victims that are not needed, last taken first, until each one left is
         # needed (after one is given back, an earlier one may have become unneeded).
@@ -82,11 +126,13 @@ class LowestPriorityFirst:
             given_back = False
             for victim in reversed(taken):
                 undo[victim.key]()
-                if state.fits(gang):
+                if fits():
                     taken.remove(victim)
                     given_back = True
                     break
-                undo[victim.key] = evict(state, victim)
+                take(victim)
+        for victim in taken:
+            undo[victim.key]()  # the rules' ledger is the caller's to use again
         # Confirm on the member as the next cycle will build it without the victims: there
         # the other reservations are placed afresh and may take room the victims free (as
         # their pending pods would). Take further candidates, in order, while it falls short,
@@ -94,6 +140,8 @@ class LowestPriorityFirst:
         chosen = [v.key for v in taken]
 
         def fits_afresh(keys: list[str]) -> bool:
+            if rules is not None and not rules.fits_without(keys):
+                return False
             return ClusterState(without(cluster, frozenset(keys))).fits(gang)
 
         if fits_afresh(chosen):
@@ -101,7 +149,13 @@ class LowestPriorityFirst:
         # Each check builds a state: the shortest run of further candidates that makes it
         # fit is found by doubling, then halving; then every victim the fresh state does
         # without is spared, last taken first, a block at a time while blocks can go.
-        spare = [c.key for c in candidates if c.key not in set(chosen)]
+        # (Never another queue's work here: whether its queue still borrows is known only
+        # along the run above.)
+        spare = [
+            c.key
+            for c in candidates
+            if c.key not in set(chosen) and (rules is None or rules.order(c) == 1)
+        ]
         if not spare or not fits_afresh(chosen + spare):
             return None
         low, high = 0, 1
@@ -162,9 +216,9 @@ class HonourClaims:
     claims: Mapping[str, Claim]
 
     def choose_victims(
-        self, workload: Workload, cluster: ClusterSnapshot
+        self, workload: Workload, cluster: ClusterSnapshot, rules: VictimRules | None = None
     ) -> tuple[str, ...] | None:
         claim = self.claims.get(workload.key)
         if claim is None:
-            return self.inner.choose_victims(workload, cluster)
+            return self.inner.choose_victims(workload, cluster, rules)
         return claim.victims if claim.cluster == cluster.name else None

@@ -1,0 +1,118 @@
+"""The quota side of choosing preemption victims. Pure, no I/O.
+
+`QuotaRules` is handed to the one victim search (`scheduling.preemption`) when the
+preemptor is in a cluster queue: it says who may be a victim under the queue's policies,
+in which order they are tried, and whether the preemptor's quota fits once victims are
+gone. The search then takes victims until quota and capacity both fit, and gives back
+every victim that is not needed for either.
+
+Who may be a victim of a preemptor P in cluster queue Q (always only preemptible work):
+- in Q: by `withinClusterQueue` (lower priority; or also equal priority admitted after P
+  was created);
+- in another queue of Q's cohort tree: by `reclaimWithinCohort` (lower priority, or any),
+  only while that queue borrows what P needs (a queue within its nominal quota is never
+  preempted for another's sake); if P would itself borrow, only by
+  `borrowWithinCohort` (lower priority, up to its threshold);
+- with no queue (admitted on capacity alone): lower priority, as without quotas;
+- in a queue outside Q's tree: never (quota already keeps them apart).
+Other queues' work is tried first (reclaiming what was lent), then lowest priority, then
+most recently dispatched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from dispatcher.core.model import AdmittedWorkload, Workload
+from dispatcher.core.quota.flavors import Assignment
+from dispatcher.core.quota.model import (
+    BorrowPreemption,
+    Charge,
+    QueueSpec,
+    Reclaim,
+    WithinQueue,
+)
+from dispatcher.core.quota.tree import Ledger, Node
+
+__all__ = ["QuotaRules"]
+
+
+@dataclass
+class QuotaRules:
+    workload: Workload
+    queue: QueueSpec
+    assignment: Assignment
+    ledger: Ledger  # a copy: the search charges and gives back on it
+    charges: Mapping[str, Charge]
+
+    def allowed(self, candidate: AdmittedWorkload) -> bool:
+        """Whether the queue's policies let the preemptor evict `candidate` at all."""
+        if not candidate.preemptible:
+            return False
+        mine = self.workload
+        charge = self.charges.get(candidate.key)
+        if charge is None:
+            return candidate.priority < mine.priority
+        queue = self.queue
+        if charge.queue == queue.name:
+            if candidate.priority < mine.priority:
+                return queue.within is not WithinQueue.NEVER
+            return (
+                queue.within is WithinQueue.LOWER_OR_NEWER_EQUAL
+                and candidate.priority == mine.priority
+                and charge.admitted_at > mine.created_at
+            )
+        tree = self.ledger.tree
+        other = Node("queue", charge.queue)
+        if other not in tree.parent:
+            return False
+        root = tree.root(Node("queue", queue.name))
+        if root.kind != "cohort" or tree.root(other) != root:
+            return False
+        if queue.reclaim is Reclaim.NEVER:
+            return False
+        if queue.reclaim is Reclaim.LOWER_PRIORITY and candidate.priority >= mine.priority:
+            return False
+        if self.assignment.borrows:
+            if queue.borrow_preemption is BorrowPreemption.NEVER:
+                return False
+            threshold = queue.borrow_threshold
+            return candidate.priority < mine.priority and (
+                threshold is None or candidate.priority <= threshold
+            )
+        return True
+
+    def order(self, candidate: AdmittedWorkload) -> int:
+        charge = self.charges.get(candidate.key)
+        return 0 if charge is not None and charge.queue != self.queue.name else 1
+
+    def still_allowed(self, candidate: AdmittedWorkload) -> bool:
+        """Another queue's work stays a victim only while its queue still borrows some
+        of what the preemptor needs (with the victims taken so far given back)."""
+        charge = self.charges.get(candidate.key)
+        if charge is None or charge.queue == self.queue.name:
+            return True
+        return any(self.ledger.borrowed(charge.queue, fr) > 0 for fr in self.assignment.amounts)
+
+    def evict(self, key: str) -> Callable[[], None]:
+        """Give back `key`'s charge on the ledger; returns the undo."""
+        charge = self.charges.get(key)
+        if charge is None:
+            return lambda: None
+        self.ledger.add(charge.queue, charge.amounts, -1)
+        return lambda: self.ledger.add(charge.queue, charge.amounts)
+
+    def fits(self) -> bool:
+        return all(
+            self.ledger.available(self.queue.name, fr) >= amount
+            for fr, amount in self.assignment.amounts.items()
+        )
+
+    def fits_without(self, keys: Iterable[str]) -> bool:
+        undo = [self.evict(key) for key in keys]
+        try:
+            return self.fits()
+        finally:
+            for step in reversed(undo):
+                step()
