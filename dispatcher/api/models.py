@@ -302,6 +302,24 @@ class WrappedRef(_Model):
         return (self.apiVersion, self.kind, self.name)
 
 
+class FlavorAssignment(_Model):
+    """The flavor chosen for one resource group, and the group's resources."""
+
+    name: str
+    resources: list[str] = Field(default_factory=list)
+
+
+class Admission(_Model):
+    """Where the quota of the latest dispatch is accounted."""
+
+    queue: str
+    """The AppQueue it was submitted through ("namespace/name")."""
+    clusterQueue: str
+    flavors: list[FlavorAssignment] = Field(default_factory=list)
+    borrowing: bool = False
+    """Whether it borrowed from its cohort when it was admitted."""
+
+
 class AppWrapperStatus(_Model):
     state: AppWrapperState | None = None
     stage: str | None = None
@@ -328,6 +346,9 @@ class AppWrapperStatus(_Model):
     """The wrapped objects of the latest dispatch, recorded with it: only these are created,
     and these are what cleanup deletes, whatever the spec says later (None: dispatched
     before the record existed, by MCAD; the spec is used)."""
+    admission: Admission | None = None
+    """With quotas: the queue, flavors and borrowing of the latest dispatch (cleared on
+    requeue)."""
     message: str | None = None
     priority: Int | None = None
     """Effective priority (from priorityClassName when set)."""

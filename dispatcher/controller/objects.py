@@ -138,6 +138,8 @@ def _identity(template: Any) -> tuple[str, str, str] | None:
         return None
     if not name or name in (".", "..") or not well_formed(api_version, kind):
         return None
+    if not name.isprintable() or any(0xD800 <= ord(c) <= 0xDFFF for c in name):
+        return None  # no API server accepts it: it was never created
     return api_version, kind, name
 
 

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Literal
 
 from dispatcher.api.models import (
+    Admission,
     AppWrapperState,
     AppWrapperStatus,
     Condition,
@@ -201,11 +202,16 @@ def mark_dispatched(
     cluster: str,
     now: datetime,
     objects: list[WrappedRef] | None = None,
+    admission: Admission | None = None,
 ) -> Transition:
     """All milestones up to Dispatched True; Running not yet. `objects` records what this
-    dispatch is for (the objects the spec names now)."""
+    dispatch is for (the objects the spec names now); `admission` its quota, if queued."""
     stamp = format_micro_time(now)
     message = f"dispatched to cluster {cluster}"
+    if admission is not None:
+        flavors = ", ".join(f.name for f in admission.flavors)
+        message += f" (queue {admission.clusterQueue}, flavor {flavors}"
+        message += ", borrowing)" if admission.borrowing else ")"
     set_condition(
         status, C.INIT, true=True, reason=Reason.CREATED, message="AppWrapper accepted", now=now
     )
@@ -243,6 +249,7 @@ def mark_dispatched(
     status.dispatchedAt = status.dispatchedAt or stamp
     status.lastDispatchedAt = stamp
     status.dispatchedObjects = objects
+    status.admission = admission
     _settle(status, AppWrapperState.RUNNING, message)
     return Transition(Reason.DISPATCHED, message)
 
@@ -376,6 +383,7 @@ def mark_requeued(
             status, C.QUEUEING, true=True, reason=Reason.REQUEUED, message=message, now=now
         )
     status.clusterName = None
+    status.admission = None
     status.pending = status.running = status.succeeded = status.failed = 0
     _settle(status, AppWrapperState.PENDING, message)
     return Transition(reason, message, warning=True)

@@ -13,12 +13,14 @@ Every inference error is a `QuantityError` (a `ValueError`) whose message names 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from dispatcher.api.quantity import QuantityError
 from dispatcher.api.resources import EMPTY, Resources
 from dispatcher.core.model import ONE_POD, PODS, PodSet, Toleration
+from dispatcher.core.quota.flavors import applies
+from dispatcher.core.quota.model import Flavor
 
 __all__ = [
     "MAX_PODS",
@@ -332,12 +334,6 @@ def pod_sets_from_custom(custompodresources: list[dict[str, Any]]) -> tuple[PodS
     return tuple(result)
 
 
-def _label_pod_template(pod_template: Any, labels: Mapping[str, str]) -> None:
-    """Add labels to a pod template's metadata, in place; ignore what is not a template."""
-    if isinstance(pod_template, dict):
-        _label_object(pod_template, labels)
-
-
 def _label_object(obj: dict[str, Any], labels: Mapping[str, str]) -> None:
     metadata = obj.get("metadata")
     if not isinstance(metadata, dict):
@@ -348,53 +344,58 @@ def _label_object(obj: dict[str, Any], labels: Mapping[str, str]) -> None:
     existing.update(labels)
 
 
-def _label_ray_cluster(spec: Any, labels: Mapping[str, str]) -> None:
-    if not isinstance(spec, dict):
-        return
-    head = spec.get("headGroupSpec")
-    if isinstance(head, dict):
-        _label_pod_template(head.get("template"), labels)
-    groups = spec.get("workerGroupSpecs")
-    for group in groups if isinstance(groups, list) else []:
-        if isinstance(group, dict):
-            _label_pod_template(group.get("template"), labels)
-
-
 def _spec(obj: dict[str, Any]) -> dict[str, Any]:
     spec = obj.get("spec")
     return spec if isinstance(spec, dict) else {}
 
 
-def _label_pytorch(obj: dict[str, Any], labels: Mapping[str, str]) -> None:
+def _ray_templates(spec: Any) -> list[Any]:
+    if not isinstance(spec, dict):
+        return []
+    head = spec.get("headGroupSpec")
+    found = [head.get("template")] if isinstance(head, dict) else []
+    groups = spec.get("workerGroupSpecs")
+    for group in groups if isinstance(groups, list) else []:
+        if isinstance(group, dict):
+            found.append(group.get("template"))
+    return found
+
+
+def _pytorch_templates(obj: dict[str, Any]) -> list[Any]:
     replica_specs = _spec(obj).get("pytorchReplicaSpecs")
-    if isinstance(replica_specs, dict):
-        for replica_spec in replica_specs.values():
-            if isinstance(replica_spec, dict):
-                _label_pod_template(replica_spec.get("template"), labels)
+    if not isinstance(replica_specs, dict):
+        return []
+    return [r.get("template") for r in replica_specs.values() if isinstance(r, dict)]
 
 
-def _label_cron_job(obj: dict[str, Any], labels: Mapping[str, str]) -> None:
+def _cron_job_templates(obj: dict[str, Any]) -> list[Any]:
     job_template = _spec(obj).get("jobTemplate")
-    if isinstance(job_template, dict):
-        _label_object(job_template, labels)
-        _label_pod_template(_spec(job_template).get("template"), labels)
+    return [_spec(job_template).get("template")] if isinstance(job_template, dict) else []
 
 
-_POD_TEMPLATE_LABELLERS: dict[str, Callable[[dict[str, Any], Mapping[str, str]], None]] = {
+_POD_TEMPLATES: dict[str, Callable[[dict[str, Any]], list[Any]]] = {
     # Only the pod template: spec.selector of a Deployment/StatefulSet/ReplicaSet is immutable
     # and need only match a subset of the pod labels, so adding labels never breaks it.
     **{
-        kind: lambda obj, labels: _label_pod_template(_spec(obj).get("template"), labels)
+        kind: lambda obj: [_spec(obj).get("template")]
         for kind in ("Deployment", "StatefulSet", "ReplicaSet", "DaemonSet", "Job")
     },
-    "CronJob": _label_cron_job,
-    "RayCluster": lambda obj, labels: _label_ray_cluster(_spec(obj), labels),
-    "RayJob": lambda obj, labels: _label_ray_cluster(_spec(obj).get("rayClusterSpec"), labels),
-    "RayService": lambda obj, labels: _label_ray_cluster(
-        _spec(obj).get("rayClusterConfig"), labels
-    ),
-    "PyTorchJob": _label_pytorch,
+    "CronJob": _cron_job_templates,
+    "RayCluster": lambda obj: _ray_templates(_spec(obj)),
+    "RayJob": lambda obj: _ray_templates(_spec(obj).get("rayClusterSpec")),
+    "RayService": lambda obj: _ray_templates(_spec(obj).get("rayClusterConfig")),
+    "PyTorchJob": _pytorch_templates,
 }
+
+
+def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pod template inside an object, to change in place (for a Pod, the Pod itself);
+    what is not a template (malformed user data) is skipped."""
+    kind = str(obj.get("kind"))
+    if kind == "Pod":
+        return [obj]
+    walker = _POD_TEMPLATES.get(kind)
+    return [t for t in (walker(obj) if walker else []) if isinstance(t, dict)]
 
 
 def inject_labels(template: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
@@ -405,7 +406,55 @@ def inject_labels(template: Mapping[str, Any], labels: Mapping[str, str]) -> dic
     """
     result: dict[str, Any] = copy.deepcopy(dict(template))
     _label_object(result, labels)
-    labeller = _POD_TEMPLATE_LABELLERS.get(str(result.get("kind")))
-    if labeller is not None:
-        labeller(result, labels)
+    if result.get("kind") == "CronJob":
+        job_template = _spec(result).get("jobTemplate")
+        if isinstance(job_template, dict):
+            _label_object(job_template, labels)
+    for pod_template in pod_templates(result):
+        if pod_template is not result:
+            _label_object(pod_template, labels)
     return result
+
+
+def _requested_names(spec: Mapping[str, Any]) -> set[str]:
+    """Resource names a pod spec's containers request or limit (no quantity parsed)."""
+    names: set[str] = set()
+    for field in ("containers", "initContainers"):
+        containers = spec.get(field)
+        for container in containers if isinstance(containers, list) else []:
+            resources = container.get("resources") if isinstance(container, dict) else None
+            for part in ("requests", "limits"):
+                amounts = resources.get(part) if isinstance(resources, dict) else None
+                if isinstance(amounts, dict):
+                    names.update(str(name) for name in amounts)
+    return names
+
+
+def inject_flavors(obj: dict[str, Any], flavors: Sequence[tuple[Flavor, Sequence[str]]]) -> None:
+    """In place: every pod template that requests a resource of a flavor's group gets the
+    flavor's node labels in its nodeSelector and its tolerations (the rule
+    `core.quota.flavors.applies` states, which the scheduling cycle fitted the pods by)."""
+    for template in pod_templates(obj):
+        spec = template.get("spec")
+        if not isinstance(spec, dict):
+            continue
+        requested = _requested_names(spec)
+        for flavor, resources in flavors:
+            if not applies(resources, requested):
+                continue
+            if flavor.node_labels:
+                selector = spec.get("nodeSelector")
+                if not isinstance(selector, dict):
+                    selector = spec["nodeSelector"] = {}
+                selector.update(flavor.node_labels)
+            if flavor.tolerations:
+                tolerations = spec.get("tolerations")
+                if not isinstance(tolerations, list):
+                    tolerations = spec["tolerations"] = []
+                for t in flavor.tolerations:
+                    entry = {"key": t.key, "operator": t.operator, "effect": t.effect}
+                    if t.operator == "Equal":
+                        entry["value"] = t.value
+                    entry = {k: v for k, v in entry.items() if v}
+                    if entry not in tolerations:
+                        tolerations.append(entry)

@@ -71,9 +71,9 @@ def item_pod_sets(item: GenericItem, *, as_written: bool = True) -> tuple[PodSet
     return declared
 
 
-def _requirement(index: int, expression: LabelSelectorRequirement) -> LabelRequirement:
-    """One matchExpressions entry, checked as the API server checks a label selector's."""
-    where = f"schedulingSpec.clusterScheduling.clusterSelector.matchExpressions[{index}]"
+def label_requirement(where: str, expression: LabelSelectorRequirement) -> LabelRequirement:
+    """One matchExpressions entry, checked as the API server checks a label selector's
+    (errors start with `where`)."""
     operator, values = expression.operator, expression.values
     if operator not in LABEL_OPERATORS:
         raise ValueError(
@@ -100,7 +100,10 @@ def placement_of(aw: AppWrapper) -> Placement | InvalidSpec:
         errors = []
         for index, expression in enumerate(selector.matchExpressions):
             try:
-                expressions.append(_requirement(index, expression))
+                where = (
+                    f"schedulingSpec.clusterScheduling.clusterSelector.matchExpressions[{index}]"
+                )
+                expressions.append(label_requirement(where, expression))
             except ValueError as exc:
                 errors.append(str(exc))
         if errors:

@@ -102,7 +102,10 @@ def _segment(value: str) -> str:
     """One path segment, escaped: a name or namespace can never add segments or a query."""
     if value in ("", ".", ".."):
         raise UnknownKind(f"{value!r} is not a valid name")
-    return quote(value, safe="")
+    try:
+        return quote(value, safe="")
+    except UnicodeEncodeError:  # a lone surrogate: JSON can carry one, UTF-8 cannot
+        raise UnknownKind(f"{value!r} is not a valid name") from None
 
 
 def well_formed(api_version: str, kind: str) -> bool:

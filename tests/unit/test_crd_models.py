@@ -150,8 +150,9 @@ def test_crd_is_small_enough_for_client_side_apply() -> None:
 
 def test_printer_columns_point_at_real_fields() -> None:
     columns = {c["name"]: c for c in crd_version()["additionalPrinterColumns"]}
-    assert list(columns) == ["State", "Stage", "Cluster", "Priority", "Requeues", "Age"]
+    assert list(columns) == ["State", "Stage", "Cluster", "Priority", "Requeues", "Queue", "Age"]
     assert columns["Requeues"].get("priority") == 1
+    assert columns["Queue"].get("priority") == 1
     assert columns["Age"] == {
         "name": "Age",
         "type": "date",
@@ -161,7 +162,9 @@ def test_printer_columns_point_at_real_fields() -> None:
     for column in columns.values():
         path = column["jsonPath"]
         if path.startswith(".status."):
-            field = status[path.removeprefix(".status.")]
+            field: Schema = {"properties": status}
+            for part in path.removeprefix(".status.").split("."):
+                field = field["properties"][part]
             want = "integer" if column["type"] == "integer" else "string"
             assert field["type"] == want, column
 

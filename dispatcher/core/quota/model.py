@@ -129,6 +129,7 @@ class CohortSpec:
     parent: str | None = None
     groups: tuple[ResourceGroup, ...] = ()
     weight: float = 1.0
+    problems: tuple[str, ...] = ()  # found while reading the object
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,10 @@ class QuotaTree:
                 if node in cyclic:
                     self.problems[name].append(f"cohort cycle: {cyclic[node]}")
                     break
+            for node in path[1:]:
+                cohort = setup.cohorts.get(node.name)
+                if cohort is not None and cohort.problems:
+                    self.problems[name].append(f"cohort {node.name}: {'; '.join(cohort.problems)}")
         for root in [n for n, p in self.parent.items() if p is None]:
             self._amounts(root)
 

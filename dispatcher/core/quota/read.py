@@ -1,0 +1,197 @@
+"""Quota objects (the API models) as the core's specs. Pure, no I/O.
+
+What the CRD cannot check is checked here: quantities (a bad or negative one), a resource
+covered by two groups, a flavor in two groups, a flavor listing a resource its group does
+not cover, a bad namespace selector. Each such mistake is kept as a problem of its queue
+(or cohort), which makes the queue inactive with that message; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from dispatcher.api.quantity import QuantityError, parse_milli
+from dispatcher.api.queues import (
+    AppCohort,
+    AppFlavor,
+    AppQueue,
+    ClusterAppQueue,
+    FairSharing,
+)
+from dispatcher.api.queues import ResourceGroup as GroupModel
+from dispatcher.core.model import QueueMode, Taint, Toleration
+from dispatcher.core.quota.model import (
+    BorrowPreemption,
+    CohortSpec,
+    Flavor,
+    FlavorQuotas,
+    LocalQueue,
+    QueueSpec,
+    Quota,
+    QuotaSetup,
+    Reclaim,
+    ResourceGroup,
+    Selector,
+    StopPolicy,
+    WhenCanBorrow,
+    WhenCanPreempt,
+    WithinQueue,
+)
+from dispatcher.core.workloads import label_requirement
+
+__all__ = ["setup_of"]
+
+
+def _amount(where: str, value: str | int | float | None, problems: list[str]) -> int | None:
+    if value is None:
+        return None
+    try:
+        milli = parse_milli(value)
+    except QuantityError as exc:
+        problems.append(f"{where}: {exc}")
+        return None
+    if milli < 0:
+        problems.append(f"{where}: {value} is negative")
+        return None
+    return milli
+
+
+def _groups(models: Iterable[GroupModel], problems: list[str]) -> tuple[ResourceGroup, ...]:
+    groups: list[ResourceGroup] = []
+    seen_resources: dict[str, int] = {}
+    seen_flavors: dict[str, int] = {}
+    for g, model in enumerate(models):
+        where = f"resourceGroups[{g}]"
+        for covered in model.coveredResources:
+            if covered in seen_resources:
+                other = seen_resources[covered]
+                problems.append(f"{where}: {covered} is covered by resourceGroups[{other}] too")
+            seen_resources.setdefault(covered, g)
+        flavors: list[FlavorQuotas] = []
+        for f, flavor in enumerate(model.flavors):
+            at = f"{where}.flavors[{f}]"
+            if flavor.name in seen_flavors:
+                other = seen_flavors[flavor.name]
+                problems.append(f"{at}: flavor {flavor.name} is in resourceGroups[{other}] too")
+            seen_flavors.setdefault(flavor.name, g)
+            quotas: dict[str, Quota] = {}
+            for r, resource in enumerate(flavor.resources):
+                spot = f"{at}.resources[{r}]"
+                if resource.name not in model.coveredResources:
+                    problems.append(
+                        f"{spot}: {resource.name} is not in the group's coveredResources"
+                    )
+                    continue
+                nominal = _amount(f"{spot}.nominalQuota", resource.nominalQuota, problems)
+                quotas[resource.name] = Quota(
+                    nominal or 0,
+                    _amount(f"{spot}.borrowingLimit", resource.borrowingLimit, problems),
+                    _amount(f"{spot}.lendingLimit", resource.lendingLimit, problems),
+                )
+            flavors.append(FlavorQuotas(flavor.name, quotas))
+        groups.append(ResourceGroup(tuple(model.coveredResources), tuple(flavors)))
+    return tuple(groups)
+
+
+def _weight(fair: FairSharing | None, problems: list[str]) -> float:
+    if fair is None or fair.weight is None:
+        return 1.0
+    milli = _amount("fairSharing.weight", fair.weight, problems)
+    if milli is None:
+        return 1.0
+    if milli == 0:
+        problems.append("fairSharing.weight: must be above 0")
+        return 1.0
+    return milli / 1000
+
+
+def queue_of(model: ClusterAppQueue) -> QueueSpec:
+    spec = model.spec
+    problems: list[str] = []
+    groups = _groups(spec.resourceGroups, problems)
+    namespaces: Selector | None = None
+    if spec.namespaceSelector is not None:
+        selector = spec.namespaceSelector
+        expressions = []
+        for index, expression in enumerate(selector.matchExpressions):
+            try:
+                expressions.append(
+                    label_requirement(f"namespaceSelector.matchExpressions[{index}]", expression)
+                )
+            except ValueError as exc:
+                problems.append(str(exc))
+        namespaces = Selector(tuple(sorted(selector.matchLabels.items())), tuple(expressions))
+    preemption = spec.preemption
+    return QueueSpec(
+        name=model.metadata.name,
+        groups=groups,
+        cohort=spec.cohort or None,
+        namespaces=namespaces,
+        strategy=QueueMode(spec.queueingStrategy),
+        within=WithinQueue(preemption.withinClusterQueue),
+        reclaim=Reclaim(preemption.reclaimWithinCohort),
+        borrow_preemption=BorrowPreemption(preemption.borrowWithinCohort.policy),
+        borrow_threshold=preemption.borrowWithinCohort.maxPriorityThreshold,
+        when_can_borrow=WhenCanBorrow(spec.flavorFungibility.whenCanBorrow),
+        when_can_preempt=WhenCanPreempt(spec.flavorFungibility.whenCanPreempt),
+        weight=_weight(spec.fairSharing, problems),
+        stop=StopPolicy(spec.stopPolicy),
+        problems=tuple(problems),
+    )
+
+
+def cohort_of(model: AppCohort) -> CohortSpec:
+    problems: list[str] = []
+    groups = _groups(model.spec.resourceGroups, problems)
+    return CohortSpec(
+        name=model.metadata.name,
+        parent=model.spec.parent or None,
+        groups=groups,
+        weight=_weight(model.spec.fairSharing, problems),
+        problems=tuple(problems),
+    )
+
+
+def flavor_of(model: AppFlavor) -> Flavor:
+    spec = model.spec
+    return Flavor(
+        name=model.metadata.name,
+        node_labels=tuple(sorted(spec.nodeLabels.items())),
+        node_taints=tuple(Taint(t.key, t.value, t.effect) for t in spec.nodeTaints),
+        tolerations=tuple(
+            Toleration(t.key, t.operator, t.value, t.effect) for t in spec.tolerations
+        ),
+    )
+
+
+def local_of(model: AppQueue) -> LocalQueue:
+    return LocalQueue(
+        namespace=model.metadata.namespace or "",
+        name=model.metadata.name,
+        cluster_queue=model.spec.clusterQueue,
+        stop=StopPolicy(model.spec.stopPolicy),
+    )
+
+
+def setup_of(
+    queues: Iterable[ClusterAppQueue],
+    cohorts: Iterable[AppCohort],
+    flavors: Iterable[AppFlavor],
+    locals_: Iterable[AppQueue],
+    namespace_labels: Mapping[str, Mapping[str, str]],
+    *,
+    fair_sharing: bool = False,
+    fair_preemption: bool = True,
+    queue_required: bool = False,
+) -> QuotaSetup:
+    local = [local_of(m) for m in locals_]
+    return QuotaSetup(
+        queues={q.name: q for q in map(queue_of, queues)},
+        cohorts={c.name: c for c in map(cohort_of, cohorts)},
+        flavors={f.name: f for f in map(flavor_of, flavors)},
+        local_queues={(lq.namespace, lq.name): lq for lq in local},
+        namespace_labels=namespace_labels,
+        fair_sharing=fair_sharing,
+        fair_preemption=fair_preemption,
+        queue_required=queue_required,
+    )
