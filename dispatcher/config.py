@@ -70,6 +70,13 @@ class Config(BaseModel):
     """per_node, or cluster_total as MCAD (pods may then wait Pending for a node)."""
     declared_pod_resources: DeclaredPodResources = DeclaredPodResources.AS_WRITTEN
     """How `custompodresources` is read: as written (MCAD), or never below the pod templates."""
+    fair_sharing: bool = False
+    """With quotas: queues that borrow less of their cohort (by weight) are served first."""
+    fair_sharing_preemption: bool = True
+    """With fair sharing: a queue below its fair share may reclaim from one above it."""
+    queue_required: bool = False
+    """With quotas: an AppWrapper that names no queue (and whose namespace has no `default`
+    AppQueue) waits, instead of being admitted on capacity alone."""
     create_namespaces: bool = True
     """Create the AppWrapper's namespace in a member cluster when it is missing there."""
     member_timeout_seconds: float = Field(default=60.0, gt=0)

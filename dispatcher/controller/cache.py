@@ -36,6 +36,8 @@ from dispatcher.core.model import (
     Workload,
 )
 from dispatcher.core.phase import SCHEDULED, Phase, phase_of_raw
+from dispatcher.core.quota.flavors import charge_of, with_flavors
+from dispatcher.core.quota.model import Charge, Flavor
 from dispatcher.core.reservations import Holding, holding
 from dispatcher.core.scheduling import Claim
 
@@ -53,6 +55,10 @@ class Standing:
     dispatched_at: float = 0.0
     candidate: bool = True
     """May be chosen as a preemption victim (not while it is being evicted already)."""
+    charge: Charge | None = None
+    """With quotas: what it uses of its cluster queue's quota (while it holds room)."""
+    local: str = ""
+    """With quotas: the AppQueue ("namespace/name") it was admitted through."""
 
 
 NOT_SCHEDULED = Standing()
@@ -66,6 +72,8 @@ class Assumed:
     workload: Workload
     cluster: str
     at: float
+    charge: Charge | None = None
+    local: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +111,8 @@ class Snapshot:
     pending: list[Workload]
     clusters: list[ClusterSnapshot]
     claims: dict[str, Claim] = field(default_factory=dict)
+    charges: list[Charge] = field(default_factory=list)
+    """Quota used by every dispatched AppWrapper (in any member)."""
 
 
 HOLDING = SCHEDULED | {Phase.DELETING}
@@ -159,10 +169,12 @@ class SchedulerCache:
         models: Models,
         current: Callable[[str], Obj | None],
         members: Mapping[str, Member],
+        flavors: Callable[[], Mapping[str, Flavor]] = dict,
     ) -> None:
         self._models = models
         self._current = current
         self._members = members
+        self._flavors = flavors
         self._entries: dict[str, _Entry] = {}
         self._queued: set[str] = set()
         """Keys in phase queued: with none, there is no cycle to run."""
@@ -215,9 +227,17 @@ class SchedulerCache:
 
     # -- assume / forget ----------------------------------------------------------------
 
-    def assume(self, key: str, workload: Workload, cluster: str, at: float) -> None:
+    def assume(
+        self,
+        key: str,
+        workload: Workload,
+        cluster: str,
+        at: float,
+        charge: Charge | None = None,
+        local: str = "",
+    ) -> None:
         entry = self._entries[key]
-        entry.assumed = Assumed(workload, cluster, at)
+        entry.assumed = Assumed(workload, cluster, at, charge, local)
         entry.busy = True
 
     def start(self, key: str) -> None:
@@ -265,6 +285,7 @@ class SchedulerCache:
         """Queued workloads and, per member, capacity minus what dispatched ones hold."""
         moment = datetime.fromtimestamp(now, UTC)
         pending: list[Workload] = []
+        charges: list[Charge] = []
         held: dict[str, list[tuple[str, _Entry, Workload, float, bool]]] = {
             name: [] for name in self._members
         }
@@ -273,12 +294,16 @@ class SchedulerCache:
                 continue
             guess = entry.assumed
             if guess is not None:
+                if guess.charge is not None:
+                    charges.append(guess.charge)
                 if guess.cluster in held:
                     held[guess.cluster].append((key, entry, guess.workload, guess.at, True))
                 continue
             standing = entry.standing
             if standing is None:
                 standing = entry.standing = self._derive(key, moment)
+            if standing.charge is not None:
+                charges.append(standing.charge)
             if standing.held is not None:
                 if standing.cluster in held:
                     item = (key, entry, standing.held, standing.dispatched_at, standing.candidate)
@@ -303,7 +328,33 @@ class SchedulerCache:
                     admitted=tuple(admitted),
                 )
             )
-        return Snapshot(pending, clusters, self._claims(now))
+        return Snapshot(pending, clusters, self._claims(now), charges)
+
+    def quota_usage(self, now: float) -> tuple[list[Charge], list[Workload], dict[str, str]]:
+        """(charges of the dispatched, the queued workloads, dispatched key -> AppQueue),
+        for the queues' status."""
+        moment = datetime.fromtimestamp(now, UTC)
+        charges: list[Charge] = []
+        pending: list[Workload] = []
+        local_of: dict[str, str] = {}
+        for key, entry in self._entries.items():
+            if entry.phase not in HOLDING:
+                continue
+            guess = entry.assumed
+            if guess is not None:
+                if guess.charge is not None:
+                    charges.append(guess.charge)
+                    local_of[key] = guess.local
+                continue
+            standing = entry.standing
+            if standing is None:
+                standing = entry.standing = self._derive(key, moment)
+            if standing.charge is not None:
+                charges.append(standing.charge)
+                local_of[key] = standing.local
+            elif standing.pending is not None:
+                pending.append(standing.pending)
+        return charges, pending, local_of
 
     def _derive(self, key: str, now: datetime) -> Standing:
         obj = self._current(key)
@@ -328,8 +379,19 @@ class SchedulerCache:
             if status.lastDispatchedAt:
                 with contextlib.suppress(ValueError):
                     dispatched = parse_time(status.lastDispatchedAt).timestamp()
+            charge, local = None, ""
+            admission = status.admission
+            if admission is not None:
+                chosen = tuple((f.name, tuple(f.resources)) for f in admission.flavors)
+                workload = with_flavors(workload, chosen, self._flavors())
+                charge = charge_of(
+                    key, admission.clusterQueue, workload, chosen, admitted_at=dispatched
+                )
+                local = admission.queue
             return Standing(
                 held=workload,
+                charge=charge,
+                local=local,
                 cluster=status.clusterName or self._only_member(),
                 dispatched_at=dispatched,
                 # Being evicted or deleted already: it holds its room until its objects

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from dispatcher.cluster.member import Member
 from dispatcher.config import Config, DeclaredPodResources
 from dispatcher.controller.cache import SchedulerCache
 from dispatcher.controller.models import Models, key_of, without_bookkeeping
+from dispatcher.controller.quotas import Quotas
 from dispatcher.controller.reconciler import Reconciler
 from dispatcher.controller.scheduler import Scheduler
 from dispatcher.controller.status import APPWRAPPERS, StatusWriter
@@ -36,6 +37,8 @@ from dispatcher.controller.upkeep import Upkeep
 from dispatcher.controller.waiting import WaitingWriter
 from dispatcher.controller.workqueue import WorkQueue
 from dispatcher.core.phase import Phase, phase_of_raw
+from dispatcher.core.quota.model import Charge, Flavor
+from dispatcher.core.quota.resolve import Queued, resolve
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import Conflict, KubeError, NotFound
@@ -96,8 +99,12 @@ class Manager:
             watched=lambda key: self.appwrappers.store.get(key),
             on_written=self._on_written,
         )
+        self.quotas = Quotas(hub=hub, config=config, events=self.events, clock=self.clock)
         self.cache = SchedulerCache(
-            models=self.models, current=self.status.current, members=self.members
+            models=self.models,
+            current=self.status.current,
+            members=self.members,
+            flavors=self._flavors,
         )
         self.waiting = WaitingWriter(
             models=self.models, status=self.status, clock=self.clock, on_conflict=self._kick
@@ -111,6 +118,7 @@ class Manager:
             members=self.members,
             clock=self.clock,
             wrote=self.queue.add,
+            quota_tree=self.quotas.tree,
         )
         self.reconciler = Reconciler(
             config=config,
@@ -121,6 +129,7 @@ class Manager:
             schedule_soon=self._kick,
             start_task=self._start,
             wake_owner=self._wake_owner,
+            flavors=self._flavors,
         )
         self.upkeep = Upkeep(
             members=self.members,
@@ -143,6 +152,8 @@ class Manager:
         self._log = structlog.get_logger("manager")
         self.appwrappers.add_handler(self._on_appwrapper)
         self.priority_classes.add_handler(self._on_priority_class)
+        self.quotas.on_change(self._on_quota_object)
+        self.quotas.usage_from(self._quota_usage)
         for member in members:
             member.capacity.on_change = self._on_capacity
             member.pods.add_handler(self._on_pod)
@@ -168,6 +179,7 @@ class Manager:
             self._group = group
             self._child(self.appwrappers.run(), "appwrappers")
             self._child(self.priority_classes.run(), "priorityclasses")
+            self._child(self.quotas.run(), "quotas")
             self._child(self.events.run(), "events")
             for member in self.members.values():
                 self._child(member.run(), f"member-{member.name}")
@@ -175,6 +187,7 @@ class Manager:
             # view could overcommit or double-create (dispatches not yet seen).
             await self.appwrappers.synced.wait()
             await self.priority_classes.synced.wait()
+            await self.quotas.synced()
             late = await self._members_synced()
             self._log.info(
                 "caches_synced",
@@ -289,6 +302,7 @@ class Manager:
         update = self.cache.update(key, obj)
         if update.decision:
             self._kick()
+            self.quotas.touch()
         if update.finished:
             self._retire(key)
 
@@ -296,6 +310,25 @@ class Manager:
         # A queued AppWrapper's priority comes from its class: derive every standing again.
         self.cache.forget_standings()
         self._kick()
+
+    def _on_quota_object(self) -> None:
+        # A flavor's labels shape what dispatched ones hold: derive every standing again.
+        self.cache.forget_standings()
+        self._kick()
+
+    def _flavors(self) -> Mapping[str, Flavor]:
+        return self.quotas.tree().setup.flavors
+
+    def _quota_usage(self) -> tuple[list[Charge], list[Queued], dict[str, str]]:
+        charges, pending, local_of = self.cache.quota_usage(self.clock.time())
+        tree = self.quotas.tree()
+        queued = []
+        for workload in pending:
+            namespace = workload.key.partition("/")[0]
+            found = resolve(namespace, workload.queue_name, tree.setup, tree)
+            if isinstance(found, Queued):
+                queued.append(found)
+        return charges, queued, local_of
 
     def _on_capacity(self, reason: str) -> None:
         if reason != "pod-changed":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,8 @@ from dispatcher.api.constants import (
     MCAD_LABEL_RESOURCE,
 )
 from dispatcher.api.models import AppWrapper, GenericItem, WrappedRef
-from dispatcher.core.podsets import inject_labels
+from dispatcher.core.podsets import inject_flavors, inject_labels
+from dispatcher.core.quota.model import Flavor
 from dispatcher.core.validation import is_label_value
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo, well_formed
@@ -68,14 +69,19 @@ class Wrapped:
 
 
 def wrapped_objects(
-    aw: AppWrapper, *, owner_reference: bool, lenient: bool = False
+    aw: AppWrapper,
+    *,
+    owner_reference: bool,
+    lenient: bool = False,
+    flavors: Sequence[tuple[Flavor, Sequence[str]]] = (),
 ) -> list[Wrapped]:
     """The objects to create, labelled with the AppWrapper (and owned by it on the hub).
 
     Templates are user data that validation has passed, but building must not depend on
     that: an item that cannot be built raises DispatchError (permanent) naming it, or, with
     `lenient` (deleting, where only identity matters), is reduced to its apiVersion, kind
-    and name, or left out when those are not well formed (it was never created).
+    and name, or left out when those are not well formed (it was never created). The
+    `flavors` of its admission go into every pod template they apply to.
     """
     labels = {
         LABEL_NAME: aw.metadata.name,
@@ -86,6 +92,8 @@ def wrapped_objects(
     for index, item in enumerate(aw.spec.items):
         try:
             body = _build(aw, item.generictemplate, labels | mcad_labels(aw, item), owner_reference)
+            if flavors:
+                inject_flavors(body, flavors)
             if lenient and _identity(body) is None:
                 continue  # no well-formed identity: it was never created
             metadata = body["metadata"]

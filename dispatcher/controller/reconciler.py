@@ -49,6 +49,7 @@ from dispatcher.core.conditions import Transition
 from dispatcher.core.lifecycle import Progress, Verdict, assess
 from dispatcher.core.model import Workload, pod_count
 from dispatcher.core.phase import Phase, phase_of
+from dispatcher.core.quota.model import Flavor
 from dispatcher.core.workloads import InvalidSpec
 from dispatcher.kube.errors import KubeError
 from dispatcher.kube.informer import Informer
@@ -107,8 +108,10 @@ class Reconciler:
         schedule_soon: Callable[[], None],
         start_task: Callable[[Coroutine[Any, Any, None], str], None],
         wake_owner: Callable[[str, Obj | None, Obj | None], None],
+        flavors: Callable[[], Mapping[str, Flavor]] = dict,
     ) -> None:
         self._config = config
+        self._flavors = flavors
         self._models = models
         self._status = status
         self._members = members
@@ -123,6 +126,14 @@ class Reconciler:
         self._counts_written: dict[str, float] = {}
         """key -> when pod counts alone were last written."""
         self._log = structlog.get_logger("reconciler")
+
+    def _flavors_of(self, status: AppWrapperStatus) -> list[tuple[Flavor, tuple[str, ...]]]:
+        """The flavors of its admission, to put into its pod templates."""
+        admission = status.admission
+        if admission is None:
+            return []
+        known = self._flavors()
+        return [(known[f.name], tuple(f.resources)) for f in admission.flavors if f.name in known]
 
     def forget(self, key: str) -> None:
         """It finished or went: drop what only a live AppWrapper needs."""
@@ -347,7 +358,9 @@ class Reconciler:
             # Built only when needed: it deep-copies every template, and following runs on
             # every pod change of every dispatched AppWrapper.
             try:
-                objects = wrapped_objects(aw, owner_reference=member.is_hub)
+                objects = wrapped_objects(
+                    aw, owner_reference=member.is_hub, flavors=self._flavors_of(status)
+                )
                 if self._config.create_namespaces and not member.is_hub:
                     await ensure_namespace(member.client, aw.metadata.namespace)
                 made = await create_all(

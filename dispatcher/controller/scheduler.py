@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from dispatcher.api.models import AppWrapperStatus
+from dispatcher.api.models import Admission, AppWrapperStatus, FlavorAssignment
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config, Fit
@@ -37,6 +37,9 @@ from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
 from dispatcher.core.model import Workload
 from dispatcher.core.phase import Phase
+from dispatcher.core.quota.flavors import charge_of, with_flavors
+from dispatcher.core.quota.tree import QuotaTree
+from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling import (
     CycleResult,
     HonourClaims,
@@ -63,8 +66,10 @@ class Scheduler:
         members: Mapping[str, Member],
         clock: Clock,
         wrote: Callable[[str], None],
+        quota_tree: Callable[[], QuotaTree] | None = None,
     ) -> None:
         self._config = config
+        self._quota_tree = quota_tree
         self._cache = cache
         self._models = models
         self._status = status
@@ -117,6 +122,8 @@ class Scheduler:
         if self._config.fit is Fit.CLUSTER_TOTAL:
             pending = [anywhere(w) for w in pending]
             clusters = [pooled(c) for c in clusters]
+        tree = self._quota_tree() if self._quota_tree is not None else None
+        quotas = QuotaView(tree, snapshot.charges) if tree is not None else None
         result = schedule(
             pending,
             clusters,
@@ -124,11 +131,12 @@ class Scheduler:
             now=now,
             starvation_after=self._config.starvation_after_seconds,
             preemption=policy,
+            quotas=quotas,
         )
         self.cycles += 1
         self.considered.update(w.key for w in snapshot.pending)
         # The spec as written is what an admission records (and checks is still current).
-        self._apply(result, snapshot.pending, now)
+        self._apply(result, snapshot.pending, now, tree)
         self._cycle_seconds = time.perf_counter() - started
         self._log.debug(
             "cycle",
@@ -139,15 +147,32 @@ class Scheduler:
         )
         return result
 
-    def _apply(self, result: CycleResult, pending: list[Workload], now: float) -> None:
+    def _apply(
+        self, result: CycleResult, pending: list[Workload], now: float, tree: QuotaTree | None
+    ) -> None:
         by_key = {w.key: w for w in pending}
         for admit in result.admits:
-            self._cache.assume(admit.key, by_key[admit.key], admit.cluster, now)
-            self._waiting.forget(admit.key)
             decided = by_key[admit.key]
-            self._spawn(self._admit(admit.key, admit.cluster, decided), f"admit-{admit.key}")
+            admission: Admission | None = None
+            if admit.assignment is None or tree is None:
+                self._cache.assume(admit.key, decided, admit.cluster, now)
+            else:
+                chosen = admit.assignment.flavors
+                made = with_flavors(decided, chosen, tree.setup.flavors)
+                charge = charge_of(admit.key, admit.queue, made, chosen, admitted_at=now)
+                self._cache.assume(admit.key, made, admit.cluster, now, charge, admit.local)
+                admission = Admission(
+                    queue=admit.local,
+                    clusterQueue=admit.queue,
+                    flavors=[FlavorAssignment(name=f, resources=list(r)) for f, r in chosen],
+                    borrowing=admit.assignment.borrows,
+                )
+            self._waiting.forget(admit.key)
+            self._spawn(
+                self._admit(admit.key, admit.cluster, decided, admission), f"admit-{admit.key}"
+            )
         for wait in result.waits:
-            self._waiting.note(wait.key, wait.message, head=wait.key == result.head_key, now=now)
+            self._waiting.note(wait.key, wait.message, head=wait.key in result.heads, now=now)
         for preempt in result.preemptions:
             victims = [v for v in preempt.victims if self._evictable(v)]
             if not victims:
@@ -174,7 +199,9 @@ class Scheduler:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _admit(self, key: str, cluster: str, decided: Workload) -> None:
+    async def _admit(
+        self, key: str, cluster: str, decided: Workload, admission: Admission | None = None
+    ) -> None:
         """The admission is one status write: Dispatched to `cluster` (and Init/Queueing
         when this is its first decision), for the spec `decided` was fitted from."""
         log = self._log.bind(appwrapper=key, cluster=cluster)
@@ -206,7 +233,9 @@ class Scheduler:
                 # only, and cleanup deletes these, whatever the spec is edited to later.
                 objects = [item.ref() for item in aw.spec.items]
                 transitions.append(
-                    cond.mark_dispatched(status, cluster=cluster, now=moment, objects=objects)
+                    cond.mark_dispatched(
+                        status, cluster=cluster, now=moment, objects=objects, admission=admission
+                    )
                 )
                 await self._status.write(obj, status, transitions)
                 log.info("dispatched", priority=status.priority)

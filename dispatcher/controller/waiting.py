@@ -24,10 +24,16 @@ from dispatcher.controller.models import Models
 from dispatcher.controller.status import StatusWriter
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
-from dispatcher.core.waiting import Written, worth_writing
+from dispatcher.core.waiting import (
+    REWRITE_SECONDS,
+    Written,
+    kind_of_reason,
+    worth_writing,
+)
 from dispatcher.kube.errors import Conflict, KubeError
 
 WRITERS = 16
+DEFERRAL_CHECK_SECONDS = 1.0
 
 
 class WaitingWriter:
@@ -45,14 +51,24 @@ class WaitingWriter:
         self._on_conflict = on_conflict
         self._written: dict[str, Written] = {}
         self._queued: dict[str, str] = {}  # key -> message to write, oldest first
+        # key -> (message, when it may be written): a new reason that came too soon after
+        # the last write. No later cycle may come to say it again (nothing else changes),
+        # so it is written when its time comes unless a newer message replaced it.
+        self._deferred: dict[str, tuple[str, float]] = {}
         self._ready = asyncio.Event()
         self._heads: set[asyncio.Task[None]] = set()
         self._log = structlog.get_logger("waiting")
 
     def note(self, key: str, message: str, *, head: bool, now: float) -> None:
         """The scheduler says `key` waits because of `message`."""
-        if not worth_writing(self._written.get(key), message, head=head, now=now):
+        last = self._written.get(key)
+        if not worth_writing(last, message, head=head, now=now):
+            if last is not None and kind_of_reason(last.message) != kind_of_reason(message):
+                self._deferred[key] = (message, last.at + REWRITE_SECONDS)
+            elif last is not None and last.message == message:
+                self._deferred.pop(key, None)  # what is written is current again
             return
+        self._deferred.pop(key, None)
         self._written[key] = Written(message, now)
         self._queued.pop(key, None)
         if head:
@@ -67,11 +83,23 @@ class WaitingWriter:
         """It was dispatched, finished or deleted: its next wait starts afresh."""
         self._written.pop(key, None)
         self._queued.pop(key, None)
+        self._deferred.pop(key, None)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
             for index in range(WRITERS):
                 group.create_task(self._writer(), name=f"waiting-writer-{index}")
+            group.create_task(self._deferrals(), name="waiting-deferrals")
+
+    async def _deferrals(self) -> None:
+        """Hand deferred messages to the writers when their time comes."""
+        while True:
+            await asyncio.sleep(DEFERRAL_CHECK_SECONDS)
+            now = self._clock.time()
+            for key, (message, due) in list(self._deferred.items()):
+                if due <= now:
+                    del self._deferred[key]
+                    self.note(key, message, head=False, now=now)
 
     async def _writer(self) -> None:
         while True:
@@ -118,6 +146,7 @@ class WaitingWriter:
     def fence(self) -> None:
         """Cancel the head-of-line writes in flight and drop the queued ones."""
         self._queued.clear()
+        self._deferred.clear()
         for task in list(self._heads):
             task.cancel()
 

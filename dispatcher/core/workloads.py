@@ -7,9 +7,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from dispatcher.api.constants import KUEUE_LABEL_QUEUE, LABEL_QUEUE
 from dispatcher.api.models import (
     AppWrapper,
     GenericItem,
@@ -197,4 +199,11 @@ def workload_of(
         placement=placement,
         queued_since=queued_since,
         preemptible=aw.spec.preemptible,
+        queue_name=queue_name_of(aw.metadata.labels),
     )
+
+
+def queue_name_of(labels: Mapping[str, str] | None) -> str:
+    """The AppQueue an AppWrapper names: this project's label, else Kueue's ("" = none)."""
+    labels = labels or {}
+    return labels.get(LABEL_QUEUE) or labels.get(KUEUE_LABEL_QUEUE) or ""

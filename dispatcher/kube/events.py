@@ -55,7 +55,8 @@ class EventRecorder:
             "kind": "Event",
             "metadata": {
                 "name": f"{meta.get('name')}.{secrets.token_hex(8)}",
-                "namespace": meta.get("namespace"),
+                # A cluster-scoped object's Events go to `default`, as Kubernetes' own do.
+                "namespace": meta.get("namespace") or "default",
             },
             "involvedObject": {
                 "apiVersion": obj.get("apiVersion"),

@@ -25,10 +25,12 @@ import structlog
 
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
-from dispatcher.kube.errors import Forbidden, Gone, KubeError
+from dispatcher.kube.errors import Forbidden, Gone, KubeError, NotFound
 from dispatcher.kube.store import ObjectStore
 
 Obj = dict[str, Any]
+ABSENT_RETRY_SECONDS = 30.0
+"""How often a cache of a kind that is not installed looks for it again."""
 Handler = Callable[[str, Obj | None, Obj | None], None]
 """(event type, old, new): ADDED has old None, DELETED has new None."""
 
@@ -54,6 +56,7 @@ class Informer:
         watch_timeout: int = 300,
         page_size: int = 500,
         optional: bool = False,
+        absent_ok: bool = False,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -76,6 +79,7 @@ class Informer:
         self._watch_timeout = watch_timeout
         self._page_size = page_size
         self._optional = optional
+        self._absent_ok = absent_ok
         self._log = structlog.get_logger("informer").bind(cluster=client.name, resource=info.plural)
         self._reported: dict[tuple[str, str], None] = {}
         """(key, resourceVersion) of objects whose failure was logged, most recent last."""
@@ -136,6 +140,14 @@ class Informer:
                     # allowed to list is an answer, not an outage to retry forever.
                     self._log.info("watch_not_permitted", error=str(exc)[:300])
                     return
+                if self._absent_ok and isinstance(exc, NotFound) and not self.store:
+                    # The kind is not installed (an optional CRD): that is an empty cache,
+                    # synced; it is looked for again now and then, in case it is installed.
+                    if not self.synced.is_set():
+                        self._log.info("resource_not_installed")
+                    self.synced.set()
+                    await asyncio.sleep(ABSENT_RETRY_SECONDS)
+                    continue
                 self._log.warning("watch_failed", error=str(exc)[:300], retry_in=round(backoff, 2))
                 await asyncio.sleep(backoff * (1 + random.random() / 2))
                 backoff = min(backoff * 2, 10.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.api.constants import API_VERSION, KIND
+from dispatcher.api.constants import API_VERSION, KIND, LABEL_QUEUE
 
 
 def appwrapper(
@@ -14,6 +14,8 @@ def appwrapper(
     scheduling: dict[str, Any] | None = None,
     completion: str | None = None,
     custom: list[dict[str, Any]] | None = None,
+    queue: str | None = None,
+    priority_class: str | None = None,
 ) -> dict[str, Any]:
     generic: list[dict[str, Any]] = []
     for item in items:
@@ -26,11 +28,95 @@ def appwrapper(
     spec: dict[str, Any] = {"resources": {"GenericItems": generic}}
     if priority is not None:
         spec["priority"] = priority
+    if priority_class is not None:
+        spec["priorityClassName"] = priority_class
     if scheduling:
         spec["schedulingSpec"] = scheduling
+    metadata: dict[str, Any] = {"name": name}
+    if queue is not None:
+        metadata["labels"] = {LABEL_QUEUE: queue}
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
+        "metadata": metadata,
+        "spec": spec,
+    }
+
+
+# -- quotas -------------------------------------------------------------------------------
+
+QuotaAmounts = dict[str, Any]
+"""resource -> nominal quota, or -> {"nominalQuota": ..., "borrowingLimit": ..., ...}."""
+
+
+def resource_group(flavors: dict[str, QuotaAmounts]) -> dict[str, Any]:
+    """One resource group: flavor -> its quotas, flavors in order of preference."""
+    covered: list[str] = []
+    for amounts in flavors.values():
+        covered += [r for r in amounts if r not in covered]
+
+    def quota(resource: str, value: Any) -> dict[str, Any]:
+        fields = value if isinstance(value, dict) else {"nominalQuota": value}
+        return {"name": resource, **fields}
+
+    return {
+        "coveredResources": covered,
+        "flavors": [
+            {"name": flavor, "resources": [quota(r, v) for r, v in amounts.items()]}
+            for flavor, amounts in flavors.items()
+        ],
+    }
+
+
+def cluster_queue(
+    name: str,
+    flavors: dict[str, QuotaAmounts],
+    *,
+    cohort: str | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A ClusterAppQueue admitting every namespace (unless `namespaceSelector` is given)."""
+    body: dict[str, Any] = {"namespaceSelector": {}, "resourceGroups": [resource_group(flavors)]}
+    if cohort:
+        body["cohort"] = cohort
+    body.update(spec)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ClusterAppQueue",
+        "metadata": {"name": name},
+        "spec": body,
+    }
+
+
+def app_queue(name: str, cluster_queue_name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AppQueue",
+        "metadata": {"name": name},
+        "spec": {"clusterQueue": cluster_queue_name},
+    }
+
+
+def app_flavor(name: str, node_labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AppFlavor",
+        "metadata": {"name": name},
+        "spec": {"nodeLabels": node_labels or {}, **spec},
+    }
+
+
+def app_cohort(
+    name: str, parent: str | None = None, flavors: dict[str, QuotaAmounts] | None = None
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if parent:
+        spec["parent"] = parent
+    if flavors:
+        spec["resourceGroups"] = [resource_group(flavors)]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AppCohort",
         "metadata": {"name": name},
         "spec": spec,
     }

@@ -8,7 +8,7 @@ so no finalizer is left behind.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,8 @@ __all__ = ["appwrapper", "deployment", "job", "pod_template", "service"]
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "appwrapper.yaml"
+QUOTA_CRDS = REPO / "crds" / "queues.yaml"
+QUOTA_KINDS = "clusterappqueues,appcohorts,appflavors"
 
 
 def wait_established(cluster: Any, crd: str) -> None:
@@ -54,6 +56,21 @@ def wait_established(cluster: Any, crd: str) -> None:
 def appwrapper_crd(cluster: Any) -> None:
     cluster.kubectl("apply", "-f", str(CRD))
     wait_established(cluster, "appwrappers.workload.codeflare.dev")
+
+
+@pytest.fixture(scope="session")
+def quota_crds(cluster: Any, appwrapper_crd: None) -> None:
+    cluster.kubectl("apply", "-f", str(QUOTA_CRDS))
+    for plural in ("clusterappqueues", "appqueues", "appcohorts", "appflavors"):
+        wait_established(cluster, f"{plural}.workload.codeflare.dev")
+
+
+@pytest.fixture
+def quotas(cluster: Any, quota_crds: None) -> Iterator[None]:
+    """The quota kinds installed; the test's cluster-scoped quota objects removed after it
+    (tests run one at a time: no other test's are there)."""
+    yield
+    cluster.kubectl("delete", QUOTA_KINDS, "--all", "--wait=false", check=False)
 
 
 StartDispatcher = Callable[..., Awaitable[Manager]]

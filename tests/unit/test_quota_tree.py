@@ -226,7 +226,7 @@ def test_a_flavor_adds_its_node_labels_and_tolerations_to_the_pods_it_applies_to
     found = candidates(q, (gpu_pods, cpu_pods), book, built.flavors)
     assert not isinstance(found, QuotaRefusal)
     assert [f for f, _ in found[0].flavors] == [DEFAULT, "spot"]
-    made = flavored((gpu_pods, cpu_pods), found[0], built.flavors)
+    made = flavored((gpu_pods, cpu_pods), found[0].flavors, built.flavors)
     assert made[0].node_selector == (("tier", "spot"),)
     assert made[0].tolerations[-1].key == "spot"
     assert made[1] == cpu_pods  # asks for no gpu: the gpu group's flavor does not apply

@@ -22,8 +22,9 @@ from enum import IntEnum
 
 from dispatcher.api.quantity import format_milli
 from dispatcher.api.resources import Resources
-from dispatcher.core.model import PODS, PodSet
+from dispatcher.core.model import PODS, PodSet, Workload
 from dispatcher.core.quota.model import (
+    Charge,
     Flavor,
     FlavorResource,
     QueueSpec,
@@ -193,11 +194,7 @@ def candidates(
         per_group.append(options)
     found: list[tuple[tuple[int, ...], Assignment]] = []
     for combination in itertools.islice(itertools.product(*per_group), _MAX_COMBINATIONS):
-        amounts: dict[FlavorResource, int] = {}
-        for _, _, chosen, resources, _, _ in combination:
-            for resource in resources:
-                if request[resource]:
-                    amounts[(chosen, resource)] = request[resource]
+        amounts = amounts_of(request, [(c[2], c[3]) for c in combination])
         mode = min((c[4] for c in combination), default=Mode.FIT)
         borrows = any(
             ledger.used(queue.name, fr) + amount > _nominal(queue, fr)
@@ -243,16 +240,45 @@ def _never(
     return ""
 
 
+Chosen = Sequence[tuple[str, Sequence[str]]]
+"""(flavor, the resources of its group) for each resource group: an assignment's flavors,
+or an admission's as recorded in the AppWrapper's status."""
+
+
+def amounts_of(request: Mapping[str, int], chosen: Chosen) -> dict[FlavorResource, int]:
+    """What a request charges, per (flavor, resource), under the chosen flavors."""
+    return {(f, r): request[r] for f, resources in chosen for r in resources if request.get(r)}
+
+
+def charge_of(
+    key: str, queue: str, workload: Workload, chosen: Chosen, *, admitted_at: float
+) -> Charge:
+    return Charge(
+        key=key,
+        queue=queue,
+        amounts=amounts_of(request_of(workload.pod_sets), chosen),
+        priority=workload.priority,
+        admitted_at=admitted_at,
+        preemptible=workload.preemptible,
+    )
+
+
+def with_flavors(workload: Workload, chosen: Chosen, flavors: Mapping[str, Flavor]) -> Workload:
+    """The workload with its pods as they are made under the chosen flavors."""
+    pod_sets = flavored(workload.pod_sets, chosen, flavors)
+    return workload if pod_sets == workload.pod_sets else replace(workload, pod_sets=pod_sets)
+
+
 def flavored(
-    pod_sets: tuple[PodSet, ...], assignment: Assignment, flavors: Mapping[str, Flavor]
+    pod_sets: tuple[PodSet, ...], chosen: Chosen, flavors: Mapping[str, Flavor]
 ) -> tuple[PodSet, ...]:
     """The pod sets as the pods will be made: each chosen flavor's node labels and
-    tolerations added where the flavor applies."""
+    tolerations added where the flavor applies (a flavor no longer defined adds nothing)."""
     result = []
     for pod_set in pod_sets:
         selector = dict(pod_set.node_selector)
         tolerations = list(pod_set.tolerations)
-        for name, resources in assignment.flavors:
+        for name, resources in chosen:
             flavor = flavors.get(name)
             if flavor is None or not applies(resources, pod_set.requests):
                 continue

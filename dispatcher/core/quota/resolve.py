@@ -3,8 +3,8 @@
 An AppWrapper names an AppQueue of its namespace (its queue label, or the namespace's
 `default` AppQueue); the AppQueue names a cluster queue. Every broken link gets a message
 that says which one, and the AppWrapper waits with it (it dispatches as soon as the link is
-mended). With no queues at all, or none named and none required, there is no queue: the
-AppWrapper is admitted on capacity alone, as without quotas.
+mended). An AppWrapper that names no queue, when its namespace has no default AppQueue and
+none is required, has no queue: it is admitted on capacity alone, as without quotas.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ class QueueProblem:
 def resolve(
     namespace: str, queue_name: str, setup: QuotaSetup, tree: QuotaTree
 ) -> Queued | QueueProblem | None:
-    """The cluster queue of an AppWrapper in `namespace` naming `queue_name` ("" = none)."""
-    if not setup.enabled:
-        return None
+    """The cluster queue of an AppWrapper in `namespace` naming `queue_name` ("" = none).
+    One that names a queue always waits for it, even with no queues at all."""
     name = queue_name
     if not name:
+        if not setup.enabled:
+            return None
         if (namespace, DEFAULT_QUEUE) not in setup.local_queues:
             if setup.queue_required:
                 return QueueProblem(

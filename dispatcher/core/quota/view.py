@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dispatcher.core.model import Workload
-from dispatcher.core.quota.flavors import Assignment, QuotaRefusal, candidates, flavored
+from dispatcher.core.quota.flavors import Assignment, QuotaRefusal, candidates, with_flavors
 from dispatcher.core.quota.model import Charge, QueueSpec
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
 from dispatcher.core.quota.tree import Ledger, Node, QuotaTree
@@ -52,19 +52,7 @@ class QuotaView:
         return found
 
     def flavored(self, workload: Workload, assignment: Assignment) -> Workload:
-        pod_sets = flavored(workload.pod_sets, assignment, self.setup.flavors)
-        if pod_sets == workload.pod_sets:
-            return workload
-        return Workload(
-            key=workload.key,
-            priority=workload.priority,
-            created_at=workload.created_at,
-            pod_sets=pod_sets,
-            placement=workload.placement,
-            queued_since=workload.queued_since,
-            preemptible=workload.preemptible,
-            queue_name=workload.queue_name,
-        )
+        return with_flavors(workload, assignment.flavors, self.setup.flavors)
 
     def admit(self, queue: str, assignment: Assignment) -> None:
         self.ledger.add(queue, assignment.amounts)

@@ -203,7 +203,7 @@ def schedule(
     admits: list[Admit] = []
     waits: list[Wait] = []
     preemptions: list[Preempt] = []
-    heads: list[str] = []
+    heads: dict[str, str] = {}  # queue ("" for none) -> its first workload not admitted
     blocked: str | None = None  # StrictFIFO: the message of every workload after the head
     blocked_queues: dict[str, str] = {}  # the same, per cluster queue
 
@@ -237,7 +237,7 @@ def schedule(
                 waits.append(
                     Wait(workload.key, cycle.messages.setdefault(outcome.message, outcome.message))
                 )
-                heads.append(workload.key)
+                heads.setdefault(queued.queue, workload.key)
                 if strict and not outcome.never:
                     blocked_queues[queued.queue] = (
                         f"waiting behind {workload.key} (head of queue {queued.queue})"
@@ -257,7 +257,7 @@ def schedule(
             continue
 
         # 4. It fits nowhere: say why, maybe preempt, and hold what it is owed.
-        heads.append(workload.key)
+        heads.setdefault(queued.queue if queued else "", workload.key)
         message = cycle.message(fitted, decided.reasons, decided.why)
         chosen = decided.chosen
         if chosen is not None:
@@ -291,8 +291,8 @@ def schedule(
         admits=tuple(admits),
         waits=tuple(waits),
         preemptions=tuple(preemptions),
-        head_key=heads[0] if heads else None,
-        heads=frozenset(heads) if quotas is not None else frozenset(heads[:1]),
+        head_key=next(iter(heads.values()), None),
+        heads=frozenset(heads.values()),
     )
 
 

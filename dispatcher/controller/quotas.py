@@ -1,0 +1,247 @@
+"""The quota objects: their caches, the quota tree the scheduler reads, and their status.
+
+Side effects: watches on the hub (ClusterAppQueues, AppQueues, AppCohorts, AppFlavors,
+Namespaces); status writes and Events on the quota objects.
+
+The tree is rebuilt from the caches only after one of them changed. Status is written by
+one loop, at most once a second and only where it changed: counts, usage per flavor and
+resource, and the `Active` condition (False with the reason for a misconfigured or stopped
+queue), with an Event when a queue turns active or inactive. A quota kind that is not
+installed is an empty cache: without the CRDs the dispatcher runs as without quotas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from dispatcher.api.constants import API_VERSION
+from dispatcher.api.queues import QUEUE_KINDS, parse
+from dispatcher.clock import Clock
+from dispatcher.config import Config
+from dispatcher.core.quota.model import Charge, CohortSpec, QuotaSetup
+from dispatcher.core.quota.read import setup_of
+from dispatcher.core.quota.resolve import Queued
+from dispatcher.core.quota.summary import QueueSummary, summarize
+from dispatcher.core.quota.tree import Node, QuotaTree
+from dispatcher.kube.api import KubeApi
+from dispatcher.kube.client import ResourceInfo
+from dispatcher.kube.errors import KubeError, NotFound
+from dispatcher.kube.events import EventRecorder
+from dispatcher.kube.informer import Informer
+
+Obj = dict[str, Any]
+INFOS = {
+    kind: ResourceInfo(API_VERSION, kind, plural, namespaced=kind == "AppQueue")
+    for kind, plural in QUEUE_KINDS.items()
+}
+NAMESPACES = ResourceInfo("v1", "Namespace", "namespaces", namespaced=False)
+STATUS_EVERY_SECONDS = 1.0
+
+Usage = Callable[[], tuple[list[Charge], list[Queued], dict[str, str]]]
+"""(charges of admitted AppWrappers, pending ones' queues, admitted key -> AppQueue)."""
+
+
+def _labels_only(obj: Obj) -> Obj:
+    meta = obj.get("metadata", {})
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": meta.get("labels") or {},
+            "resourceVersion": meta.get("resourceVersion"),
+        }
+    }
+
+
+class Quotas:
+    def __init__(
+        self, *, hub: KubeApi, config: Config, events: EventRecorder, clock: Clock
+    ) -> None:
+        self._hub = hub
+        self._config = config
+        self._events = events
+        self._clock = clock
+        self.informers = {kind: Informer(hub, info, absent_ok=True) for kind, info in INFOS.items()}
+        # Namespaces' labels, for the queues' namespace selectors (listing them may be
+        # forbidden: then every selector sees no labels).
+        self.namespaces = Informer(hub, NAMESPACES, transform=_labels_only, optional=True)
+        self._tree: QuotaTree | None = None
+        self._changed = asyncio.Event()
+        self._listeners: list[Callable[[], None]] = []
+        self._usage: Usage = lambda: ([], [], {})
+        self._written: dict[tuple[str, str], Obj] = {}
+        self._log = structlog.get_logger("quotas")
+        for informer in [*self.informers.values(), self.namespaces]:
+            informer.add_handler(self._on_change)
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` when any quota object (or a namespace's labels) changes."""
+        self._listeners.append(listener)
+
+    def usage_from(self, usage: Usage) -> None:
+        self._usage = usage
+
+    def touch(self) -> None:
+        """Something a queue's status shows may have changed."""
+        self._changed.set()
+
+    def _on_change(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        self._tree = None
+        self._changed.set()
+        for listener in self._listeners:
+            listener()
+
+    async def synced(self) -> None:
+        for informer in self.informers.values():
+            await informer.synced.wait()
+
+    def tree(self) -> QuotaTree:
+        if self._tree is None:
+            self._tree = QuotaTree(self._read())
+        return self._tree
+
+    def _models(self, kind: str) -> Iterable[Any]:
+        for obj in self.informers[kind].store.values():
+            try:
+                yield parse(kind, obj)
+            except ValidationError as exc:
+                self._log.warning("unreadable", kind=kind, error=str(exc)[:300])
+
+    def _read(self) -> QuotaSetup:
+        labels = {
+            str(obj["metadata"]["name"]): obj["metadata"].get("labels") or {}
+            for obj in self.namespaces.store.values()
+        }
+        return setup_of(
+            self._models("ClusterAppQueue"),
+            self._models("AppCohort"),
+            self._models("AppFlavor"),
+            self._models("AppQueue"),
+            labels,
+            fair_sharing=self._config.fair_sharing,
+            fair_preemption=self._config.fair_sharing_preemption,
+            queue_required=self._config.queue_required,
+        )
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for kind, informer in self.informers.items():
+                group.create_task(informer.run(), name=f"watch-{kind}")
+            group.create_task(self.namespaces.run(), name="watch-namespaces")
+            group.create_task(self._status_loop(), name="queue-status")
+
+    async def _status_loop(self) -> None:
+        await self.synced()
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            try:
+                await self.write_status()
+            except Exception as exc:  # status is a courtesy: never stop the loop
+                self._log.warning("queue_status_failed", error=str(exc)[:300])
+            await asyncio.sleep(STATUS_EVERY_SECONDS)
+
+    async def write_status(self) -> None:
+        tree = self.tree()
+        if not tree.setup.enabled and not self.informers["AppCohort"].store:
+            return
+        charges, pending, local_of = self._usage()
+        queues, locals_ = summarize(tree, charges, pending, local_of)
+        now = datetime.fromtimestamp(self._clock.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for name, summary in queues.items():
+            await self._write("ClusterAppQueue", None, name, summary, now)
+        for key, summary in locals_.items():
+            namespace, _, name = key.partition("/")
+            await self._write("AppQueue", namespace, name, summary, now)
+        for name, spec in tree.setup.cohorts.items():
+            await self._write_cohort(name, spec, tree, now)
+
+    async def _write(
+        self, kind: str, namespace: str | None, name: str, summary: QueueSummary, now: str
+    ) -> None:
+        status: Obj = {
+            "pendingWorkloads": summary.pending,
+            "reservingWorkloads": summary.admitted,
+            "admittedWorkloads": summary.admitted,
+            "flavorsUsage": summary.flavors_usage(),
+        }
+        condition = {
+            "type": "Active",
+            "status": "True" if summary.active else "False",
+            "reason": summary.reason,
+            "message": summary.message,
+        }
+        await self._patch(kind, namespace, name, status, condition, now)
+
+    async def _write_cohort(self, name: str, spec: CohortSpec, tree: QuotaTree, now: str) -> None:
+        problems = list(spec.problems)
+        under = tree.queues_under(Node("cohort", name))
+        cycle = next(
+            (p for q in under for p in tree.problems.get(q, []) if p.startswith("cohort cycle")),
+            "",
+        )
+        if cycle:
+            problems.append(cycle)
+        condition = {
+            "type": "Active",
+            "status": "False" if problems else "True",
+            "reason": "Inactive" if problems else "Ready",
+            "message": "; ".join(problems) or "lends and borrows",
+        }
+        await self._patch("AppCohort", None, name, {}, condition, now)
+
+    async def _patch(
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        status: Obj,
+        condition: Obj,
+        now: str,
+    ) -> None:
+        key = f"{namespace}/{name}" if namespace else name
+        obj = self.informers[kind].store.get(key)
+        if obj is None:
+            return
+        current = obj.get("status") or {}
+        before = next(
+            (c for c in current.get("conditions") or [] if c.get("type") == "Active"), None
+        )
+        same_condition = before is not None and all(
+            before.get(k) == v for k, v in condition.items()
+        )
+        if same_condition and all(current.get(k) == v for k, v in status.items()):
+            return
+        stamp = (
+            before.get("lastTransitionTime")
+            if before and (before.get("status") == condition["status"])
+            else now
+        )
+        condition = {
+            **condition,
+            "lastTransitionTime": stamp or now,
+            "observedGeneration": obj["metadata"].get("generation"),
+        }
+        patch = {"status": {**status, "conditions": [condition]}}
+        try:
+            written = await self._hub.merge_patch(INFOS[kind], namespace, name, patch, "status")
+        except NotFound:
+            return
+        except KubeError as exc:
+            self._log.warning(
+                "queue_status_write_failed", kind=kind, name=key, error=str(exc)[:200]
+            )
+            return
+        if before is None or before.get("status") != condition["status"]:
+            active = condition["status"] == "True"
+            self._events.record(
+                written,
+                reason="QueueActive" if active else str(condition["reason"]),
+                message=str(condition["message"]),
+                warning=not active,
+            )
