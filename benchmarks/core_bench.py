@@ -26,12 +26,12 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE
+from dispatcher.api.constants import DEFAULT_QUEUE, LABEL_NAME, LABEL_NAMESPACE
 from dispatcher.api.resources import EMPTY, Resources
 from dispatcher.cluster.capacity import CapacityCache, slim_pod
 from dispatcher.core.model import (
@@ -46,6 +46,26 @@ from dispatcher.core.model import (
     Toleration,
     Workload,
 )
+from dispatcher.core.quota.model import (
+    BorrowPreemption,
+    Charge,
+    CohortSpec,
+    Flavor,
+    FlavorQuotas,
+    FlavorResource,
+    LocalQueue,
+    QueueSpec,
+    Quota,
+    QuotaSetup,
+    Reclaim,
+    ResourceGroup,
+    Selector,
+    WhenCanBorrow,
+    WhenCanPreempt,
+    WithinQueue,
+)
+from dispatcher.core.quota.tree import QuotaTree
+from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling import CycleResult, LowestPriorityFirst, PreemptionPolicy, schedule
 from dispatcher.core.scheduling.placement import ClusterState, Gang, Refusal
 
@@ -56,6 +76,7 @@ STARVATION_AFTER = 3600.0
 CYCLE_BUDGET_SECONDS = 30.0  # per benchmark combination
 GPU_TAINT = Taint(key=GPU, value="present", effect="NoSchedule")
 GPU_TOLERATION = Toleration(key=GPU, operator="Exists")
+ON_DEMAND, SPOT, GPU_FLAVOR = "on-demand", "spot", "gpu"  # the quota scenario's flavors
 
 # The pending AppWrappers' shapes: pod sets of (pods, cpu cores, memory Gi, GPUs per pod).
 SHAPES: tuple[tuple[tuple[int, float, float, int], ...], ...] = (
@@ -110,6 +131,13 @@ def _split(rng: random.Random, used: dict[str, int]) -> tuple[dict[str, int], di
     return first, {r: v - first[r] for r, v in used.items()}
 
 
+def node_tier(index: int) -> str:
+    """The `tier` label of node `index`: 30% `spot` (half of the GPU nodes), the rest
+    `on-demand`; the quota scenario's flavors select nodes by it (no selector without
+    quotas asks for it)."""
+    return SPOT if index % 10 in (2, 5, 9) else ON_DEMAND
+
+
 def build_cluster(
     name: str, nodes: int, rng: random.Random, *, busy: tuple[float, float], reserved: int
 ) -> ClusterSnapshot:
@@ -150,7 +178,11 @@ def build_cluster(
                 name=node_name,
                 allocatable=allocatable,
                 requested=Resources(used),
-                labels={"pool": "gpu" if gpu_node else "cpu", "zone": f"z{index % 3}"},
+                labels={
+                    "pool": "gpu" if gpu_node else "cpu",
+                    "zone": f"z{index % 3}",
+                    "tier": node_tier(index),
+                },
                 taints=(GPU_TAINT,) if gpu_node else (),
             )
         )
@@ -240,7 +272,15 @@ def _policy(name: str) -> PreemptionPolicy | None:
     return LowestPriorityFirst() if name == "LowestPriorityFirst" else None
 
 
-def run_cycle(scenario: Scenario, mode: QueueMode, preemption: str) -> CycleResult:
+def run_cycle(
+    scenario: Scenario,
+    mode: QueueMode,
+    preemption: str,
+    tree: QuotaTree | None = None,
+    charges: Sequence[Charge] = (),
+) -> CycleResult:
+    """One cycle; with a quota `tree`, a fresh `QuotaView` of it and `charges` too (the
+    controller caches the tree and builds the view every cycle, so the view is timed)."""
     return schedule(
         scenario.pending,
         scenario.clusters,
@@ -248,6 +288,7 @@ def run_cycle(scenario: Scenario, mode: QueueMode, preemption: str) -> CycleResu
         now=NOW,
         starvation_after=STARVATION_AFTER,
         preemption=_policy(preemption),
+        quotas=None if tree is None else QuotaView(tree, charges),
     )
 
 
@@ -313,9 +354,26 @@ class CycleFigure:
 def measure_cycle(
     scenario: Scenario, *, mode: QueueMode, preemption: str, runs: int
 ) -> CycleFigure:
-    result = run_cycle(scenario, mode, preemption)  # warm-up, and the decisions to report
-    times, cpu = timed(lambda: run_cycle(scenario, mode, preemption), runs)
-    return CycleFigure(
+    return _measure(scenario, mode=mode, preemption=preemption, runs=runs)[0]
+
+
+def _measure(
+    scenario: Scenario,
+    *,
+    mode: QueueMode,
+    preemption: str,
+    runs: int,
+    tree: QuotaTree | None = None,
+    charges: Sequence[Charge] = (),
+) -> tuple[CycleFigure, CycleResult]:
+    """The figure, and the decisions of the warm-up cycle (every run decides the same)."""
+
+    def cycle() -> CycleResult:
+        return run_cycle(scenario, mode, preemption, tree, charges)
+
+    result = cycle()  # warm-up, and the decisions to report
+    times, cpu = timed(cycle, runs)
+    figure = CycleFigure(
         pending=len(scenario.pending),
         nodes=len(scenario.clusters[0].nodes),
         clusters=len(scenario.clusters),
@@ -330,6 +388,7 @@ def measure_cycle(
         waits=len(result.waits),
         preemptions=len(result.preemptions),
     )
+    return figure, result
 
 
 def _fmt_count(value: int) -> str:

@@ -95,6 +95,7 @@ class Reason(StrEnum):
     PREEMPTED = "Preempted"
     CLUSTER_UNREACHABLE = "ClusterUnreachable"
     SPEC_CHANGED = "SpecChanged"
+    QUEUE_DRAINED = "QueueDrained"
 
 
 class _Model(BaseModel):

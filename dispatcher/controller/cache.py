@@ -60,6 +60,10 @@ class Standing:
     local: str = ""
     """With quotas: the AppQueue ("namespace/name") it was admitted through."""
 
+    def admitted_through(self, queues: set[str], locals_: set[str]) -> bool:
+        charge = self.charge
+        return charge is not None and (charge.queue in queues or self.local in locals_)
+
 
 NOT_SCHEDULED = Standing()
 
@@ -329,6 +333,20 @@ class SchedulerCache:
                 )
             )
         return Snapshot(pending, clusters, self._claims(now), charges)
+
+    def admitted_in(self, queues: set[str], locals_: set[str]) -> list[str]:
+        """Dispatched AppWrappers charged to one of `queues` or admitted through one of
+        `locals_` (as derived so far; one not derived yet is not charged to anything)."""
+        found = []
+        for key, entry in self._entries.items():
+            standing = entry.standing
+            if (
+                standing is not None
+                and standing.charge is not None
+                and (standing.charge.queue in queues or standing.local in locals_)
+            ):
+                found.append(key)
+        return found
 
     def quota_usage(self, now: float) -> tuple[list[Charge], list[Workload], dict[str, str]]:
         """(charges of the dispatched, the queued workloads, dispatched key -> AppQueue),

@@ -129,7 +129,7 @@ class Manager:
             schedule_soon=self._kick,
             start_task=self._start,
             wake_owner=self._wake_owner,
-            flavors=self._flavors,
+            quotas=self.quotas,
         )
         self.upkeep = Upkeep(
             members=self.members,
@@ -312,6 +312,10 @@ class Manager:
         self._kick()
 
     def _on_quota_object(self) -> None:
+        queues, locals_ = self.quotas.draining_queues()
+        if queues or locals_:
+            for key in self.cache.admitted_in(queues, locals_):
+                self.queue.add(key)  # the reconciler requeues them
         # A flavor's labels shape what dispatched ones hold: derive every standing again.
         self.cache.forget_standings()
         self._kick()

@@ -15,16 +15,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from pydantic import ValidationError
 
 from dispatcher.api.constants import API_VERSION
+from dispatcher.api.models import AppWrapperStatus
 from dispatcher.api.queues import QUEUE_KINDS, parse
 from dispatcher.clock import Clock
 from dispatcher.config import Config
-from dispatcher.core.quota.model import Charge, CohortSpec, QuotaSetup
+from dispatcher.core.quota.model import Charge, CohortSpec, Flavor, QuotaSetup, StopPolicy
 from dispatcher.core.quota.read import setup_of
 from dispatcher.core.quota.resolve import Queued
 from dispatcher.core.quota.summary import QueueSummary, summarize
@@ -44,6 +45,29 @@ NAMESPACES = ResourceInfo("v1", "Namespace", "namespaces", namespaced=False)
 STATUS_EVERY_SECONDS = 1.0
 
 Usage = Callable[[], tuple[list[Charge], list[Queued], dict[str, str]]]
+
+
+class QuotaLookup(Protocol):
+    """What the reconciler asks about a dispatched AppWrapper's admission."""
+
+    def flavors_of(self, status: AppWrapperStatus) -> list[tuple[Flavor, tuple[str, ...]]]:
+        """Its admission's flavors, to put into its pod templates."""
+        ...
+
+    def draining(self, status: AppWrapperStatus) -> str:
+        """Why its queue evicts it (stopPolicy HoldAndDrain), or ""."""
+        ...
+
+
+class _NoQuotas:
+    def flavors_of(self, status: AppWrapperStatus) -> list[tuple[Flavor, tuple[str, ...]]]:
+        return []
+
+    def draining(self, status: AppWrapperStatus) -> str:
+        return ""
+
+
+NO_QUOTAS: QuotaLookup = _NoQuotas()
 """(charges of admitted AppWrappers, pending ones' queues, admitted key -> AppQueue)."""
 
 
@@ -69,7 +93,7 @@ class Quotas:
         self.informers = {kind: Informer(hub, info, absent_ok=True) for kind, info in INFOS.items()}
         # Namespaces' labels, for the queues' namespace selectors (listing them may be
         # forbidden: then every selector sees no labels).
-        self.namespaces = Informer(hub, NAMESPACES, transform=_labels_only, optional=True)
+        self.namespaces = Informer(hub, NAMESPACES, transform=_labels_only, absent_ok=True)
         self._tree: QuotaTree | None = None
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
@@ -95,6 +119,38 @@ class Quotas:
         self._changed.set()
         for listener in self._listeners:
             listener()
+
+    def flavors_of(self, status: AppWrapperStatus) -> list[tuple[Flavor, tuple[str, ...]]]:
+        admission = status.admission
+        if admission is None:
+            return []
+        known = self.tree().setup.flavors
+        return [(known[f.name], tuple(f.resources)) for f in admission.flavors if f.name in known]
+
+    def draining(self, status: AppWrapperStatus) -> str:
+        admission = status.admission
+        if admission is None:
+            return ""
+        setup = self.tree().setup
+        queue = setup.queues.get(admission.clusterQueue)
+        if queue is not None and queue.stop is StopPolicy.HOLD_AND_DRAIN:
+            return f"cluster queue {queue.name} is draining (stopPolicy HoldAndDrain)"
+        namespace, _, name = admission.queue.partition("/")
+        local = setup.local_queues.get((namespace, name))
+        if local is not None and local.stop is StopPolicy.HOLD_AND_DRAIN:
+            return f"AppQueue {admission.queue} is draining (stopPolicy HoldAndDrain)"
+        return ""
+
+    def draining_queues(self) -> tuple[set[str], set[str]]:
+        """(cluster queues, AppQueues "namespace/name") with stopPolicy HoldAndDrain."""
+        setup = self.tree().setup
+        queues = {n for n, q in setup.queues.items() if q.stop is StopPolicy.HOLD_AND_DRAIN}
+        locals_ = {
+            f"{ns}/{n}"
+            for (ns, n), q in setup.local_queues.items()
+            if q.stop is StopPolicy.HOLD_AND_DRAIN
+        }
+        return queues, locals_
 
     async def synced(self) -> None:
         for informer in self.informers.values():

@@ -43,13 +43,13 @@ from dispatcher.controller.objects import (
     spec_change,
     wrapped_objects,
 )
+from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.status import StatusWriter
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
 from dispatcher.core.lifecycle import Progress, Verdict, assess
 from dispatcher.core.model import Workload, pod_count
 from dispatcher.core.phase import Phase, phase_of
-from dispatcher.core.quota.model import Flavor
 from dispatcher.core.workloads import InvalidSpec
 from dispatcher.kube.errors import KubeError
 from dispatcher.kube.informer import Informer
@@ -108,10 +108,10 @@ class Reconciler:
         schedule_soon: Callable[[], None],
         start_task: Callable[[Coroutine[Any, Any, None], str], None],
         wake_owner: Callable[[str, Obj | None, Obj | None], None],
-        flavors: Callable[[], Mapping[str, Flavor]] = dict,
+        quotas: QuotaLookup | None = None,
     ) -> None:
         self._config = config
-        self._flavors = flavors
+        self._quotas = quotas or NO_QUOTAS
         self._models = models
         self._status = status
         self._members = members
@@ -126,14 +126,6 @@ class Reconciler:
         self._counts_written: dict[str, float] = {}
         """key -> when pod counts alone were last written."""
         self._log = structlog.get_logger("reconciler")
-
-    def _flavors_of(self, status: AppWrapperStatus) -> list[tuple[Flavor, tuple[str, ...]]]:
-        """The flavors of its admission, to put into its pod templates."""
-        admission = status.admission
-        if admission is None:
-            return []
-        known = self._flavors()
-        return [(known[f.name], tuple(f.resources)) for f in admission.flavors if f.name in known]
 
     def forget(self, key: str) -> None:
         """It finished or went: drop what only a live AppWrapper needs."""
@@ -332,6 +324,12 @@ class Reconciler:
                 remove_from=None,
             )
             return DONE
+        drained = self._quotas.draining(status)
+        if drained:
+            await self._requeue(
+                aw, obj, status, Reason.QUEUE_DRAINED, drained, backoff=False, remove_from=member
+            )
+            return DONE
         change = spec_change(aw)
         if change:
             # Edited after dispatch: what was dispatched goes, and the new spec is validated
@@ -359,7 +357,7 @@ class Reconciler:
             # every pod change of every dispatched AppWrapper.
             try:
                 objects = wrapped_objects(
-                    aw, owner_reference=member.is_hub, flavors=self._flavors_of(status)
+                    aw, owner_reference=member.is_hub, flavors=self._quotas.flavors_of(status)
                 )
                 if self._config.create_namespaces and not member.is_hub:
                     await ensure_namespace(member.client, aw.metadata.namespace)

@@ -140,11 +140,11 @@ class Informer:
                     # allowed to list is an answer, not an outage to retry forever.
                     self._log.info("watch_not_permitted", error=str(exc)[:300])
                     return
-                if self._absent_ok and isinstance(exc, NotFound) and not self.store:
-                    # The kind is not installed (an optional CRD): that is an empty cache,
-                    # synced; it is looked for again now and then, in case it is installed.
+                if self._absent_ok and isinstance(exc, NotFound | Forbidden) and not self.store:
+                    # The kind is not installed (an optional CRD), or not ours to read: that
+                    # is an empty cache, synced; it is looked for again now and then.
                     if not self.synced.is_set():
-                        self._log.info("resource_not_installed")
+                        self._log.info("resource_not_available", error=str(exc)[:200])
                     self.synced.set()
                     await asyncio.sleep(ABSENT_RETRY_SECONDS)
                     continue

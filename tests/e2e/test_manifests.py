@@ -161,6 +161,13 @@ ALLOWED = [
     pytest.param(["watch", "pods", "-A"], id="watch-pods"),
     pytest.param(["watch", "nodes"], id="watch-nodes"),
     pytest.param(["list", "priorityclasses.scheduling.k8s.io"], id="list-priorityclasses"),
+    pytest.param(["watch", "clusterappqueues.workload.codeflare.dev"], id="watch-queues"),
+    pytest.param(["watch", "appqueues.workload.codeflare.dev", "-A"], id="watch-appqueues"),
+    pytest.param(
+        ["patch", "clusterappqueues.workload.codeflare.dev", "--subresource=status"],
+        id="patch-queue-status",
+    ),
+    pytest.param(["watch", "namespaces"], id="watch-namespace-labels"),
     pytest.param(
         ["update", "leases.coordination.k8s.io", "-n", SYSTEM_NAMESPACE], id="update-own-lease"
     ),
@@ -180,6 +187,8 @@ DENIED = [
         ["create", "mutatingwebhookconfigurations"], id="create-mutatingwebhookconfigurations"
     ),
     pytest.param(["create", "customresourcedefinitions"], id="create-crds"),
+    pytest.param(["update", "clusterappqueues.workload.codeflare.dev"], id="change-queue-specs"),
+    pytest.param(["create", "appqueues.workload.codeflare.dev", "-A"], id="create-appqueues"),
     pytest.param(["delete", "namespaces"], id="delete-namespaces"),
     pytest.param(["update", "nodes"], id="update-nodes"),
     pytest.param(["delete", "nodes"], id="delete-nodes"),

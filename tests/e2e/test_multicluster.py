@@ -12,6 +12,7 @@ import pytest
 
 from dispatcher.config import MemberConfig
 from dispatcher.testing.localcluster import LocalCluster, ensure_binaries
+from dispatcher.testing.manifests import app_flavor, app_queue, cluster_queue
 from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     QUIET_SECONDS,
@@ -308,3 +309,44 @@ async def test_member_down_at_start_does_not_hold_back_the_hub(
         members["east"].resume_api()
     await wait_condition(cluster, namespace, "there", "Running", timeout=90)
     assert (await get_aw(cluster, namespace, "there"))["status"]["clusterName"] == "east"
+
+
+async def test_a_queue_in_the_hub_caps_admissions_across_members(
+    cluster, namespace, members, member_nodes, run_dispatcher, quotas
+):
+    # Room for all four in the members (8 cpu each); the queue's quota is 4 cpu in all.
+    member_nodes.add("east", "n", cpu="8")
+    member_nodes.add("west", "n", cpu="8")
+    cq = f"{namespace}-cq"
+    for obj in (app_flavor("default-flavor"), cluster_queue(cq, {"default-flavor": {"cpu": 4}})):
+        await cluster.akubectl("apply", "-f", "-", input=json.dumps(obj))
+    await apply(cluster, namespace, app_queue("team", cq))
+    await run_dispatcher(members=member_configs(members, namespace))
+    for index in range(4):
+        spread = {"clusterScheduling": {"clusters": [{"name": "east" if index % 2 else "west"}]}}
+        body = deployment(f"w{index}", 1, {"cpu": "2"})
+        await apply(
+            cluster, namespace, appwrapper(f"w{index}", body, queue="team", scheduling=spread)
+        )
+
+    async def two_admitted() -> list[str] | None:
+        placed = []
+        for index in range(4):
+            status = (await get_aw(cluster, namespace, f"w{index}")).get("status") or {}
+            if status.get("clusterName"):
+                placed.append(status["clusterName"])
+        return placed if len(placed) == 2 else None
+
+    placed = await async_wait_until(two_admitted, timeout=30, what="two of four admitted")
+    assert sorted(placed) == ["east", "west"]  # the oldest two, one in each member
+
+    async def still_two() -> bool:
+        placed = await two_admitted()
+        return placed is not None
+
+    await async_holds_for(still_two, seconds=QUIET_SECONDS, what="the hub's quota caps both")
+    waiting = [
+        ((await get_aw(cluster, namespace, f"w{index}")).get("status") or {}).get("message", "")
+        for index in range(4)
+    ]
+    assert sum(f"queue {cq}: needs cpu 2; nominal 4, in use 4" in m for m in waiting) == 2

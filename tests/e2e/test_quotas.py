@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.testing.manifests import app_flavor, app_queue, cluster_queue
+from dispatcher.testing.manifests import app_cohort, app_flavor, app_queue, cluster_queue
 from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     QUIET_SECONDS,
@@ -333,3 +333,74 @@ async def test_flavors_fill_on_demand_then_spot_and_pods_land_on_their_nodes(
     assert sorted(where) == ["on-demand", "spot"]
     assert where["on-demand"] == [on_demand] * 4
     assert where["spot"] == [spot] * 2
+
+
+async def test_hold_and_drain_evicts_and_holds_until_the_queue_reopens(
+    cluster, namespace, fake_nodes, run_dispatcher, quotas
+):
+    fake_nodes.add("n", cpu="8", memory="64Gi")
+    cq = f"{namespace}-cq"
+    await apply_cluster(cluster, app_flavor(DEFAULT))
+    await apply_cluster(cluster, cluster_queue(cq, {DEFAULT: {"cpu": 4}}))
+    await apply(cluster, namespace, app_queue("team", cq))
+    await run_dispatcher()
+    for name in ("one", "two"):
+        await apply(cluster, namespace, work(name, "1", "team"))
+        await wait_condition(cluster, namespace, name, "Running", timeout=60)
+
+    await cluster.akubectl(
+        "patch", "caq", cq, "--type=merge", "-p", '{"spec":{"stopPolicy":"HoldAndDrain"}}'
+    )
+    for name in ("one", "two"):
+        await wait_message(cluster, namespace, name, f"cluster queue {cq} is stopped")
+    aw = await get_aw(cluster, namespace, "one")
+    found = {c["type"]: c for c in aw["status"]["conditions"]}
+    assert found["Dispatched"]["status"] == "False"
+    assert (found["Requeued"]["status"], found["Requeued"]["reason"]) == ("True", "QueueDrained")
+    await async_holds_for(
+        lambda: not_dispatched(cluster, namespace, "one", "two"),
+        seconds=QUIET_SECONDS,
+        what="a drained queue admits nothing",
+    )
+    await cluster.akubectl(
+        "patch", "caq", cq, "--type=merge", "-p", '{"spec":{"stopPolicy":"None"}}'
+    )
+    for name in ("one", "two"):
+        await wait_condition(cluster, namespace, name, "Running", timeout=60)
+
+
+async def test_a_three_level_tree_shares_by_weight(
+    cluster, namespace, fake_nodes, run_dispatcher, quotas
+):
+    fake_nodes.add("n", cpu="16", memory="64Gi")
+    root, mid = f"{namespace}-root", f"{namespace}-mid"
+    light, heavy = f"{namespace}-light", f"{namespace}-heavy"
+    await apply_cluster(cluster, app_flavor(DEFAULT))
+    await apply_cluster(cluster, app_cohort(root, flavors={DEFAULT: {"cpu": 6}}))
+    await apply_cluster(cluster, app_cohort(mid, root))
+    # Nothing of their own: all either runs is lent down the tree from the root's 6 cpu.
+    for name, weight in ((light, "1"), (heavy, "2")):
+        await apply_cluster(
+            cluster,
+            cluster_queue(name, {DEFAULT: {"cpu": 0}}, cohort=mid, fairSharing={"weight": weight}),
+        )
+    await apply(cluster, namespace, app_queue("light", light))
+    await apply(cluster, namespace, app_queue("heavy", heavy))
+    # All queued before the dispatcher starts, so its first cycle decides them together.
+    for index in range(6):
+        await apply(cluster, namespace, work(f"l{index}", "1", "light"))
+        await apply(cluster, namespace, work(f"h{index}", "1", "heavy"))
+    await run_dispatcher(fair_sharing=True)
+
+    async def admitted() -> tuple[int, int] | None:
+        counts = []
+        for prefix in ("l", "h"):
+            count = 0
+            for index in range(6):
+                count += await dispatched(cluster, namespace, f"{prefix}{index}")
+            counts.append(count)
+        return (counts[0], counts[1]) if sum(counts) == 6 else None
+
+    assert await async_wait_until(admitted, timeout=30, what="six admitted") == (2, 4)
+    message = await message_of(cluster, namespace, "l5")
+    assert message.startswith(f"queue {light}: needs cpu 1; nominal 0, in use 2, cohort can lend 0")
