@@ -2,7 +2,8 @@
 
 Side effects: builds (if missing) and starts a local control plane with fake GPU nodes and
 KubeRay, runs the dispatcher in this process, applies the samples, prints what users see,
-and tears everything down (or keeps it with --keep).
+and tears everything down (or keeps it with --keep). Then quotas (samples/queues/): dev
+RayClusters share a queue with room for one, and a prod one preempts the running dev one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from dispatcher.app import running
 from dispatcher.config import Config, MemberConfig
@@ -27,24 +31,31 @@ SAMPLES = [
     "mcad-legacy.yaml",
 ]
 NAMESPACE = "demo"
+QUEUES = REPO_ROOT / "samples" / "queues"
+TEAM = "team"  # the namespace of the quotas act
+CLUSTER_QUEUE = "cluster-queue"  # samples/queues/setup.yaml's
 
 
 def _say(text: str) -> None:
     print(f"\n=== {text}", flush=True)
 
 
-async def _conditions(cluster: LocalCluster, name: str) -> dict[str, str]:
-    out = await cluster.akubectl("get", "aw", name, "-n", NAMESPACE, "-o", "json", check=False)
+async def _conditions(
+    cluster: LocalCluster, name: str, namespace: str = NAMESPACE
+) -> dict[str, str]:
+    out = await cluster.akubectl("get", "aw", name, "-n", namespace, "-o", "json", check=False)
     if out.returncode != 0:
         return {}
     status = json.loads(out.stdout).get("status") or {}
     return {c["type"]: c["status"] for c in status.get("conditions", [])}
 
 
-async def _wait_for(cluster: LocalCluster, name: str, condition: str, timeout: float) -> bool:
+async def _wait_for(
+    cluster: LocalCluster, name: str, condition: str, timeout: float, namespace: str = NAMESPACE
+) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (await _conditions(cluster, name)).get(condition) == "True":
+        if (await _conditions(cluster, name, namespace)).get(condition) == "True":
             return True
         await asyncio.sleep(0.5)
     return False
@@ -66,7 +77,10 @@ async def demo(workdir: Path, keep: bool) -> int:
             cluster.add_node(f"gpu-node-{index}", cpu="8", memory="40Gi", gpu=2)
         cluster.add_node("cpu-node", cpu="8", memory="32Gi")
         cluster.wait_nodes_ready(["gpu-node-1", "gpu-node-2", "gpu-node-3", "cpu-node"])
-        cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "appwrapper.yaml"))
+        # The quota kinds too, before the dispatcher starts: it looks again for kinds that
+        # were missing at its start only now and then.
+        for crd in ("appwrapper.yaml", "queues.yaml"):
+            cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / crd))
         cluster.kubectl("create", "namespace", NAMESPACE)
         await _show(
             cluster,
@@ -109,6 +123,7 @@ async def demo(workdir: Path, keep: bool) -> int:
             await _show(cluster, "delete", "aw", "glue-1", "-n", NAMESPACE)
             ok = await _wait_for(cluster, "glue-2", "Running", 90)
             await _show(cluster, "get", "aw", "-n", NAMESPACE)
+            ok = await _queues_act(cluster) and ok
             if keep:
                 _say(
                     f"Still running. Try: kubectl --kubeconfig {cluster.kubeconfig} get aw -A"
@@ -118,6 +133,85 @@ async def demo(workdir: Path, keep: bool) -> int:
             return 0 if ok else 1
     finally:
         cluster.stop()
+
+
+async def _value(cluster: LocalCluster, *args: str) -> str:
+    out = await cluster.akubectl("get", *args, check=False)
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+async def _wait_value(cluster: LocalCluster, want: str, *args: str, timeout: float = 30) -> bool:
+    """Until `kubectl get ARGS` (a jsonpath) prints `want`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await _value(cluster, *args) == want:
+            return True
+        await asyncio.sleep(0.5)
+    return False
+
+
+async def _queue_shows(cluster: LocalCluster, pending: int, admitted: int) -> bool:
+    """Until the queue's status (written about once a second) has these counts."""
+    counts = "jsonpath={.status.pendingWorkloads} {.status.admittedWorkloads}"
+    return await _wait_value(
+        cluster, f"{pending} {admitted}", "clusterappqueue", CLUSTER_QUEUE, "-o", counts
+    )
+
+
+async def _submit(cluster: LocalCluster, sample: str, name: str) -> None:
+    """samples/queues/`sample`, it and its RayCluster named `name`."""
+    aw: dict[str, Any] = yaml.safe_load((QUEUES / sample).read_text())
+    aw["metadata"]["name"] = name
+    for item in aw["spec"]["resources"]["GenericItems"]:
+        item["generictemplate"]["metadata"]["name"] = name
+    print(f"$ kubectl apply -n {TEAM} -f samples/queues/{sample}   # named {name}")
+    out = await cluster.akubectl("apply", "-n", TEAM, "-f", "-", input=json.dumps(aw))
+    print(out.stdout, end="", flush=True)
+
+
+async def _show_queues(cluster: LocalCluster) -> None:
+    await _show(cluster, "get", "clusterappqueues")
+    await _show(cluster, "get", "appqueues", "-n", TEAM)
+    await _show(cluster, "get", "aw", "-n", TEAM)
+
+
+async def _queues_act(cluster: LocalCluster) -> bool:
+    """Quotas as Kueue's priority guide for KubeRay shows them: a queue of 2 CPU, dev
+    RayClusters of 2 CPU each, one at a time; prod preempts the running dev one."""
+    _say("Quotas: a queue of 2 CPU, 8G and 1 GPU; prod-priority preempts dev-priority")
+    cluster.kubectl("create", "namespace", TEAM)
+    await _show(cluster, "apply", "-n", TEAM, "-f", str(QUEUES / "setup.yaml"))
+    active = "jsonpath={.status.conditions[?(@.type=='Active')].status}"
+    ok = await _wait_value(cluster, "True", "clusterappqueue", CLUSTER_QUEUE, "-o", active)
+
+    _say("Two dev RayClusters (2 CPU each): the cluster has room for both, the queue for one")
+    await _submit(cluster, "dev-job.yaml", "dev-1")
+    ok = await _wait_for(cluster, "dev-1", "Dispatched", 30, TEAM) and ok
+    await _submit(cluster, "dev-job.yaml", "dev-2")
+    ok = await _wait_for(cluster, "dev-1", "Running", 90, TEAM) and ok
+    ok = await _queue_shows(cluster, pending=1, admitted=1) and ok
+    await _show_queues(cluster)
+    await _show(
+        cluster, "get", "aw", "dev-2", "-n", TEAM, "-o", 'jsonpath={.status.message}{"\\n"}'
+    )
+
+    _say("A prod RayCluster arrives: dev-1 is preempted and goes back to the queue")
+    await _submit(cluster, "prod-job.yaml", "prod-1")
+    ok = await _wait_for(cluster, "prod-1", "Running", 90, TEAM) and ok
+    ok = await _queue_shows(cluster, pending=2, admitted=1) and ok
+    await _show_queues(cluster)
+    await _show(
+        cluster,
+        "get",
+        "aw",
+        "dev-1",
+        "-n",
+        TEAM,
+        "-o",
+        "jsonpath={range .status.conditions[?(@.type=='Preempted')]}{.type}={.status} "
+        '({.reason}: {.message}){"\\n"}{end}',
+    )
+    return ok
 
 
 async def demo_members(workdir: Path, members: int, keep: bool) -> int:

@@ -38,6 +38,7 @@ class ManagerCollector(Collector):
             "AppWrappers chosen as preemption victims.",
             value=manager.preemptions,
         )
+        yield from _queue_metrics(manager)
         requests = CounterMetricFamily(
             "appwrapper_dispatcher_api_requests",
             "API requests made to the hub.",
@@ -63,6 +64,49 @@ class ManagerCollector(Collector):
                 f"{what} per AppWrapper, summed over the AppWrappers that finished.",
                 value=finished[hop],
             )
+
+
+def _queue_metrics(manager: Manager) -> Iterator[Metric]:
+    """Per cluster queue, as its status last showed it (with quotas)."""
+    summaries = manager.quotas.summaries
+    families = {
+        name: GaugeMetricFamily(f"appwrapper_dispatcher_queue_{name}", text, labels=["queue"])
+        for name, text in (
+            ("pending", "AppWrappers waiting in the cluster queue."),
+            ("admitted", "AppWrappers admitted (dispatched) in the cluster queue."),
+            ("active", "1 when the cluster queue can admit, 0 when it is inactive or stopped."),
+        )
+    }
+    usage = GaugeMetricFamily(
+        "appwrapper_dispatcher_queue_usage",
+        "Quota in use (in units of the resource: cores, bytes, devices).",
+        labels=["queue", "flavor", "resource"],
+    )
+    borrowed = GaugeMetricFamily(
+        "appwrapper_dispatcher_queue_borrowed",
+        "Quota in use beyond the queue's nominal quota, borrowed from its cohort.",
+        labels=["queue", "flavor", "resource"],
+    )
+    for queue, summary in sorted(summaries.items()):
+        families["pending"].add_metric([queue], summary.pending)
+        families["admitted"].add_metric([queue], summary.admitted)
+        families["active"].add_metric([queue], 1 if summary.active else 0)
+        for (flavor, resource), amount in sorted(summary.usage.items()):
+            usage.add_metric([queue, flavor, resource], amount / 1000)
+            borrowed.add_metric(
+                [queue, flavor, resource], summary.borrowed.get((flavor, resource), 0) / 1000
+            )
+    yield from families.values()
+    yield usage
+    yield borrowed
+    preemptions = CounterMetricFamily(
+        "appwrapper_dispatcher_queue_preemptions",
+        "Victims chosen for preemptors of the cluster queue.",
+        labels=["queue"],
+    )
+    for queue, count in sorted(manager.scheduler.preemptions_by_queue.items()):
+        preemptions.add_metric([queue], count)
+    yield preemptions
 
 
 def render(manager: Manager) -> str:

@@ -80,6 +80,8 @@ class Reason(StrEnum):
     REQUEUE_BACKOFF = "RequeueBackoff"
     DISPATCHED = "AppWrapperRunnable"
     INSUFFICIENT_RESOURCES = "InsufficientResources"
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    QUEUE_NOT_READY = "QueueNotReady"
     DISPATCH_FAILED = "DispatchFailed"
     PODS_RUNNING = "PodsRunning"
     PODS_NOT_READY = "PodsNotReady"

@@ -98,7 +98,8 @@ class Quotas:
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
         self._usage: Usage = lambda: ([], [], {})
-        self._written: dict[tuple[str, str], Obj] = {}
+        self.summaries: dict[str, QueueSummary] = {}
+        """Each cluster queue as its status was last computed (metrics read it)."""
         self._log = structlog.get_logger("quotas")
         for informer in [*self.informers.values(), self.namespaces]:
             informer.add_handler(self._on_change)
@@ -208,6 +209,7 @@ class Quotas:
             return
         charges, pending, local_of = self._usage()
         queues, locals_ = summarize(tree, charges, pending, local_of)
+        self.summaries = queues
         now = datetime.fromtimestamp(self._clock.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for name, summary in queues.items():
             await self._write("ClusterAppQueue", None, name, summary, now)

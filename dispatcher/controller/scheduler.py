@@ -84,6 +84,8 @@ class Scheduler:
         self._cycle_seconds = 0.0
         self.cycles = 0
         self.preemptions = 0
+        self.preemptions_by_queue: Counter[str] = Counter()
+        """Victims chosen for preemptors of each cluster queue (metrics)."""
         self.considered: Counter[str] = Counter()
         """Cycles that decided about each AppWrapper in its current life (hop metrics)."""
         self._log = structlog.get_logger("scheduler")
@@ -172,13 +174,16 @@ class Scheduler:
                 self._admit(admit.key, admit.cluster, decided, admission), f"admit-{admit.key}"
             )
         for wait in result.waits:
-            self._waiting.note(wait.key, wait.message, head=wait.key in result.heads, now=now)
+            head = wait.key in result.heads
+            self._waiting.note(wait.key, wait.message, head=head, now=now, reason=wait.reason)
         for preempt in result.preemptions:
             victims = [v for v in preempt.victims if self._evictable(v)]
             if not victims:
                 continue  # a claim named again: its evictions are under way
             preemptor = by_key[preempt.key]
             self.preemptions += len(victims)
+            if preempt.queue:
+                self.preemptions_by_queue[preempt.queue] += len(victims)
             obj = self._status.current(preempt.key)
             if obj is not None:
                 self._status.record(

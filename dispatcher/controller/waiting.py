@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 import structlog
 from pydantic import ValidationError
 
-from dispatcher.api.models import AppWrapperStatus
+from dispatcher.api.models import AppWrapperStatus, Reason
 from dispatcher.clock import Clock
 from dispatcher.controller.models import Models
 from dispatcher.controller.status import StatusWriter
@@ -50,21 +50,29 @@ class WaitingWriter:
         self._clock = clock
         self._on_conflict = on_conflict
         self._written: dict[str, Written] = {}
-        self._queued: dict[str, str] = {}  # key -> message to write, oldest first
+        self._queued: dict[str, tuple[str, Reason]] = {}  # key -> what to write, oldest first
         # key -> (message, when it may be written): a new reason that came too soon after
         # the last write. No later cycle may come to say it again (nothing else changes),
         # so it is written when its time comes unless a newer message replaced it.
-        self._deferred: dict[str, tuple[str, float]] = {}
+        self._deferred: dict[str, tuple[str, Reason, float]] = {}
         self._ready = asyncio.Event()
         self._heads: set[asyncio.Task[None]] = set()
         self._log = structlog.get_logger("waiting")
 
-    def note(self, key: str, message: str, *, head: bool, now: float) -> None:
-        """The scheduler says `key` waits because of `message`."""
+    def note(
+        self,
+        key: str,
+        message: str,
+        *,
+        head: bool,
+        now: float,
+        reason: Reason = Reason.INSUFFICIENT_RESOURCES,
+    ) -> None:
+        """The scheduler says `key` waits because of `message` (for `reason`)."""
         last = self._written.get(key)
         if not worth_writing(last, message, head=head, now=now):
             if last is not None and kind_of_reason(last.message) != kind_of_reason(message):
-                self._deferred[key] = (message, last.at + REWRITE_SECONDS)
+                self._deferred[key] = (message, reason, last.at + REWRITE_SECONDS)
             elif last is not None and last.message == message:
                 self._deferred.pop(key, None)  # what is written is current again
             return
@@ -72,11 +80,13 @@ class WaitingWriter:
         self._written[key] = Written(message, now)
         self._queued.pop(key, None)
         if head:
-            task = asyncio.get_running_loop().create_task(self._write(key, message, head=True))
+            task = asyncio.get_running_loop().create_task(
+                self._write(key, message, reason, head=True)
+            )
             self._heads.add(task)
             task.add_done_callback(self._heads.discard)
             return
-        self._queued[key] = message
+        self._queued[key] = (message, reason)
         self._ready.set()
 
     def forget(self, key: str) -> None:
@@ -96,10 +106,10 @@ class WaitingWriter:
         while True:
             await asyncio.sleep(DEFERRAL_CHECK_SECONDS)
             now = self._clock.time()
-            for key, (message, due) in list(self._deferred.items()):
+            for key, (message, reason, due) in list(self._deferred.items()):
                 if due <= now:
                     del self._deferred[key]
-                    self.note(key, message, head=False, now=now)
+                    self.note(key, message, head=False, now=now, reason=reason)
 
     async def _writer(self) -> None:
         while True:
@@ -107,13 +117,13 @@ class WaitingWriter:
                 self._ready.clear()
                 await self._ready.wait()
             key = next(iter(self._queued))
-            message = self._queued.pop(key)
+            message, reason = self._queued.pop(key)
             try:
-                await self._write(key, message, head=False)
+                await self._write(key, message, reason, head=False)
             except Exception:
                 self._log.exception("waiting_status_failed", appwrapper=key)
 
-    async def _write(self, key: str, message: str, *, head: bool) -> None:
+    async def _write(self, key: str, message: str, reason: Reason, *, head: bool) -> None:
         obj = self._status.current(key)
         if obj is None:
             return
@@ -129,7 +139,7 @@ class WaitingWriter:
             transitions.append(cond.initialize(status, priority=priority, now=moment))
         elif not cond.is_queued(status):
             return
-        transitions.append(cond.mark_waiting(status, message, now=moment))
+        transitions.append(cond.mark_waiting(status, message, now=moment, reason=reason))
         if head:
             transitions.append(cond.mark_head_of_line(status, now=moment))
         if all(t is None for t in transitions):

@@ -174,26 +174,28 @@ def mark_head_of_line(status: AppWrapperStatus, *, now: datetime) -> Transition 
     return Transition(Reason.FRONT_OF_QUEUE, "at the head of the queue")
 
 
-def mark_waiting(status: AppWrapperStatus, message: str, *, now: datetime) -> Transition | None:
-    """Not dispatched this cycle; `message` says what it waits for, with numbers.
+def mark_waiting(
+    status: AppWrapperStatus,
+    message: str,
+    *,
+    now: datetime,
+    reason: Reason = Reason.INSUFFICIENT_RESOURCES,
+) -> Transition | None:
+    """Not dispatched this cycle; `message` says what it waits for, with numbers; `reason`
+    whether for capacity, for its queue's quota, or for its queue to be usable.
 
-    Only the first wait of an attempt makes an Event; later changes of the numbers update
+    Only the first wait for each reason makes an Event; later changes of the numbers update
     the status alone (an empty Transition), so `kubectl describe` is not flooded.
     """
     before = status.condition(C.DISPATCHED)
-    first = before is None or before.reason != Reason.INSUFFICIENT_RESOURCES
+    first = before is None or before.reason != reason
     changed = set_condition(
-        status,
-        C.DISPATCHED,
-        true=False,
-        reason=Reason.INSUFFICIENT_RESOURCES,
-        message=message,
-        now=now,
+        status, C.DISPATCHED, true=False, reason=reason, message=message, now=now
     )
     changed |= _settle(status, AppWrapperState.PENDING, message)
     if not changed:
         return None
-    return Transition(Reason.INSUFFICIENT_RESOURCES, message) if first else Transition("", "")
+    return Transition(reason, message) if first else Transition("", "")
 
 
 def mark_dispatched(

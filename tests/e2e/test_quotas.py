@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dispatcher import metrics
 from dispatcher.testing.manifests import app_cohort, app_flavor, app_queue, cluster_queue
 from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
@@ -84,7 +85,7 @@ async def test_a_queue_caps_admissions_and_every_broken_link_is_named(
 ):
     fake_nodes.add("big", cpu="16", memory="64Gi")
     cq = f"{namespace}-cq"
-    await run_dispatcher()
+    dispatcher = await run_dispatcher()
     # Submitted to a queue that does not exist yet: it waits, saying so.
     await apply(cluster, namespace, work("early", "1", "team"))
     await wait_message(cluster, namespace, "early", f"AppQueue {namespace}/team does not exist")
@@ -102,6 +103,12 @@ async def test_a_queue_caps_admissions_and_every_broken_link_is_named(
     await apply(cluster, namespace, work("third", "1", "team"))
     message = await wait_message(cluster, namespace, "third", f"queue {cq}:")
     assert message == f"queue {cq}: needs cpu 1; nominal 2, in use 2, cohort can lend 0"
+    found = {
+        c["type"]: c for c in (await get_aw(cluster, namespace, "third"))["status"]["conditions"]
+    }
+    assert found["Dispatched"]["reason"] == "QuotaExceeded"  # not a capacity wait
+    described = (await cluster.akubectl("describe", "aw", "third", "-n", namespace)).stdout
+    assert "QuotaExceeded" in described
     await apply(cluster, namespace, work("huge", "4", "team"))
     await wait_message(cluster, namespace, "huge", "needs cpu 4, the most it can ever have is 2")
     await async_holds_for(
@@ -137,6 +144,12 @@ async def test_a_queue_caps_admissions_and_every_broken_link_is_named(
             ],
         }
     ]
+    scraped = metrics.render(dispatcher)
+    assert f'appwrapper_dispatcher_queue_pending{{queue="{cq}"}} 2.0' in scraped
+    assert (
+        f'appwrapper_dispatcher_queue_usage{{flavor="{DEFAULT}",queue="{cq}",resource="cpu"}} 2.0'
+        in scraped
+    )
     admission = (await get_aw(cluster, namespace, "early"))["status"]["admission"]
     assert admission == {
         "queue": f"{namespace}/team",

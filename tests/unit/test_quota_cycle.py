@@ -4,6 +4,7 @@ queueing strategies per queue, preemption within a queue and reclaim within a co
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
 from dispatcher.core.quota.model import Charge, QuotaSetup, Reclaim, WithinQueue
@@ -220,3 +221,23 @@ def test_fair_sharing_admits_the_queue_with_the_lower_weighted_share_first() -> 
     # weight 2 is entitled to twice the share: 4 of the 6 to heavy, 2 to light.
     assert sum(k.startswith("ns/h") for k in admitted) == 4
     assert sum(k.startswith("ns/l") for k in admitted) == 2
+
+
+def test_fair_sharing_reclaims_from_the_queue_above_its_share_whatever_the_priorities() -> None:
+    # Two queues with nothing of their own share a lender's 4 cpu; heavy holds all 4 at a
+    # high priority. Fair sharing gives light its share back (2 each at equal weights).
+    quotas = setup(
+        queue("light", {"cpu": "0"}, cohort="c", reclaim=Reclaim.LOWER_PRIORITY),
+        queue("heavy", {"cpu": "0"}, cohort="c"),
+        queue("lender", {"cpu": "4"}, cohort="c"),
+        fair_sharing=True,
+    )
+    held = [_running(f"ns/h{i}", 1, 1000, float(i)) for i in range(4)]
+    charges = [charge(f"ns/h{i}", "heavy", {"cpu": "1"}, priority=1000) for i in range(4)]
+    snapshot = with_running(big(), *held)  # type: ignore[arg-type]
+    result = run([job("ns/l0", 2, "light")], [snapshot], quotas, charges, preempt=True)
+    # heavy keeps 2 (a share equal to light's once admitted), never fewer.
+    assert [len(p.victims) for p in result.preemptions] == [2]
+    without_fairness = replace(quotas, fair_sharing=False)
+    result = run([job("ns/l0", 2, "light")], [snapshot], without_fairness, charges, preempt=True)
+    assert not result.preemptions  # by priority, 0 may not evict 1000

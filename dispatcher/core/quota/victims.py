@@ -15,6 +15,9 @@ Who may be a victim of a preemptor P in cluster queue Q (always only preemptible
   `borrowWithinCohort` (lower priority, up to its threshold);
 - with no queue (admitted on capacity alone): lower priority, as without quotas;
 - in a queue outside Q's tree: never (quota already keeps them apart).
+With fair sharing (and `fair_sharing_preemption`), priorities do not limit reclaim within the
+cohort: another queue's work may be taken while that queue, without it, would still hold at
+least the weighted share the preemptor's queue holds once admitted.
 Other queues' work is tried first (reclaiming what was lent), then lowest priority, then
 most recently dispatched.
 """
@@ -45,6 +48,7 @@ class QuotaRules:
     assignment: Assignment
     ledger: Ledger  # a copy: the search charges and gives back on it
     charges: Mapping[str, Charge]
+    fair: bool = False  # fair sharing with preemption: shares, not priorities, decide reclaim
 
     def allowed(self, candidate: AdmittedWorkload) -> bool:
         """Whether the queue's policies let the preemptor evict `candidate` at all."""
@@ -72,6 +76,8 @@ class QuotaRules:
             return False
         if queue.reclaim is Reclaim.NEVER:
             return False
+        if self.fair:
+            return True  # `still_allowed` compares the shares as victims are taken
         if queue.reclaim is Reclaim.LOWER_PRIORITY and candidate.priority >= mine.priority:
             return False
         if self.assignment.borrows:
@@ -93,7 +99,20 @@ class QuotaRules:
         charge = self.charges.get(candidate.key)
         if charge is None or charge.queue == self.queue.name:
             return True
-        return any(self.ledger.borrowed(charge.queue, fr) > 0 for fr in self.assignment.amounts)
+        if not any(self.ledger.borrowed(charge.queue, fr) > 0 for fr in self.assignment.amounts):
+            return False
+        if not self.fair:
+            return True
+        # Fair sharing: take from a queue only while it would keep at least the share the
+        # preemptor's queue will have once admitted (so the two never trade places back).
+        ledger = self.ledger
+        ledger.add(self.queue.name, self.assignment.amounts)
+        mine = ledger.share(self.queue.name)
+        ledger.add(self.queue.name, self.assignment.amounts, -1)
+        ledger.add(charge.queue, charge.amounts, -1)
+        theirs = ledger.share(charge.queue)
+        ledger.add(charge.queue, charge.amounts)
+        return theirs >= mine
 
     def evict(self, key: str) -> Callable[[], None]:
         """Give back `key`'s charge on the ledger; returns the undo."""

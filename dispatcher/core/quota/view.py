@@ -65,4 +65,5 @@ class QuotaView:
             assignment=assignment,
             ledger=self.ledger.copy(),
             charges=self.charges,
+            fair=self.setup.fair_sharing and self.setup.fair_preemption,
         )

@@ -10,8 +10,9 @@ comes in addition to the `Wait` of the workload that asked for it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from dispatcher.api.models import Reason
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
 from dispatcher.core.quota.fairshare import fair_order
 from dispatcher.core.quota.flavors import Assignment, QuotaRefusal
@@ -40,10 +41,12 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Workload `key` stays queued; `message` says why, for `kubectl describe`."""
+    """Workload `key` stays queued; `message` says why, for `kubectl describe`; `reason`
+    whether it waits for capacity, for its queue's quota, or for its queue to be usable."""
 
     key: str
     message: str
+    reason: Reason = Reason.INSUFFICIENT_RESOURCES
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,7 @@ class Preempt:
     key: str
     cluster: str
     victims: tuple[str, ...]
+    queue: str = ""  # the preemptor's cluster queue, when it has one
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,16 +215,17 @@ def schedule(
     for workload in ordered:
         queued = resolved.get(workload.key)
         if isinstance(queued, QueueProblem):
-            waits.append(
-                Wait(workload.key, cycle.messages.setdefault(queued.message, queued.message))
-            )
+            message = cycle.messages.setdefault(queued.message, queued.message)
+            waits.append(Wait(workload.key, message, Reason.QUEUE_NOT_READY))
             continue
         strict = mode is QueueMode.STRICT_FIFO
         if queued is not None:
             assert quotas is not None
             strict = quotas.spec(queued.queue).strategy is QueueMode.STRICT_FIFO
             if queued.queue in blocked_queues:
-                waits.append(Wait(workload.key, blocked_queues[queued.queue]))
+                waits.append(
+                    Wait(workload.key, blocked_queues[queued.queue], Reason.QUOTA_EXCEEDED)
+                )
                 continue
         elif blocked is not None:
             waits.append(Wait(workload.key, blocked))
@@ -234,9 +239,8 @@ def schedule(
             outcome = _fit_queued(workload, queued, quotas, cycle, preemption)
             if isinstance(outcome, QuotaRefusal):
                 # Quota, not capacity, keeps it out: it holds no cluster.
-                waits.append(
-                    Wait(workload.key, cycle.messages.setdefault(outcome.message, outcome.message))
-                )
+                message = cycle.messages.setdefault(outcome.message, outcome.message)
+                waits.append(Wait(workload.key, message, Reason.QUOTA_EXCEEDED))
                 heads.setdefault(queued.queue, workload.key)
                 if strict and not outcome.never:
                     blocked_queues[queued.queue] = (
@@ -260,6 +264,8 @@ def schedule(
         heads.setdefault(queued.queue if queued else "", workload.key)
         message = cycle.message(fitted, decided.reasons, decided.why)
         chosen = decided.chosen
+        if chosen is not None and queued is not None:
+            chosen = replace(chosen, queue=queued.queue)
         if chosen is not None:
             preemptions.append(chosen)
             cycle.hold(chosen.cluster, f"held for {workload.key}, which is preempting")
