@@ -35,6 +35,8 @@ class Metadata(_Model):
     generation: int | None = None
     uid: str | None = None
     resourceVersion: str | None = None
+    deletionTimestamp: str | None = None
+    finalizers: list[str] = Field(default_factory=list)
 
 
 class ResourceQuota(_Model):

@@ -289,6 +289,7 @@ class Manager:
             self.cache.update(key, None)
             self._forget(key)
             self._kick()
+            self.quotas.touch()
             return
         self._record(key, new)
         if not echo:

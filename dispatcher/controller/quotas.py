@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import structlog
 from pydantic import ValidationError
 
-from dispatcher.api.constants import API_VERSION
+from dispatcher.api.constants import API_VERSION, FINALIZER
 from dispatcher.api.models import AppWrapperStatus
 from dispatcher.api.queues import QUEUE_KINDS, parse
 from dispatcher.clock import Clock
@@ -213,6 +213,7 @@ class Quotas:
         now = datetime.fromtimestamp(self._clock.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for name, summary in queues.items():
             await self._write("ClusterAppQueue", None, name, summary, now)
+            await self._guard(name, summary)
         for key, summary in locals_.items():
             namespace, _, name = key.partition("/")
             await self._write("AppQueue", namespace, name, summary, now)
@@ -235,6 +236,28 @@ class Quotas:
             "message": summary.message,
         }
         await self._patch(kind, namespace, name, status, condition, now)
+
+    async def _guard(self, name: str, summary: QueueSummary) -> None:
+        """Keep a cluster queue from going while AppWrappers are admitted in it: the
+        finalizer is added to every queue and removed once a deleted one has none."""
+        obj = self.informers["ClusterAppQueue"].store.get(name)
+        if obj is None:
+            return
+        meta = obj["metadata"]
+        finalizers = list(meta.get("finalizers") or [])
+        deleting = bool(meta.get("deletionTimestamp"))
+        if not deleting and FINALIZER not in finalizers:
+            finalizers.append(FINALIZER)
+        elif deleting and FINALIZER in finalizers and summary.admitted == 0:
+            finalizers.remove(FINALIZER)
+        else:
+            return
+        # Guarded by resourceVersion: a merge patch replaces the whole list.
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        try:
+            await self._hub.merge_patch(INFOS["ClusterAppQueue"], None, name, patch)
+        except KubeError as exc:  # Conflict or gone: the next change brings it back here
+            self._log.debug("queue_finalizer_not_written", name=name, error=str(exc)[:200])
 
     async def _write_cohort(self, name: str, spec: CohortSpec, tree: QuotaTree, now: str) -> None:
         problems = list(spec.problems)

@@ -71,6 +71,12 @@ def quotas(cluster: Any, quota_crds: None) -> Iterator[None]:
     (tests run one at a time: no other test's are there)."""
     yield
     cluster.kubectl("delete", QUOTA_KINDS, "--all", "--wait=false", check=False)
+    # The dispatcher is stopped by now: its finalizer on the queues is nobody's to remove.
+    names = cluster.kubectl("get", "clusterappqueues", "-o", "name", check=False).stdout.split()
+    for name in names:
+        cluster.kubectl(
+            "patch", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False
+        )
 
 
 StartDispatcher = Callable[..., Awaitable[Manager]]

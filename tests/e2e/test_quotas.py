@@ -417,3 +417,41 @@ async def test_a_three_level_tree_shares_by_weight(
     assert await async_wait_until(admitted, timeout=30, what="six admitted") == (2, 4)
     message = await message_of(cluster, namespace, "l5")
     assert message.startswith(f"queue {light}: needs cpu 1; nominal 0, in use 2, cohort can lend 0")
+
+
+async def test_a_queue_deleted_with_admitted_work_stays_until_it_finishes(
+    cluster, namespace, fake_nodes, run_dispatcher, quotas
+):
+    fake_nodes.add("n", cpu="8", memory="64Gi")
+    cq = f"{namespace}-cq"
+    await apply_cluster(cluster, app_flavor(DEFAULT))
+    await apply_cluster(cluster, cluster_queue(cq, {DEFAULT: {"cpu": 4}}))
+    await apply(cluster, namespace, app_queue("team", cq))
+    await run_dispatcher()
+    await apply(cluster, namespace, work("running", "1", "team"))
+    await wait_condition(cluster, namespace, "running", "Running", timeout=60)
+
+    async def guarded() -> bool:
+        out = await cluster.akubectl("get", "caq", cq, "-o", "jsonpath={.metadata.finalizers}")
+        return "workload.codeflare.dev/finalizer" in out.stdout
+
+    await async_wait_until(guarded, timeout=15, what="the queue's finalizer")
+    await cluster.akubectl("delete", "caq", cq, "--wait=false")
+    await apply(cluster, namespace, work("late", "1", "team"))
+    await wait_message(cluster, namespace, "late", f"cluster queue {cq} is inactive: being deleted")
+
+    async def queue_stays() -> bool:
+        out = await cluster.akubectl("get", "caq", cq, "-o", "name", check=False)
+        return out.returncode == 0 and await dispatched(cluster, namespace, "running")
+
+    await async_holds_for(queue_stays, seconds=QUIET_SECONDS, what="queue kept while in use")
+    await cluster.akubectl("delete", "appwrapper", "running", "-n", namespace, "--timeout=60s")
+
+    async def queue_gone() -> bool:
+        out = await cluster.akubectl("get", "caq", cq, "-o", "name", check=False)
+        return out.returncode != 0
+
+    await async_wait_until(queue_gone, timeout=30, what="queue deleted once unused")
+    await wait_message(
+        cluster, namespace, "late", f"points at cluster queue {cq}, which does not exist"
+    )

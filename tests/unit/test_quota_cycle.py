@@ -241,3 +241,14 @@ def test_fair_sharing_reclaims_from_the_queue_above_its_share_whatever_the_prior
     without_fairness = replace(quotas, fair_sharing=False)
     result = run([job("ns/l0", 2, "light")], [snapshot], without_fairness, charges, preempt=True)
     assert not result.preemptions  # by priority, 0 may not evict 1000
+
+
+def test_a_flavor_that_matches_no_node_is_named_in_the_wait() -> None:
+    quotas = setup(
+        queue("team", flavors={"a100": {"cpu": "4"}}), flavors=[flavor("a100", {"gpu": "a100"})]
+    )
+    result = run([job("ns/j", 1, "team")], [big()], quotas)
+    assert not result.admits
+    assert waits(result)["ns/j"] == (
+        "no schedulable node matches pod Job/ns/j (nodeSelector/taints) (in flavor a100)"
+    )

@@ -108,6 +108,11 @@ def _weight(fair: FairSharing | None, problems: list[str]) -> float:
 def queue_of(model: ClusterAppQueue) -> QueueSpec:
     spec = model.spec
     problems: list[str] = []
+    if model.metadata.deletionTimestamp:
+        problems.append(
+            "being deleted: admits nothing new; it goes once its admitted AppWrappers have"
+            " finished or been drained (stopPolicy HoldAndDrain)"
+        )
     groups = _groups(spec.resourceGroups, problems)
     namespaces: Selector | None = None
     if spec.namespaceSelector is not None:

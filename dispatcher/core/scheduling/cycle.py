@@ -263,6 +263,9 @@ def schedule(
         # 4. It fits nowhere: say why, maybe preempt, and hold what it is owed.
         heads.setdefault(queued.queue if queued else "", workload.key)
         message = cycle.message(fitted, decided.reasons, decided.why)
+        if assignment is not None and decided.reasons:
+            # Capacity refused it in the flavor its quota came from: say which nodes those are.
+            message += f" (in flavor {assignment.describe()})"
         chosen = decided.chosen
         if chosen is not None and queued is not None:
             chosen = replace(chosen, queue=queued.queue)
