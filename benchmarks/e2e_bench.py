@@ -42,7 +42,15 @@ from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import NotFound
 from dispatcher.kube.informer import Informer
 from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
-from dispatcher.testing.manifests import appwrapper, deployment, job, service
+from dispatcher.testing.manifests import (
+    app_flavor,
+    app_queue,
+    appwrapper,
+    cluster_queue,
+    deployment,
+    job,
+    service,
+)
 
 DEPLOYMENTS = ResourceInfo("apps/v1", "Deployment", "deployments", True)
 SERVICES = ResourceInfo("v1", "Service", "services", True)
@@ -259,6 +267,86 @@ def wait_ready(port: int, timeout: float = 60) -> None:
     raise TimeoutError("dispatcher not ready")
 
 
+def quota_objects(count: int) -> list[dict[str, Any]]:
+    """A flavor and a ClusterAppQueue with quota for `count` bench Deployments."""
+    amounts = {"cpu": f"{count * 100}m", "memory": f"{count * 64}Mi", "pods": count}
+    return [app_flavor("default-flavor"), cluster_queue("bench", {"default-flavor": amounts})]
+
+
+async def burst_phase(
+    client: KubeClient,
+    watcher: Watcher,
+    cluster: LocalCluster,
+    process: subprocess.Popen[bytes],
+    port: int,
+    count: int,
+    *,
+    namespace: str,
+    prefix: str,
+    queue: str | None = None,
+) -> dict[str, Any]:
+    """`count` AppWrappers (a Deployment and a Service each) created at full speed in
+    `namespace` (on its own node pool), until all are Dispatched and Running."""
+    before = scrape(port)
+    process_cpu_before = proc_stats(process.pid)["cpu_seconds"]
+    plane_before = cluster_cpu(cluster)
+    aws = [
+        (
+            APPWRAPPERS,
+            namespace,
+            appwrapper(
+                f"{prefix}-{i}",
+                bench_deployment(f"{prefix}-{i}", namespace),
+                service(f"{prefix}-{i}"),
+                queue=queue,
+            ),
+        )
+        for i in range(count)
+    ]
+    started = time.time()
+    created = await create_all(client, aws)
+    names_set = {f"{prefix}-{i}" for i in range(count)}
+    await watcher.wait("Dispatched", names_set, timeout=600)
+    all_running = await watcher.wait("Running", names_set, timeout=600)
+    plane_after = cluster_cpu(cluster)
+    after = await settled_counts(port)
+    cpu_after = proc_stats(process.pid)
+    latencies = [watcher.first[n]["Dispatched"] - created[f"appwrappers/{n}"] for n in names_set]
+    dispatch_seconds = max(watcher.first[n]["Dispatched"] for n in names_set) - started
+    requests = {
+        k: (after.get(k, 0) - before.get(k, 0)) / count
+        for k in sorted(set(after) | set(before))
+        if after.get(k, 0) - before.get(k, 0)
+    }
+    percentiles = {
+        "p50": percentile(latencies, 0.5),
+        "p95": percentile(latencies, 0.95),
+        "p99": percentile(latencies, 0.99),
+        "max": max(latencies),
+    }
+    figures: dict[str, Any] = {
+        "seconds_to_all_dispatched": dispatch_seconds,
+        "seconds_to_all_running": all_running - started,
+        "seconds_creating_appwrappers": max(created.values()) - started,
+        "dispatches_per_second": count / dispatch_seconds,
+        "latency_seconds": percentiles,
+        "requests_per_dispatch": requests,
+        "cpu_seconds": cpu_after["cpu_seconds"] - process_cpu_before,
+        "control_plane_cpu_seconds": cpu_used(plane_before, plane_after),
+        "peak_rss_mb": cpu_after["peak_rss_mb"],
+        "latencies": sorted(latencies),
+    }
+    print(
+        f"{namespace}: {count} AppWrappers dispatched in {dispatch_seconds:.1f}s "
+        f"({count / dispatch_seconds:.1f}/s), all Running after {all_running - started:.1f}s; "
+        "latency create->Dispatched p50/p95/p99: "
+        + " / ".join(f"{percentiles[q]:.3f}s" for q in ("p50", "p95", "p99")),
+        flush=True,
+    )
+    print("requests per dispatch: " + ", ".join(f"{k}={v:.2f}" for k, v in requests.items()))
+    return figures
+
+
 async def run(
     count: int,
     churn: int,
@@ -266,6 +354,7 @@ async def run(
     profile: Path | None = None,
     settings: dict[str, Any] | None = None,
     trace_memory: bool = False,
+    queued: bool = False,
 ) -> dict[str, Any]:
     binaries = ensure_binaries()
     cluster = LocalCluster.start("bench", workdir, binaries=binaries)
@@ -275,7 +364,7 @@ async def run(
     try:
         nodes_per_pool = max(2, count // 100 + 1)
         names = []
-        for pool in ("raw", "aw"):
+        for pool in ("raw", "aw", "awq") if queued else ("raw", "aw"):
             for index in range(nodes_per_pool):
                 name = f"{pool}-{index}"
                 cluster.add_node(
@@ -295,7 +384,9 @@ async def run(
                 names.append(name)
         cluster.wait_nodes_ready(names, timeout=120)
         cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "appwrapper.yaml"))
-        for namespace in ("raw", "aw", "churn"):
+        if queued:
+            cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "queues.yaml"))
+        for namespace in ("raw", "aw", "awq", "churn"):
             cluster.kubectl("create", "namespace", namespace)
         client = await KubeClient.connect(kubeconfig=str(cluster.kubeconfig), pool_size=64)
         await asyncio.sleep(2)  # let the CRD's discovery settle before timing anything
@@ -339,73 +430,48 @@ async def run(
             watcher = Watcher(client)
             watch_task = asyncio.create_task(watcher.informer.run())
             await watcher.informer.synced.wait()
-            before = scrape(port)
-            process_cpu_before = proc_stats(process.pid)["cpu_seconds"]
-            plane_before = cluster_cpu(cluster)
-            aws = [
-                (
-                    APPWRAPPERS,
-                    "aw",
-                    appwrapper(f"aw-{i}", bench_deployment(f"aw-{i}", "aw"), service(f"aw-{i}")),
-                )
-                for i in range(count)
-            ]
-            started = time.time()
-            created = await create_all(client, aws)
-            names_set = {f"aw-{i}" for i in range(count)}
-            await watcher.wait("Dispatched", names_set, timeout=600)
-            all_running = await watcher.wait("Running", names_set, timeout=600)
-            plane_after = cluster_cpu(cluster)
-            after = await settled_counts(port)
-            cpu_after = proc_stats(process.pid)
-            latencies = [
-                watcher.first[n]["Dispatched"] - created[f"appwrappers/{n}"] for n in names_set
-            ]
-            last_dispatch = max(watcher.first[n]["Dispatched"] for n in names_set)
-            dispatch_seconds = last_dispatch - started
-            requests = {
-                k: (after.get(k, 0) - before.get(k, 0)) / count
-                for k in sorted(set(after) | set(before))
-                if after.get(k, 0) - before.get(k, 0)
-            }
-            result["dispatcher"] = {
-                "seconds_to_all_dispatched": dispatch_seconds,
-                "seconds_to_all_running": all_running - started,
-                "seconds_creating_appwrappers": max(created.values()) - started,
-                "dispatches_per_second": count / dispatch_seconds,
-                "latency_seconds": {
-                    "p50": percentile(latencies, 0.5),
-                    "p95": percentile(latencies, 0.95),
-                    "p99": percentile(latencies, 0.99),
-                    "max": max(latencies),
-                },
-                "requests_per_dispatch": requests,
-                "cpu_seconds": cpu_after["cpu_seconds"] - process_cpu_before,
-                "control_plane_cpu_seconds": cpu_used(plane_before, plane_after),
-                "peak_rss_mb": cpu_after["peak_rss_mb"],
-                "latencies": sorted(latencies),
-            }
+            result["dispatcher"] = await burst_phase(
+                client, watcher, cluster, process, port, count, namespace="aw", prefix="aw"
+            )
+            dispatch_seconds = result["dispatcher"]["seconds_to_all_dispatched"]
+            all_running = result["dispatcher"]["seconds_to_all_running"]
             result["ratio_dispatch_to_raw"] = (count / dispatch_seconds) / (count / raw_seconds)
             # The same comparison end to end: until every pod runs, wrapped or not.
-            result["ratio_running_to_raw"] = raw_running / (all_running - started)
+            result["ratio_running_to_raw"] = raw_running / all_running
             print(
-                f"dispatcher: {count} AppWrappers dispatched in {dispatch_seconds:.1f}s "
-                f"({count / dispatch_seconds:.1f}/s), all Running after "
-                f"{all_running - started:.1f}s; ratio to raw "
-                f"{result['ratio_dispatch_to_raw']:.2f} (until all Running: "
+                f"ratio to raw {result['ratio_dispatch_to_raw']:.2f} (until all Running: "
                 f"{result['ratio_running_to_raw']:.2f})",
                 flush=True,
             )
-            print(
-                "latency create->Dispatched p50/p95/p99: "
-                + " / ".join(
-                    f"{result['dispatcher']['latency_seconds'][q]:.3f}s"
-                    for q in ("p50", "p95", "p99")
+            if queued:
+                # The same burst, every AppWrapper through a queue (a ClusterAppQueue with
+                # quota for all of them), in the same process, right after.
+                for obj in quota_objects(count):
+                    cluster.apply(obj)
+                cluster.kubectl(
+                    "apply", "-n", "awq", "-f", "-", input=json.dumps(app_queue("bench", "bench"))
                 )
-            )
-            print(
-                "requests per dispatch: " + ", ".join(f"{k}={v:.2f}" for k, v in requests.items())
-            )
+                await asyncio.sleep(2)  # the dispatcher's caches see the queue
+                result["queued"] = await burst_phase(
+                    client,
+                    watcher,
+                    cluster,
+                    process,
+                    port,
+                    count,
+                    namespace="awq",
+                    prefix="q",
+                    queue="bench",
+                )
+                result["ratio_queued_to_unqueued"] = (
+                    result["dispatcher"]["seconds_to_all_dispatched"]
+                    / result["queued"]["seconds_to_all_dispatched"]
+                )
+                print(
+                    f"through a queue: ratio of dispatch rates queued/unqueued "
+                    f"{result['ratio_queued_to_unqueued']:.2f}",
+                    flush=True,
+                )
             result["trickle"] = await trickle_phase(client, watcher)
             if churn:
                 result["churn"] = await churn_phase(client, watcher, churn, process, port)
@@ -557,6 +623,11 @@ def main() -> None:
         action="store_true",
         help="trace the dispatcher's allocations; their top sites go to WORKDIR/memory.txt",
     )
+    parser.add_argument(
+        "--queued",
+        action="store_true",
+        help="then the same burst again with every AppWrapper through a queue",
+    )
     args = parser.parse_args()
     settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}
     with contextlib.ExitStack() as stack:
@@ -573,6 +644,7 @@ def main() -> None:
                 args.profile and args.profile.resolve(),
                 settings,
                 args.trace_memory,
+                args.queued,
             )
         )
     result["settings"] = settings

@@ -71,8 +71,9 @@ WRAPPED_KINDS: dict[str, list[tuple[str, str]]] = {
 
 
 @pytest.fixture(scope="module")
-def installed(cluster: Any, appwrapper_crd: None) -> None:
-    """The CRD, the namespace, the ServiceAccount and the RBAC, applied for real."""
+def installed(cluster: Any, quota_crds: None) -> None:
+    """The CRDs, the namespace, the ServiceAccount and the RBAC, applied for real (kubectl
+    auth can-i names the quota kinds by resource: their CRDs must be served)."""
     cluster.kubectl("apply", "-f", str(MANIFESTS / "namespace.yaml"))
     cluster.kubectl(
         "apply",

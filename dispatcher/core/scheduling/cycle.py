@@ -143,9 +143,12 @@ def _fit(
     # A gang of the same shape and placement refused since the last admission or hold
     # is refused again for the same reasons (the policy's answers also depend on the
     # priority and the queue; without a policy they play no part).
-    priority = None if preemption is None else workload.priority
+    priority = None if not (preempt and preemption is not None) else workload.priority
     placement = workload.placement
-    question = (gang.shape, None if placement.anywhere else placement, priority, context)
+    # Whether victims were sought is part of the question: a plain fit's refusal must not
+    # answer a later question that asks for victims.
+    asks = preempt and preemption is not None
+    question = (gang.shape, None if placement.anywhere else placement, priority, context, asks)
     known = cycle.known_refusal(question)
     if known is not None:
         return _Tried(*known)
@@ -160,9 +163,7 @@ def _fit(
         tried = _Tried(outcome, cycle.combine(outcome))
     if preempt and preemption is not None:
         tried.chosen = _preempt(workload, gang, cycle, usable, preemption, rules, context)
-    if preemption is None or (
-        preempt and tried.chosen is None and _policy_done(workload, gang, cycle, usable, context)
-    ):
+    if not asks or (tried.chosen is None and _policy_done(workload, gang, cycle, usable, context)):
         cycle.refused[question] = (cycle.version, tried.reasons, tried.why)
     return tried
 
