@@ -205,7 +205,7 @@ class Quotas:
 
     async def write_status(self) -> None:
         tree = self.tree()
-        if not tree.setup.enabled and not self.informers["AppCohort"].store:
+        if not (tree.setup.enabled or tree.setup.cohorts or tree.setup.flavors):
             return
         charges, pending, local_of = self._usage()
         queues, locals_ = summarize(tree, charges, pending, local_of)
@@ -219,6 +219,19 @@ class Quotas:
             await self._write("AppQueue", namespace, name, summary, now)
         for name, spec in tree.setup.cohorts.items():
             await self._write_cohort(name, spec, tree, now)
+        for name in tree.setup.flavors:
+            users = sorted(
+                q.name
+                for q in tree.setup.queues.values()
+                if any(fq.flavor == name for g in q.groups for fq in g.flavors)
+            )
+            condition = {
+                "type": "Active",
+                "status": "True",
+                "reason": "InUse" if users else "Unused",
+                "message": f"cluster queues {', '.join(users)}" if users else "no cluster queue",
+            }
+            await self._patch("AppFlavor", None, name, {}, condition, now)
 
     async def _write(
         self, kind: str, namespace: str | None, name: str, summary: QueueSummary, now: str

@@ -144,6 +144,8 @@ async def test_a_queue_caps_admissions_and_every_broken_link_is_named(
             ],
         }
     ]
+    (flavor_row,) = await get_table(cluster, "appflavor", DEFAULT)
+    assert flavor_row["USED-BY"] == f"cluster queues {cq}"
     scraped = metrics.render(dispatcher)
     assert f'appwrapper_dispatcher_queue_pending{{queue="{cq}"}} 2.0' in scraped
     assert (
