@@ -12,6 +12,12 @@ cluster, admitted AppWrappers that preemption may pick from, and pending AppWrap
 the median of several runs; the CPU time of the process is shown beside them (on a shared
 machine, wall time above CPU time is time other work took) and the load average is
 recorded. Side effects: prints a table and writes the JSON file (directories created).
+
+The quota scenario (4) puts the same clusters under 100 cluster queues in cohorts three
+levels deep, with flavors that select nodes by label, admitted work charged to the queues
+(some borrow), and the headline's number of pending AppWrappers spread over the queues;
+it times the whole cycle, building the cycle's `QuotaView` included, in both queue modes,
+with and without fair sharing, beside the same workloads on capacity alone.
 """
 
 from __future__ import annotations
@@ -26,12 +32,12 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dispatcher.api.constants import DEFAULT_QUEUE, LABEL_NAME, LABEL_NAMESPACE
+from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE
 from dispatcher.api.resources import EMPTY, Resources
 from dispatcher.cluster.capacity import CapacityCache, slim_pod
 from dispatcher.core.model import (
@@ -47,22 +53,7 @@ from dispatcher.core.model import (
     Workload,
 )
 from dispatcher.core.quota.model import (
-    BorrowPreemption,
     Charge,
-    CohortSpec,
-    Flavor,
-    FlavorQuotas,
-    FlavorResource,
-    LocalQueue,
-    QueueSpec,
-    Quota,
-    QuotaSetup,
-    Reclaim,
-    ResourceGroup,
-    Selector,
-    WhenCanBorrow,
-    WhenCanPreempt,
-    WithinQueue,
 )
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.view import QuotaView
@@ -110,7 +101,7 @@ def _resources(cpu: float, memory_gi: float, gpu: int = 0) -> Resources:
     return Resources({"cpu": int(cpu * 1000), "memory": int(memory_gi * GI), GPU: gpu * 1000})
 
 
-def _pod_sets(shape: tuple[tuple[int, float, float, int], ...], name: str) -> tuple[PodSet, ...]:
+def pod_sets_for(shape: tuple[tuple[int, float, float, int], ...], name: str) -> tuple[PodSet, ...]:
     """Fresh objects for every AppWrapper, as the controller parses each one on its own."""
     result = []
     for index, (count, cpu, memory, gpu) in enumerate(shape):
@@ -204,7 +195,7 @@ def build_cluster(
         if len(reservations) == wanted:
             break
         key = f"starting/{name}-{attempt:04d}"
-        pod_sets = _pod_sets(rng.choice(SHAPES), key)
+        pod_sets = pod_sets_for(rng.choice(SHAPES), key)
         if isinstance(state.place(Gang.of(pod_sets)), Refusal):
             continue
         priority = rng.choice([0, 0, 1])
@@ -236,7 +227,7 @@ def build_pending(count: int, clusters: Sequence[str], rng: random.Random) -> li
                 key=key,
                 priority=rng.choice([0, 0, 0, 0, 0, 0, 0, 1, 1, 3]),
                 created_at=created_at,
-                pod_sets=_pod_sets(rng.choice(SHAPES), key),
+                pod_sets=pod_sets_for(rng.choice(SHAPES), key),
                 placement=placement,
                 queued_since=created_at,
             )
@@ -354,10 +345,10 @@ class CycleFigure:
 def measure_cycle(
     scenario: Scenario, *, mode: QueueMode, preemption: str, runs: int
 ) -> CycleFigure:
-    return _measure(scenario, mode=mode, preemption=preemption, runs=runs)[0]
+    return measure(scenario, mode=mode, preemption=preemption, runs=runs)[0]
 
 
-def _measure(
+def measure(
     scenario: Scenario,
     *,
     mode: QueueMode,
@@ -664,6 +655,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({capacity['node_seconds'] * 1000:.0f} ms for {capacity['node_events']:,})"
     )
 
+    # Imported here: the quota scenario builds on this module's scenario and measuring.
+    from benchmarks.quota_bench import (
+        QUOTA_HEADER,
+        build_quota_scenario,
+        quota_cycles,
+        quota_summary,
+    )
+
+    quota_scenario = build_quota_scenario(*head)
+    summary = quota_summary(quota_scenario)
+    print(
+        f"\n(4) quotas: {summary['queues']} queues in {summary['cohorts']} cohorts "
+        f"({summary['cohort_levels']} levels, {summary['cohorts_with_quotas']} with quotas), "
+        f"{summary['flavors']} flavors, {summary['charges']:,} charges "
+        f"({summary['borrowing_queues']} queues borrowing), "
+        f"{_fmt_count(head[0])} x {_fmt_count(head[1])} x {head[2]}; tree built once in "
+        f"{summary['tree_build_ms']:.1f} ms, the QuotaView in every cycle"
+    )
+    print(QUOTA_HEADER)
+    quota_figures = quota_cycles(
+        quota_scenario, preemptions=("none", "LowestPriorityFirst"), runs=7
+    )
+
     worst = max(heads, key=lambda f: f.median_ms)
     label = f"{_fmt_count(head[0])} pending x {_fmt_count(head[1])} nodes x {head[2]} clusters"
     print()
@@ -675,6 +689,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     worst_ratio = max((row["ratio"] for row in ratios), default=0.0)
     print(f"growth time(2N)/time(N), worst: {worst_ratio:.2f} (target <= 2)")
+    quota_label = (
+        f"{label}, {summary['queues']} queues in {summary['cohorts']} cohorts"
+        f" ({summary['cohort_levels']} levels)"
+    )
+    for quota_figure in quota_figures:
+        if quota_figure.quotas == "none":
+            continue
+        cycle = quota_figure.cycle
+        preemption = "no preemption" if cycle.preemption == "none" else cycle.preemption
+        fair = "fair sharing" if quota_figure.quotas == "fair sharing" else "no fair sharing"
+        print(
+            f"cycle with quotas {quota_label}: {cycle.median_ms:.1f} ms, max {cycle.max_ms:.1f} ms"
+            f" (target < 100 ms)  [{cycle.mode}, {fair}, {preemption}, median of {cycle.runs}]"
+        )
+    quota_worst = max(
+        (f for f in quota_figures if f.quotas != "none"), key=lambda f: f.cycle.median_ms
+    )
 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
@@ -695,6 +726,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 },
                 "growth": ratios,
                 "capacity_cache": capacity,
+                "quotas": {
+                    "pending": head[0],
+                    "nodes_per_cluster": head[1],
+                    "clusters": head[2],
+                    "scenario": summary,
+                    "worst_median_ms": round(quota_worst.cycle.median_ms, 2),
+                    "worst_max_ms": round(max(f.cycle.max_ms for f in quota_figures), 2),
+                    "target_ms": 100,
+                    "cases": [f.as_json() for f in quota_figures],
+                },
             },
             indent=2,
         )

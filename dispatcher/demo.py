@@ -34,6 +34,7 @@ NAMESPACE = "demo"
 QUEUES = REPO_ROOT / "samples" / "queues"
 TEAM = "team"  # the namespace of the quotas act
 CLUSTER_QUEUE = "cluster-queue"  # samples/queues/setup.yaml's
+KINDS = ("appwrappers", "clusterappqueues", "appqueues", "appcohorts", "appflavors")
 
 
 def _say(text: str) -> None:
@@ -61,6 +62,19 @@ async def _wait_for(
     return False
 
 
+async def _wait_served(
+    cluster: LocalCluster, plurals: tuple[str, ...], timeout: float = 60
+) -> None:
+    """Until kubectl can use every one of `plurals` (CRDs applied a moment ago are not
+    served, nor in discovery, at once)."""
+    deadline = time.monotonic() + timeout
+    for plural in plurals:
+        while (await cluster.akubectl("get", plural, "-A", check=False)).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{plural} not served after {timeout}s")
+            await asyncio.sleep(0.5)
+
+
 async def _show(cluster: LocalCluster, *args: str) -> None:
     print(f"$ kubectl {' '.join(args)}")
     out = await cluster.akubectl(*args, check=False)
@@ -77,11 +91,12 @@ async def demo(workdir: Path, keep: bool) -> int:
             cluster.add_node(f"gpu-node-{index}", cpu="8", memory="40Gi", gpu=2)
         cluster.add_node("cpu-node", cpu="8", memory="32Gi")
         cluster.wait_nodes_ready(["gpu-node-1", "gpu-node-2", "gpu-node-3", "cpu-node"])
-        # The quota kinds too, before the dispatcher starts: it looks again for kinds that
-        # were missing at its start only now and then.
+        # The quota kinds too, and served before the dispatcher starts: it looks again for
+        # kinds that were missing at its start only now and then.
         for crd in ("appwrapper.yaml", "queues.yaml"):
             cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / crd))
         cluster.kubectl("create", "namespace", NAMESPACE)
+        await _wait_served(cluster, KINDS)
         await _show(
             cluster,
             "get",

@@ -93,6 +93,8 @@ class Reason(StrEnum):
     DISPATCH_DURATION_EXCEEDED = "DispatchDurationExceeded"
     PODS_FAILED = "PodsFailed"
     PREEMPTED_BY_HIGHER_PRIORITY = "PreemptedByHigherPriority"
+    RECLAIMED_WITHIN_COHORT = "ReclaimedWithinCohort"
+    PREEMPTED_WITHIN_QUEUE = "PreemptedWithinQueue"
     PODS_NOT_RUNNING_IN_TIME = "PodsNotRunningInTime"
     PREEMPTED = "Preempted"
     CLUSTER_UNREACHABLE = "ClusterUnreachable"
@@ -350,8 +352,8 @@ class AppWrapperStatus(_Model):
     and these are what cleanup deletes, whatever the spec says later (None: dispatched
     before the record existed, by MCAD; the spec is used)."""
     admission: Admission | None = None
-    """With quotas: the queue, flavors and borrowing of the latest dispatch (cleared on
-    requeue)."""
+    """With quotas: the queue, flavors and borrowing of the latest dispatch (kept when it is
+    requeued: its quota stays charged while that dispatch's pods are still going)."""
     message: str | None = None
     priority: Int | None = None
     """Effective priority (from priorityClassName when set)."""

@@ -105,7 +105,6 @@ class AppQueue(_Model):
 class AppCohortSpec(_Model):
     parent: str | None = None
     resourceGroups: list[ResourceGroup] = Field(default_factory=list)
-    fairSharing: FairSharing | None = None
 
 
 class AppCohort(_Model):
@@ -124,6 +123,7 @@ class TolerationSpec(_Model):
     operator: str = "Equal"
     value: str = ""
     effect: str = ""
+    tolerationSeconds: int | None = None
 
 
 class AppFlavorSpec(_Model):

@@ -40,6 +40,7 @@ from dispatcher.core.quota.flavors import charge_of, with_flavors
 from dispatcher.core.quota.model import Charge, Flavor
 from dispatcher.core.reservations import Holding, holding
 from dispatcher.core.scheduling import Claim
+from dispatcher.core.workloads import queue_name_of
 
 Obj = dict[str, Any]
 
@@ -59,6 +60,9 @@ class Standing:
     """With quotas: what it uses of its cluster queue's quota (while it holds room)."""
     local: str = ""
     """With quotas: the AppQueue ("namespace/name") it was admitted through."""
+    lingering: Charge | None = None
+    """Queued again after a dispatch (requeued, evicted): its last admission's charge, which
+    it still holds while pods of that dispatch hold capacity somewhere."""
 
     def admitted_through(self, queues: set[str], locals_: set[str]) -> bool:
         charge = self.charge
@@ -96,6 +100,7 @@ class _Entry:
     generation: int | None
     eviction: Eviction | None
     uid: str = ""  # its pods are those with this uid (not an earlier one's of its name)
+    queue: str = ""  # the queue it names (a label: editing it changes no generation)
     standing: Standing | None = None  # derived at `version` on first need
     held: tuple[int, Workload, float, Holding] | None = None  # (pod revision, ..., holding)
     assumed: Assumed | None = None
@@ -202,10 +207,12 @@ class SchedulerCache:
         else:
             self._queued.discard(key)
         uid = str(obj["metadata"].get("uid") or "")
+        queue = queue_name_of(obj["metadata"].get("labels"))
         if entry is None:
-            self._entries[key] = _Entry(version, phase, generation, eviction, uid)
+            self._entries[key] = _Entry(version, phase, generation, eviction, uid, queue)
             return Update(decision=True)
-        changed = (entry.phase, entry.generation) != (phase, generation)
+        changed = (entry.phase, entry.generation, entry.queue) != (phase, generation, queue)
+        entry.queue = queue
         finished = phase is Phase.FINISHED and entry.phase is not Phase.FINISHED
         entry.version, entry.phase, entry.generation = version, phase, generation
         entry.uid = uid
@@ -312,8 +319,11 @@ class SchedulerCache:
                 if standing.cluster in held:
                     item = (key, entry, standing.held, standing.dispatched_at, standing.candidate)
                     held[standing.cluster].append(item)
-            elif standing.pending is not None and not entry.busy:
-                pending.append(standing.pending)
+            elif standing.pending is not None:
+                if standing.lingering is not None and self._holding_pods(key, entry.uid):
+                    charges.append(standing.lingering)
+                if not entry.busy:
+                    pending.append(standing.pending)
         if not pending:
             # Nothing to decide: what the dispatched ones hold is not worth deriving.
             return Snapshot(pending, [])
@@ -334,6 +344,15 @@ class SchedulerCache:
             )
         return Snapshot(pending, clusters, self._claims(now), charges)
 
+    def charge_of(self, key: str) -> Charge | None:
+        """What a dispatched AppWrapper uses of its queue's quota, as last derived."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry.assumed is not None:
+            return entry.assumed.charge
+        return entry.standing.charge if entry.standing is not None else None
+
     def admitted_in(self, queues: set[str], locals_: set[str]) -> list[str]:
         """Dispatched AppWrappers charged to one of `queues` or admitted through one of
         `locals_` (as derived so far; one not derived yet is not charged to anything)."""
@@ -348,13 +367,17 @@ class SchedulerCache:
                 found.append(key)
         return found
 
-    def quota_usage(self, now: float) -> tuple[list[Charge], list[Workload], dict[str, str]]:
-        """(charges of the dispatched, the queued workloads, dispatched key -> AppQueue),
-        for the queues' status."""
+    def quota_usage(
+        self, now: float
+    ) -> tuple[list[Charge], list[Workload], dict[str, str], set[str]]:
+        """(charges of the dispatched, the queued workloads, dispatched key -> AppQueue,
+        the queued ones still charged while their last dispatch's pods go), for the
+        queues' status."""
         moment = datetime.fromtimestamp(now, UTC)
         charges: list[Charge] = []
         pending: list[Workload] = []
         local_of: dict[str, str] = {}
+        releasing: set[str] = set()
         for key, entry in self._entries.items():
             if entry.phase not in HOLDING:
                 continue
@@ -372,7 +395,11 @@ class SchedulerCache:
                 local_of[key] = standing.local
             elif standing.pending is not None:
                 pending.append(standing.pending)
-        return charges, pending, local_of
+                if standing.lingering is not None and self._holding_pods(key, entry.uid):
+                    charges.append(standing.lingering)
+                    local_of[key] = standing.local
+                    releasing.add(key)
+        return charges, pending, local_of, releasing
 
     def _derive(self, key: str, now: datetime) -> Standing:
         obj = self._current(key)
@@ -422,7 +449,15 @@ class SchedulerCache:
                 return NOT_SCHEDULED
             workload = self._models.workload(aw, priority=priority, now=now)
             if isinstance(workload, Workload):
-                return Standing(pending=workload)
+                lingering, local = None, ""
+                admission = status.admission if status is not None else None
+                if admission is not None:
+                    chosen = tuple((f.name, tuple(f.resources)) for f in admission.flavors)
+                    lingering = charge_of(
+                        key, admission.clusterQueue, workload, chosen, admitted_at=0.0
+                    )
+                    local = admission.queue
+                return Standing(pending=workload, lingering=lingering, local=local)
         return NOT_SCHEDULED
 
     def _only_member(self) -> str:

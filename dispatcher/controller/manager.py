@@ -324,8 +324,8 @@ class Manager:
     def _flavors(self) -> Mapping[str, Flavor]:
         return self.quotas.tree().setup.flavors
 
-    def _quota_usage(self) -> tuple[list[Charge], list[Queued], dict[str, str]]:
-        charges, pending, local_of = self.cache.quota_usage(self.clock.time())
+    def _quota_usage(self) -> tuple[list[Charge], list[Queued], dict[str, str], set[str]]:
+        charges, pending, local_of, releasing = self.cache.quota_usage(self.clock.time())
         tree = self.quotas.tree()
         queued = []
         for workload in pending:
@@ -333,7 +333,10 @@ class Manager:
             found = resolve(namespace, workload.queue_name, tree.setup, tree)
             if isinstance(found, Queued):
                 queued.append(found)
-        return charges, queued, local_of
+            elif found is not None and found.local:
+                # Held back by its queue (stopped, inactive...): still pending there.
+                queued.append(Queued(found.local, found.queue))
+        return charges, queued, local_of, releasing
 
     def _on_capacity(self, reason: str) -> None:
         if reason != "pod-changed":

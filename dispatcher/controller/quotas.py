@@ -44,7 +44,9 @@ INFOS = {
 NAMESPACES = ResourceInfo("v1", "Namespace", "namespaces", namespaced=False)
 STATUS_EVERY_SECONDS = 1.0
 
-Usage = Callable[[], tuple[list[Charge], list[Queued], dict[str, str]]]
+Usage = Callable[[], tuple[list[Charge], list[Queued], dict[str, str], set[str]]]
+"""(charges of admitted AppWrappers, pending ones' queues, admitted key -> AppQueue, keys
+of queued ones still charged while their last dispatch's pods go)."""
 
 
 class QuotaLookup(Protocol):
@@ -97,7 +99,7 @@ class Quotas:
         self._tree: QuotaTree | None = None
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
-        self._usage: Usage = lambda: ([], [], {})
+        self._usage: Usage = lambda: ([], [], {}, set())
         self.summaries: dict[str, QueueSummary] = {}
         """Each cluster queue as its status was last computed (metrics read it)."""
         self._log = structlog.get_logger("quotas")
@@ -154,7 +156,7 @@ class Quotas:
         return queues, locals_
 
     async def synced(self) -> None:
-        for informer in self.informers.values():
+        for informer in [*self.informers.values(), self.namespaces]:
             await informer.synced.wait()
 
     def tree(self) -> QuotaTree:
@@ -207,8 +209,8 @@ class Quotas:
         tree = self.tree()
         if not (tree.setup.enabled or tree.setup.cohorts or tree.setup.flavors):
             return
-        charges, pending, local_of = self._usage()
-        queues, locals_ = summarize(tree, charges, pending, local_of)
+        charges, pending, local_of, releasing = self._usage()
+        queues, locals_ = summarize(tree, charges, pending, local_of, releasing)
         self.summaries = queues
         now = datetime.fromtimestamp(self._clock.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for name, summary in queues.items():
@@ -216,7 +218,7 @@ class Quotas:
             await self._guard(name, summary)
         for key, summary in locals_.items():
             namespace, _, name = key.partition("/")
-            await self._write("AppQueue", namespace, name, summary, now)
+            await self._write("AppQueue", namespace, name, summary, now, borrowed=False)
         for name, spec in tree.setup.cohorts.items():
             await self._write_cohort(name, spec, tree, now)
         for name in tree.setup.flavors:
@@ -234,13 +236,20 @@ class Quotas:
             await self._patch("AppFlavor", None, name, {}, condition, now)
 
     async def _write(
-        self, kind: str, namespace: str | None, name: str, summary: QueueSummary, now: str
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        summary: QueueSummary,
+        now: str,
+        *,
+        borrowed: bool = True,
     ) -> None:
         status: Obj = {
             "pendingWorkloads": summary.pending,
-            "reservingWorkloads": summary.admitted,
+            "reservingWorkloads": summary.reserving,
             "admittedWorkloads": summary.admitted,
-            "flavorsUsage": summary.flavors_usage(),
+            "flavorsUsage": summary.flavors_usage(borrowed=borrowed),
         }
         condition = {
             "type": "Active",

@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from dispatcher.api.models import Admission, AppWrapperStatus, FlavorAssignment
+from dispatcher.api.models import Admission, AppWrapperStatus, FlavorAssignment, Reason
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config, Fit
@@ -44,6 +44,7 @@ from dispatcher.core.scheduling import (
     CycleResult,
     HonourClaims,
     LowestPriorityFirst,
+    Preempt,
     PreemptionPolicy,
     schedule,
 )
@@ -125,7 +126,10 @@ class Scheduler:
             pending = [anywhere(w) for w in pending]
             clusters = [pooled(c) for c in clusters]
         tree = self._quota_tree() if self._quota_tree is not None else None
-        quotas = QuotaView(tree, snapshot.charges) if tree is not None else None
+        quotas = None
+        if tree is not None:
+            pooled_fit = self._config.fit is Fit.CLUSTER_TOTAL
+            quotas = QuotaView(tree, snapshot.charges, place_flavors=not pooled_fit)
         result = schedule(
             pending,
             clusters,
@@ -193,8 +197,26 @@ class Scheduler:
                 )
             for victim in victims:
                 self._cache.start(victim)
-                message = f"preempted by {preempt.key}, priority {preemptor.priority}"
-                self._spawn(self._evict(victim, preempt.key, message), f"evict-{victim}")
+                reason, message = self._why_evicted(victim, preempt, preemptor)
+                self._spawn(self._evict(victim, preempt.key, message, reason), f"evict-{victim}")
+
+    def _why_evicted(
+        self, victim: str, preempt: Preempt, preemptor: Workload
+    ) -> tuple[Reason, str]:
+        charge = self._cache.charge_of(victim)
+        if charge is not None and preempt.queue and charge.queue != preempt.queue:
+            return Reason.RECLAIMED_WITHIN_COHORT, (
+                f"reclaimed by {preempt.key} for cluster queue {preempt.queue}: cluster queue"
+                f" {charge.queue} was borrowing from the cohort"
+            )
+        if charge is not None and charge.priority >= preemptor.priority:
+            return Reason.PREEMPTED_WITHIN_QUEUE, (
+                f"preempted by {preempt.key}, priority {preemptor.priority}, within cluster"
+                f" queue {charge.queue} (admitted later at the same priority)"
+            )
+        return Reason.PREEMPTED_BY_HIGHER_PRIORITY, (
+            f"preempted by {preempt.key}, priority {preemptor.priority}"
+        )
 
     def _evictable(self, key: str) -> bool:
         return self._cache.phase(key) is Phase.DISPATCHED and not self._cache.busy(key)
@@ -253,7 +275,7 @@ class Scheduler:
             self._cache.finish(key)
             self.kick()
 
-    async def _evict(self, key: str, preemptor: str, message: str) -> None:
+    async def _evict(self, key: str, preemptor: str, message: str, reason: Reason) -> None:
         """The eviction is one status write on the victim: Preempted, by whom."""
         try:
             obj = self._status.current(key)
@@ -264,7 +286,9 @@ class Scheduler:
             if not cond.is_dispatched(status) or status.is_true(cond.C.PREEMPTED):
                 return
             moment = datetime.fromtimestamp(self._clock.time(), UTC)
-            transition = cond.mark_preempting(status, by=preemptor, message=message, now=moment)
+            transition = cond.mark_preempting(
+                status, by=preemptor, message=message, now=moment, reason=reason
+            )
             await self._status.write(obj, status, [transition])
             self._log.info("preempted", appwrapper=key, preemptor=preemptor, reason=message)
             self._wrote(key)

@@ -323,7 +323,12 @@ def mark_failed(
 
 
 def mark_preempting(
-    status: AppWrapperStatus, *, by: str, message: str, now: datetime
+    status: AppWrapperStatus,
+    *,
+    by: str,
+    message: str,
+    now: datetime,
+    reason: Reason = Reason.PREEMPTED_BY_HIGHER_PRIORITY,
 ) -> Transition | None:
     """Chosen as a preemption victim: still dispatched, its objects are to be removed.
 
@@ -334,7 +339,7 @@ def mark_preempting(
         status,
         C.PREEMPTED,
         true=True,
-        reason=Reason.PREEMPTED_BY_HIGHER_PRIORITY,
+        reason=reason,
         message=message,
         now=now,
     )
@@ -344,7 +349,7 @@ def mark_preempting(
     if not changed:
         return None
     _settle(status, status.state or AppWrapperState.RUNNING, message)
-    return Transition(Reason.PREEMPTED_BY_HIGHER_PRIORITY, message, warning=True)
+    return Transition(reason, message, warning=True)
 
 
 def mark_requeued(
@@ -359,11 +364,15 @@ def mark_requeued(
     """The wrapped objects were (or are being) removed; back to the queue, maybe after a pause."""
     status.requeueCount += 1
     if preempted_by:
+        # The reason the eviction gave (priority, reclaim, within the queue) stays.
+        chosen = status.condition(C.PREEMPTED)
         set_condition(
             status,
             C.PREEMPTED,
             true=True,
-            reason=Reason.PREEMPTED_BY_HIGHER_PRIORITY,
+            reason=Reason(chosen.reason)
+            if chosen is not None and chosen.reason in set(Reason)
+            else Reason.PREEMPTED_BY_HIGHER_PRIORITY,
             message=message,
             now=now,
         )
@@ -385,7 +394,8 @@ def mark_requeued(
             status, C.QUEUEING, true=True, reason=Reason.REQUEUED, message=message, now=now
         )
     status.clusterName = None
-    status.admission = None
+    # status.admission stays until the next dispatch: while this dispatch's pods are still
+    # going, the quota they use stays charged to its queue.
     status.pending = status.running = status.succeeded = status.failed = 0
     _settle(status, AppWrapperState.PENDING, message)
     return Transition(reason, message, warning=True)

@@ -31,6 +31,7 @@ class Toleration:
     operator: str = "Equal"  # "Equal" | "Exists"
     value: str = ""
     effect: str = ""  # "" matches every effect
+    seconds: int | None = None  # tolerationSeconds (NoExecute): carried, not modelled
 
     def tolerates(self, taint: Taint) -> bool:
         if self.effect and self.effect != taint.effect:

@@ -452,9 +452,14 @@ def inject_flavors(obj: dict[str, Any], flavors: Sequence[tuple[Flavor, Sequence
                 if not isinstance(tolerations, list):
                     tolerations = spec["tolerations"] = []
                 for t in flavor.tolerations:
-                    entry = {"key": t.key, "operator": t.operator, "effect": t.effect}
-                    if t.operator == "Equal":
-                        entry["value"] = t.value
+                    entry: dict[str, Any] = {
+                        "key": t.key,
+                        "operator": t.operator,
+                        "effect": t.effect,
+                        "value": t.value if t.operator == "Equal" else "",
+                    }
                     entry = {k: v for k, v in entry.items() if v}
+                    if t.seconds is not None:
+                        entry["tolerationSeconds"] = t.seconds
                     if entry not in tolerations:
                         tolerations.append(entry)

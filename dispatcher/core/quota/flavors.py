@@ -99,14 +99,15 @@ def _flavor_mode(
     flavor: str,
     needs: Mapping[str, int],
     ledger: Ledger,
+    name_flavor: bool,
 ) -> tuple[Mode, str]:
     """The flavor's worst mode over the group's requested resources, and (for a flavor
     that does not fit now) the figure that limits it."""
     worst, why = Mode.FIT, ""
+    nominals = ledger.tree.nominal[ledger.tree.queue_nodes[queue.name]]
     for resource, need in needs.items():
         fr = (flavor, resource)
-        quota = queue.quota(flavor, resource)
-        nominal = quota.nominal if quota is not None else 0
+        nominal = nominals.get(fr, 0)
         used = ledger.used(queue.name, fr)
         available = ledger.available(queue.name, fr)
         if need <= available:
@@ -115,15 +116,19 @@ def _flavor_mode(
             mode = Mode.PREEMPT
         else:
             mode = Mode.NO_FIT
-        if mode < worst or (mode == worst and not why and mode < Mode.BORROW):
+        if mode < worst:
             worst = mode
-            lend = max(0, available - max(0, nominal - used))
-            where = f" in flavor {flavor}" if len(queue.groups[0].flavors) > 1 else ""
-            why = (
-                f"queue {queue.name}: needs {resource} {_amount(resource, need)}{where}; "
-                f"nominal {_amount(resource, nominal)}, in use {_amount(resource, used)}, "
-                f"cohort can lend {_amount(resource, lend)}"
-            )
+            if mode < Mode.BORROW:  # the figure that keeps it out, for the message
+                own = max(0, nominal - used)
+                lend = max(0, available - own)
+                where = f" in flavor {flavor}" if name_flavor else ""
+                why = (
+                    f"queue {queue.name}: needs {resource} {_amount(resource, need)}{where}; "
+                    f"nominal {_amount(resource, nominal)}, in use {_amount(resource, used)}, "
+                    f"cohort can lend {_amount(resource, lend)}"
+                )
+                if available < own:  # part of its own unused quota is lent out now
+                    why += f", {_amount(resource, own - max(available, 0))} of its own lent out"
     return worst, why
 
 
@@ -149,9 +154,12 @@ def candidates(
     pod_sets: Sequence[PodSet],
     ledger: Ledger,
     flavors: Mapping[str, Flavor],
+    request: Resources | None = None,
 ) -> list[Assignment] | QuotaRefusal:
-    """The assignments worth trying, best first (never empty), or why there is none."""
-    request = request_of(pod_sets)
+    """The assignments worth trying, best first (never empty), or why there is none
+    (`request`: the pod sets' total, when the caller has it)."""
+    if request is None:
+        request = request_of(pod_sets)
     covered = {r for g in queue.groups for r in g.covered}
     missing = sorted(r for r, v in request.items() if v and r != PODS and r not in covered)
     if missing:
@@ -176,7 +184,7 @@ def candidates(
             if why:
                 first_why = first_why or why
                 continue
-            mode, limit = _flavor_mode(queue, fq.flavor, needs, ledger)
+            mode, limit = _flavor_mode(queue, fq.flavor, needs, ledger, len(group.flavors) > 1)
             if mode is Mode.NO_FIT:
                 first_why = first_why or limit
                 continue
@@ -196,8 +204,9 @@ def candidates(
     for combination in itertools.islice(itertools.product(*per_group), _MAX_COMBINATIONS):
         amounts = amounts_of(request, [(c[2], c[3]) for c in combination])
         mode = min((c[4] for c in combination), default=Mode.FIT)
+        nominals = ledger.tree.nominal[ledger.tree.queue_nodes[queue.name]]
         borrows = any(
-            ledger.used(queue.name, fr) + amount > _nominal(queue, fr)
+            ledger.used(queue.name, fr) + amount > nominals.get(fr, 0)
             for fr, amount in amounts.items()
         )
         assignment = Assignment(
@@ -210,11 +219,6 @@ def candidates(
         found.append((tuple(c[0] for c in combination), assignment))
     found.sort(key=lambda f: sum(f[0]))  # stable: equal ranks keep the queue's order
     return [a for _, a in found]
-
-
-def _nominal(queue: QueueSpec, fr: FlavorResource) -> int:
-    quota = queue.quota(*fr)
-    return quota.nominal if quota is not None else 0
 
 
 def _never(

@@ -128,7 +128,6 @@ class CohortSpec:
     name: str
     parent: str | None = None
     groups: tuple[ResourceGroup, ...] = ()
-    weight: float = 1.0
     problems: tuple[str, ...] = ()  # found while reading the object
 
 

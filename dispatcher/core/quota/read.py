@@ -152,7 +152,6 @@ def cohort_of(model: AppCohort) -> CohortSpec:
         name=model.metadata.name,
         parent=model.spec.parent or None,
         groups=groups,
-        weight=_weight(model.spec.fairSharing, problems),
         problems=tuple(problems),
     )
 
@@ -164,7 +163,8 @@ def flavor_of(model: AppFlavor) -> Flavor:
         node_labels=tuple(sorted(spec.nodeLabels.items())),
         node_taints=tuple(Taint(t.key, t.value, t.effect) for t in spec.nodeTaints),
         tolerations=tuple(
-            Toleration(t.key, t.operator, t.value, t.effect) for t in spec.tolerations
+            Toleration(t.key, t.operator, t.value, t.effect, t.tolerationSeconds)
+            for t in spec.tolerations
         ),
     )
 

@@ -27,6 +27,8 @@ class Queued:
 @dataclass(frozen=True, slots=True)
 class QueueProblem:
     message: str
+    local: str = ""  # the AppQueue and cluster queue, as far as they resolved (for counts)
+    queue: str = ""
 
 
 def resolve(
@@ -49,27 +51,38 @@ def resolve(
     local = setup.local_queues.get((namespace, name))
     if local is None:
         return QueueProblem(f"AppQueue {namespace}/{name} does not exist")
+    where = f"{namespace}/{name}"
     if local.stop is not StopPolicy.NONE:
-        return QueueProblem(f"AppQueue {namespace}/{name} is stopped (stopPolicy {local.stop})")
+        return QueueProblem(
+            f"AppQueue {where} is stopped (stopPolicy {local.stop})", where, local.cluster_queue
+        )
     queue = setup.queues.get(local.cluster_queue)
     if queue is None:
         return QueueProblem(
-            f"AppQueue {namespace}/{name} points at cluster queue {local.cluster_queue},"
-            " which does not exist"
+            f"AppQueue {where} points at cluster queue {local.cluster_queue}, which does not exist",
+            where,
         )
     problems = tree.problems.get(queue.name)
     if problems:
-        return QueueProblem(f"cluster queue {queue.name} is inactive: {'; '.join(problems)}")
+        return QueueProblem(
+            f"cluster queue {queue.name} is inactive: {'; '.join(problems)}", where, queue.name
+        )
     if queue.stop is not StopPolicy.NONE:
-        return QueueProblem(f"cluster queue {queue.name} is stopped (stopPolicy {queue.stop})")
+        return QueueProblem(
+            f"cluster queue {queue.name} is stopped (stopPolicy {queue.stop})", where, queue.name
+        )
     if queue.namespaces is None:
         return QueueProblem(
             f"cluster queue {queue.name} admits no namespace (its namespaceSelector is unset;"
-            " {} admits all)"
+            " {} admits all)",
+            where,
+            queue.name,
         )
     if not queue.namespaces.matches(setup.namespace_labels.get(namespace, {})):
         return QueueProblem(
             f"cluster queue {queue.name} does not admit namespace {namespace}"
-            " (its namespaceSelector does not match the namespace's labels)"
+            " (its namespaceSelector does not match the namespace's labels)",
+            where,
+            queue.name,
         )
     return Queued(f"{namespace}/{name}", queue.name)

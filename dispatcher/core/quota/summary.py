@@ -8,7 +8,7 @@ and usage the way the Kueue guides show them for ClusterQueues.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dispatcher.api.quantity import format_milli
@@ -23,25 +23,30 @@ __all__ = ["QueueSummary", "summarize"]
 class QueueSummary:
     pending: int = 0
     admitted: int = 0
+    reserving: int = 0  # admitted, plus requeued ones whose pods still hold quota
     usage: dict[FlavorResource, int] = field(default_factory=dict)
     borrowed: dict[FlavorResource, int] = field(default_factory=dict)
     active: bool = True
     reason: str = "Ready"
     message: str = "can admit AppWrappers"
 
-    def flavors_usage(self) -> list[dict[str, object]]:
-        """The status' `flavorsUsage`: per flavor, per resource, total and borrowed."""
+    def flavors_usage(self, *, borrowed: bool = True) -> list[dict[str, object]]:
+        """The status' `flavorsUsage`: per flavor, per resource, total (and borrowed: a
+        cluster queue borrows, an AppQueue only uses)."""
         by_flavor: dict[str, list[dict[str, str]]] = {}
         for (flavor, resource), total in sorted(self.usage.items()):
-            borrowed = self.borrowed.get((flavor, resource), 0)
-            by_flavor.setdefault(flavor, []).append(
-                {
-                    "name": resource,
-                    "total": format_milli(total, resource),
-                    "borrowed": format_milli(borrowed, resource),
-                }
-            )
+            entry = {"name": resource, "total": format_milli(total, resource)}
+            if borrowed:
+                amount = self.borrowed.get((flavor, resource), 0)
+                entry["borrowed"] = format_milli(amount, resource)
+            by_flavor.setdefault(flavor, []).append(entry)
         return [{"name": f, "resources": r} for f, r in by_flavor.items()]
+
+
+def _stopped(stop: StopPolicy) -> str:
+    if stop is StopPolicy.HOLD_AND_DRAIN:
+        return "stopPolicy HoldAndDrain: admits nothing new and requeues what it admitted"
+    return f"stopPolicy {stop}: admits nothing new; what it admitted runs on"
 
 
 def summarize(
@@ -49,9 +54,11 @@ def summarize(
     charges: Iterable[Charge],
     pending: Iterable[Queued],
     local_of: Mapping[str, str],
+    releasing: Collection[str] = (),
 ) -> tuple[dict[str, QueueSummary], dict[str, QueueSummary]]:
     """(cluster queue -> summary, AppQueue "namespace/name" -> summary). `local_of` maps an
-    admitted AppWrapper's key to the AppQueue it came through."""
+    admitted AppWrapper's key to the AppQueue it came through; `releasing` are charged
+    but no longer admitted (requeued, their pods still going)."""
     setup = tree.setup
     ledger = Ledger(tree)
     queues = {name: QueueSummary() for name in setup.queues}
@@ -61,10 +68,13 @@ def summarize(
         if queue is None:
             continue
         ledger.add(charge.queue, charge.amounts)
-        queue.admitted += 1
+        admitted = charge.key not in releasing
+        queue.reserving += 1
+        queue.admitted += admitted
         local = locals_.get(local_of.get(charge.key, ""))
         if local is not None:
-            local.admitted += 1
+            local.reserving += 1
+            local.admitted += admitted
             for fr, amount in charge.amounts.items():
                 local.usage[fr] = local.usage.get(fr, 0) + amount
     for queued in pending:
@@ -86,7 +96,7 @@ def summarize(
             summary.message = "; ".join(problems)
         elif spec.stop is not StopPolicy.NONE:
             summary.active, summary.reason = False, "Stopped"
-            summary.message = f"stopPolicy {spec.stop}: admits nothing new"
+            summary.message = _stopped(spec.stop)
         elif spec.namespaces is None:
             summary.message = "admits no namespace (namespaceSelector unset; {} admits all)"
         over = [
@@ -105,7 +115,7 @@ def summarize(
         target = setup.queues.get(lq.cluster_queue)
         if lq.stop is not StopPolicy.NONE:
             summary.active, summary.reason = False, "Stopped"
-            summary.message = f"stopPolicy {lq.stop}: admits nothing new"
+            summary.message = _stopped(lq.stop)
         elif target is None:
             summary.active, summary.reason = False, "ClusterQueueMissing"
             summary.message = f"cluster queue {lq.cluster_queue} does not exist"

@@ -49,6 +49,11 @@ class QuotaTree:
         self.subtree: dict[Node, dict[FlavorResource, int]] = {}
         self.guaranteed: dict[Node, dict[FlavorResource, int]] = {}
         self._build()
+        # Looked up for every question a cycle asks: made once per setup.
+        self.queue_nodes = {name: Node("queue", name) for name in setup.queues}
+        self.roots = {node: self.path(node)[-1] for node in self.parent}
+        self.most: dict[tuple[str, FlavorResource], int] = {}
+        """(queue, fr) -> what the queue may take with nothing in use, once asked."""
 
     # -- structure ----------------------------------------------------------------------
 
@@ -105,7 +110,7 @@ class QuotaTree:
         if node in self.parent:
             return node
         spec = self.setup.cohorts.get(name)
-        self._add(node, spec.groups if spec else (), spec.weight if spec else 1.0)
+        self._add(node, spec.groups if spec else (), 1.0)  # fair sharing weighs queues
         self.parent[node] = None
         if spec is not None and spec.parent:
             self._link(node, self._cohort(spec.parent))
@@ -160,7 +165,7 @@ class QuotaTree:
         }
 
     def root(self, node: Node) -> Node:
-        return self.path(node)[-1]
+        return self.roots[node]
 
     def queues_under(self, node: Node) -> list[str]:
         if node.kind == "queue":
@@ -175,19 +180,28 @@ class Ledger:
     def __init__(self, tree: QuotaTree) -> None:
         self.tree = tree
         self.usage: dict[Node, dict[FlavorResource, int]] = {n: {} for n in tree.parent}
+        self._shares: dict[str, float] = {}  # a queue's share depends on its usage alone
+        # (node, fr) -> what the node may still take, until the next charge: queues of one
+        # cohort share their parent's answer.
+        self._available_memo: dict[tuple[Node, FlavorResource], int] = {}
 
     def copy(self) -> Ledger:
         other = Ledger.__new__(Ledger)
         other.tree = self.tree
         other.usage = {node: dict(usage) for node, usage in self.usage.items()}
+        other._shares = dict(self._shares)
+        other._available_memo = {}
         return other
 
     def add(self, queue: str, amounts: Mapping[FlavorResource, int], sign: int = 1) -> None:
         """Charge (sign 1) or give back (sign -1) `amounts` to `queue` and, past each
         node's guaranteed part, to its ancestors."""
         tree = self.tree
+        self._shares.pop(queue, None)
+        self._available_memo.clear()
+        start = tree.queue_nodes[queue]
         for fr, amount in amounts.items():
-            node: Node | None = Node("queue", queue)
+            node: Node | None = start
             delta = sign * amount
             while node is not None and delta:
                 usage = self.usage[node]
@@ -198,12 +212,18 @@ class Ledger:
                 node = tree.parent[node]
 
     def used(self, queue: str, fr: FlavorResource) -> int:
-        return self.usage[Node("queue", queue)].get(fr, 0)
+        return self.usage[self.tree.queue_nodes[queue]].get(fr, 0)
 
     def available(self, queue: str, fr: FlavorResource, *, empty: bool = False) -> int:
         """What `queue` may still take of `fr`: its own left, plus what its cohort can
         lend it, within its borrowing limit (with `empty`, as if nothing were in use)."""
-        return self._available(Node("queue", queue), fr, empty)
+        if empty:
+            most = self.tree.most
+            key = (queue, fr)
+            if key not in most:
+                most[key] = self._available(self.tree.queue_nodes[queue], fr, True)
+            return most[key]
+        return self._available(self.tree.queue_nodes[queue], fr, False)
 
     def _available(self, node: Node, fr: FlavorResource, empty: bool) -> int:
         tree = self.tree
@@ -213,7 +233,15 @@ class Ledger:
             return tree.subtree[node].get(fr, 0) - usage
         guaranteed = tree.guaranteed[node].get(fr, 0)
         local = max(0, guaranteed - usage)
-        from_parent = self._available(parent, fr, empty)
+        if empty:
+            from_parent = self._available(parent, fr, empty)
+        else:
+            memo = self._available_memo
+            key = (parent, fr)
+            if key in memo:
+                from_parent = memo[key]
+            else:
+                from_parent = memo[key] = self._available(parent, fr, empty)
         limit = tree.borrowing_limit[node].get(fr)
         if limit is not None:
             lent_in = tree.subtree[node].get(fr, 0) - guaranteed
@@ -222,26 +250,29 @@ class Ledger:
         return local + from_parent
 
     def borrowed(self, queue: str, fr: FlavorResource) -> int:
-        node = Node("queue", queue)
+        node = self.tree.queue_nodes[queue]
         return max(0, self.usage[node].get(fr, 0) - self.tree.nominal[node].get(fr, 0))
 
     def borrowing(self, queue: str) -> bool:
-        node = Node("queue", queue)
+        node = self.tree.queue_nodes[queue]
         nominal = self.tree.nominal[node]
         return any(used > nominal.get(fr, 0) for fr, used in self.usage[node].items())
 
     def share(self, queue: str) -> float:
         """Fair sharing: the largest part, over its resources, that the queue borrows of
         what its whole tree could lend, divided by its weight (0 when not borrowing)."""
-        node = Node("queue", queue)
+        known = self._shares.get(queue)
+        if known is not None:
+            return known
         tree = self.tree
-        root = tree.root(node)
-        if root == node:
-            return 0.0
+        node = tree.queue_nodes[queue]
+        root = tree.roots[node]
         best = 0.0
-        for fr, used in self.usage[node].items():
-            borrowed = used - tree.nominal[node].get(fr, 0)
-            lendable = tree.subtree[root].get(fr, 0)
-            if borrowed > 0 and lendable > 0:
-                best = max(best, borrowed / lendable)
-        return best / tree.weight[node]
+        if root != node:
+            for fr, used in self.usage[node].items():
+                borrowed = used - tree.nominal[node].get(fr, 0)
+                lendable = tree.subtree[root].get(fr, 0)
+                if borrowed > 0 and lendable > 0:
+                    best = max(best, borrowed / lendable)
+        share = self._shares[queue] = best / tree.weight[node]
+        return share

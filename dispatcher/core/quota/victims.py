@@ -38,7 +38,7 @@ from dispatcher.core.quota.model import (
 )
 from dispatcher.core.quota.tree import Ledger, Node
 
-__all__ = ["QuotaRules"]
+__all__ = ["CapacityOnly", "QuotaRules"]
 
 
 @dataclass
@@ -135,3 +135,35 @@ class QuotaRules:
         finally:
             for step in reversed(undo):
                 step()
+
+
+@dataclass
+class CapacityOnly:
+    """The rules for a preemptor with no queue, when queues exist: capacity is all it
+    needs, and work admitted through a queue is not its to take (that queue's quota
+    guarantees it); lower-priority work with no queue is, as without quotas."""
+
+    workload: Workload
+    charges: Mapping[str, Charge]
+
+    def allowed(self, candidate: AdmittedWorkload) -> bool:
+        return (
+            candidate.preemptible
+            and candidate.priority < self.workload.priority
+            and candidate.key not in self.charges
+        )
+
+    def order(self, candidate: AdmittedWorkload) -> int:
+        return 1
+
+    def still_allowed(self, candidate: AdmittedWorkload) -> bool:
+        return True
+
+    def evict(self, key: str) -> Callable[[], None]:
+        return lambda: None
+
+    def fits(self) -> bool:
+        return True
+
+    def fits_without(self, keys: Iterable[str]) -> bool:
+        return True

@@ -10,34 +10,63 @@ the queue's rules. Answers about a (queue, request) are remembered until the nex
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
-from dispatcher.core.model import Workload
-from dispatcher.core.quota.flavors import Assignment, QuotaRefusal, candidates, with_flavors
-from dispatcher.core.quota.model import Charge, QueueSpec
+from dispatcher.api.resources import Resources
+from dispatcher.core.model import PodSet, Workload
+from dispatcher.core.quota.flavors import (
+    Assignment,
+    QuotaRefusal,
+    candidates,
+    flavored,
+    request_of,
+)
+from dispatcher.core.quota.model import Charge, FlavorResource, QueueSpec
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
-from dispatcher.core.quota.tree import Ledger, Node, QuotaTree
+from dispatcher.core.quota.tree import Ledger, QuotaTree
 from dispatcher.core.quota.victims import QuotaRules
 
 __all__ = ["QuotaView"]
 
 
+def _admissible(found: list[Assignment] | QuotaRefusal) -> bool:
+    return not isinstance(found, QuotaRefusal) and any(a.admissible for a in found)
+
+
 class QuotaView:
-    def __init__(self, tree: QuotaTree, charges: Sequence[Charge] = ()) -> None:
+    def __init__(
+        self, tree: QuotaTree, charges: Sequence[Charge] = (), *, place_flavors: bool = True
+    ) -> None:
+        """`place_flavors` False: fit pods as if flavors selected no nodes (a pooled member
+        has none to select; the pods still get the flavor's labels when made)."""
         self.tree = tree
+        self.place_flavors = place_flavors
         self.setup = tree.setup
         self.ledger = Ledger(tree)
         self.charges = {c.key: c for c in charges}
+        # Summed per queue first: the walk up the tree depends only on the running total.
+        totals: dict[str, dict[FlavorResource, int]] = {}
         for charge in charges:
-            if Node("queue", charge.queue) in tree.parent:
-                self.ledger.add(charge.queue, charge.amounts)
+            if charge.queue in tree.queue_nodes:
+                total = totals.setdefault(charge.queue, {})
+                for fr, amount in charge.amounts.items():
+                    total[fr] = total.get(fr, 0) + amount
+        for queue, total in totals.items():
+            self.ledger.add(queue, total)
         self.version = 0
         self._answers: dict[
             tuple[str, tuple[str, ...]], tuple[int, list[Assignment] | QuotaRefusal]
         ] = {}
+        self._resolved: dict[tuple[str, str], Queued | QueueProblem | None] = {}
+        self._flavored: dict[tuple[tuple[str, ...], object], tuple[PodSet, ...]] = {}
+        self._requests: dict[tuple[str, ...], Resources] = {}
 
     def resolve(self, workload: Workload) -> Queued | QueueProblem | None:
         namespace = workload.key.partition("/")[0]
-        return resolve(namespace, workload.queue_name, self.setup, self.tree)
+        key = (namespace, workload.queue_name)
+        if key not in self._resolved:
+            self._resolved[key] = resolve(namespace, workload.queue_name, self.setup, self.tree)
+        return self._resolved[key]
 
     def spec(self, queue: str) -> QueueSpec:
         return self.setup.queues[queue]
@@ -45,14 +74,29 @@ class QuotaView:
     def candidates(self, queue: str, workload: Workload) -> list[Assignment] | QuotaRefusal:
         key = (queue, workload.shape)
         known = self._answers.get(key)
-        if known is not None and known[0] == self.version:
+        # Within a cycle usage only grows (victim searches work on copies): an answer with
+        # nothing admissible stays so for the rest of it (its figures may lag).
+        if known is not None and (known[0] == self.version or not _admissible(known[1])):
             return known[1]
-        found = candidates(self.spec(queue), workload.pod_sets, self.ledger, self.setup.flavors)
+        request = self._requests.get(workload.shape)
+        if request is None:
+            request = self._requests[workload.shape] = request_of(workload.pod_sets)
+        found = candidates(
+            self.spec(queue), workload.pod_sets, self.ledger, self.setup.flavors, request
+        )
         self._answers[key] = (self.version, found)
         return found
 
     def flavored(self, workload: Workload, assignment: Assignment) -> Workload:
-        return with_flavors(workload, assignment.flavors, self.setup.flavors)
+        if not self.place_flavors:
+            return workload
+        key = (workload.shape, assignment.flavors)
+        pod_sets = self._flavored.get(key)
+        if pod_sets is None:
+            pod_sets = self._flavored[key] = flavored(
+                workload.pod_sets, assignment.flavors, self.setup.flavors
+            )
+        return workload if pod_sets == workload.pod_sets else replace(workload, pod_sets=pod_sets)
 
     def admit(self, queue: str, assignment: Assignment) -> None:
         self.ledger.add(queue, assignment.amounts)

@@ -9,8 +9,9 @@ comes in addition to the `Wait` of the workload that asked for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from dispatcher.api.models import Reason
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
@@ -18,11 +19,11 @@ from dispatcher.core.quota.fairshare import fair_order
 from dispatcher.core.quota.flavors import Assignment, QuotaRefusal
 from dispatcher.core.quota.model import WhenCanPreempt
 from dispatcher.core.quota.resolve import Queued, QueueProblem
-from dispatcher.core.quota.victims import QuotaRules
+from dispatcher.core.quota.victims import CapacityOnly, QuotaRules
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling.clusters import CycleState, Reasons, best_fit
 from dispatcher.core.scheduling.placement import Gang, Refusal
-from dispatcher.core.scheduling.preemption import PreemptionPolicy
+from dispatcher.core.scheduling.preemption import PreemptionPolicy, VictimRules
 
 __all__ = ["Admit", "CycleResult", "Preempt", "Wait", "queue_order_key", "schedule"]
 
@@ -79,18 +80,22 @@ def _preempt(
     cycle: CycleState,
     usable: Sequence[ClusterSnapshot],
     policy: PreemptionPolicy,
-    rules: QuotaRules | None,
+    rules: Callable[[], VictimRules] | None,
     context: object,
 ) -> Preempt | None:
-    """Ask the policy in every usable cluster; take the fewest victims, then cluster name."""
+    """Ask the policy in every usable cluster; take the fewest victims, then cluster name.
+    The quota `rules` are made only if the policy is asked (they copy the ledger)."""
     best: Preempt | None = None
+    made: VictimRules | None = None
     for cluster in usable:
         if not cluster.reachable or cluster.name in cycle.held:
             continue
         failed_at = cycle.no_victims.get((cluster.name, gang.shape, context))
         if failed_at is not None and workload.priority <= failed_at:
             continue
-        victims = policy.choose_victims(workload, cycle.with_admitted(cluster), rules)
+        if rules is not None and made is None:
+            made = rules()
+        victims = policy.choose_victims(workload, cycle.with_admitted(cluster), made)
         if victims is None:  # cannot make room there
             cycle.no_victims[(cluster.name, gang.shape, context)] = workload.priority
         elif victims and (best is None or len(victims) < len(best.victims)):
@@ -131,7 +136,7 @@ def _fit(
     preemption: PreemptionPolicy | None,
     *,
     preempt: bool,
-    rules: QuotaRules | None = None,
+    rules: Callable[[], VictimRules] | None = None,
     context: object = None,
     quota_limit: str = "",
 ) -> str | _Tried:
@@ -210,7 +215,7 @@ def schedule(
     preemptions: list[Preempt] = []
     heads: dict[str, str] = {}  # queue ("" for none) -> its first workload not admitted
     blocked: str | None = None  # StrictFIFO: the message of every workload after the head
-    blocked_queues: dict[str, str] = {}  # the same, per cluster queue
+    blocked_queues: dict[str, Wait] = {}  # the same, per cluster queue (key left blank)
 
     # 3. Fit, or preempt, each workload in order.
     for workload in ordered:
@@ -223,16 +228,19 @@ def schedule(
         if queued is not None:
             assert quotas is not None
             strict = quotas.spec(queued.queue).strategy is QueueMode.STRICT_FIFO
-            if queued.queue in blocked_queues:
-                waits.append(
-                    Wait(workload.key, blocked_queues[queued.queue], Reason.QUOTA_EXCEEDED)
-                )
+            behind = blocked_queues.get(queued.queue)
+            if behind is not None:
+                waits.append(replace(behind, key=workload.key))
                 continue
         elif blocked is not None:
             waits.append(Wait(workload.key, blocked))
             continue
         if queued is None:
-            decided = _fit(workload, cycle, preemption, preempt=True)
+            rules: Callable[[], VictimRules] | None = None
+            if quotas is not None and quotas.charges:
+                # Work admitted through a queue is not a queue-less preemptor's to take.
+                rules = partial(CapacityOnly, workload, quotas.charges)
+            decided = _fit(workload, cycle, preemption, preempt=True, rules=rules, context="")
             assignment = None
             fitted = workload
         else:
@@ -244,8 +252,10 @@ def schedule(
                 waits.append(Wait(workload.key, message, Reason.QUOTA_EXCEEDED))
                 heads.setdefault(queued.queue, workload.key)
                 if strict and not outcome.never:
-                    blocked_queues[queued.queue] = (
-                        f"waiting behind {workload.key} (head of queue {queued.queue})"
+                    blocked_queues[queued.queue] = Wait(
+                        "",
+                        f"waiting behind {workload.key} (head of queue {queued.queue})",
+                        Reason.QUOTA_EXCEEDED,
                     )
                 continue
             decided, assignment, fitted = outcome
@@ -264,7 +274,7 @@ def schedule(
         # 4. It fits nowhere: say why, maybe preempt, and hold what it is owed.
         heads.setdefault(queued.queue if queued else "", workload.key)
         message = cycle.message(fitted, decided.reasons, decided.why)
-        if assignment is not None and decided.reasons:
+        if assignment is not None and assignment.admissible:
             # Capacity refused it in the flavor its quota came from: say which nodes those are.
             message += f" (in flavor {assignment.describe()})"
         chosen = decided.chosen
@@ -275,7 +285,10 @@ def schedule(
             cycle.hold(chosen.cluster, f"held for {workload.key}, which is preempting")
             where = "" if len(cycle.clusters) == 1 else f" in {chosen.cluster}"
             message += f"; preempting {', '.join(chosen.victims)}{where}"
-        waits.append(Wait(workload.key, message))
+        # Its quota keeps it out when no flavor it may use has quota now (it preempts for it).
+        quota_bound = assignment is not None and not assignment.admissible
+        reason = Reason.QUOTA_EXCEEDED if quota_bound else Reason.INSUFFICIENT_RESOURCES
+        waits.append(Wait(workload.key, message, reason))
         gang = cycle.gang(fitted)
         usable = cycle.usable(fitted.placement)
         if strict:
@@ -284,8 +297,8 @@ def schedule(
                 if queued is None:
                     blocked = why
                 else:
-                    blocked_queues[queued.queue] = (
-                        f"waiting behind {workload.key} (head of queue {queued.queue})"
+                    blocked_queues[queued.queue] = Wait(
+                        "", f"waiting behind {workload.key} (head of queue {queued.queue})", reason
                     )
         elif now - workload.queued_since > starvation_after:
             for cluster in usable:
@@ -329,7 +342,7 @@ def _fit_queued(
             if spec.when_can_preempt is WhenCanPreempt.PREEMPT:
                 break
             continue
-        decided = _fit(fitted, cycle, preemption, preempt=False, context=queued.queue)
+        decided = _fit(fitted, cycle, preemption, preempt=False)
         if isinstance(decided, str):
             quotas.admit(queued.queue, assignment)
             return decided, assignment, fitted
@@ -341,7 +354,10 @@ def _fit_queued(
         if not assignment.admissible:
             return QuotaRefusal(assignment.limit)
         return first
-    rules = quotas.rules(workload, queued.queue, assignment)
+
+    def rules() -> QuotaRules:
+        return quotas.rules(workload, queued.queue, assignment)
+
     context = (queued.queue, quotas.version)
     limit = "" if assignment.admissible else assignment.limit
     again = _fit(
