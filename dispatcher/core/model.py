@@ -235,6 +235,20 @@ class Workload:
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple([p.shape for p in self.pod_sets]))
 
+    def with_pod_sets(self, pod_sets: tuple[PodSet, ...]) -> Workload:
+        """The same workload with other pods (`dataclasses.replace` costs several times
+        more, and a quota cycle makes one for each flavor it tries)."""
+        return Workload(
+            self.key,
+            self.priority,
+            self.created_at,
+            pod_sets,
+            self.placement,
+            self.queued_since,
+            self.preemptible,
+            self.queue_name,
+        )
+
 
 class QueueMode(StrEnum):
     STRICT_FIFO = "StrictFIFO"

@@ -270,7 +270,7 @@ def charge_of(
 def with_flavors(workload: Workload, chosen: Chosen, flavors: Mapping[str, Flavor]) -> Workload:
     """The workload with its pods as they are made under the chosen flavors."""
     pod_sets = flavored(workload.pod_sets, chosen, flavors)
-    return workload if pod_sets == workload.pod_sets else replace(workload, pod_sets=pod_sets)
+    return workload if pod_sets == workload.pod_sets else workload.with_pod_sets(pod_sets)
 
 
 def flavored(
@@ -298,4 +298,6 @@ def flavored(
                     tolerations=tuple(tolerations),
                 )
             )
+    if all(a is b for a, b in zip(result, pod_sets, strict=True)):
+        return pod_sets  # the same object: callers tell "no change" by identity
     return tuple(result)

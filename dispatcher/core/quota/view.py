@@ -10,12 +10,12 @@ the queue's rules. Answers about a (queue, request) are remembered until the nex
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from dispatcher.api.resources import Resources
 from dispatcher.core.model import PodSet, Workload
 from dispatcher.core.quota.flavors import (
     Assignment,
+    Mode,
     QuotaRefusal,
     candidates,
     flavored,
@@ -74,10 +74,17 @@ class QuotaView:
     def candidates(self, queue: str, workload: Workload) -> list[Assignment] | QuotaRefusal:
         key = (queue, workload.shape)
         known = self._answers.get(key)
-        # Within a cycle usage only grows (victim searches work on copies): an answer with
-        # nothing admissible stays so for the rest of it (its figures may lag).
-        if known is not None and (known[0] == self.version or not _admissible(known[1])):
-            return known[1]
+        # Within a cycle usage only grows (victim searches work on copies), so modes only
+        # fall: an answer with nothing admissible stays so for the rest of it (its figures
+        # may lag), and one whose first assignment keeps its mode still ranks it first
+        # (the others are checked again before an admission, `fits`).
+        if known is not None:
+            if known[0] == self.version or not _admissible(known[1]):
+                return known[1]
+            first = known[1][0]  # type: ignore[index]
+            if first.admissible and self._mode(queue, first) is first.mode:
+                self._answers[key] = (self.version, known[1])
+                return known[1]
         request = self._requests.get(workload.shape)
         if request is None:
             request = self._requests[workload.shape] = request_of(workload.pod_sets)
@@ -96,7 +103,23 @@ class QuotaView:
             pod_sets = self._flavored[key] = flavored(
                 workload.pod_sets, assignment.flavors, self.setup.flavors
             )
-        return workload if pod_sets == workload.pod_sets else replace(workload, pod_sets=pod_sets)
+        return workload if pod_sets is workload.pod_sets else workload.with_pod_sets(pod_sets)
+
+    def _mode(self, queue: str, assignment: Assignment) -> Mode:
+        """What `assignment` is now: FIT within nominal, BORROW, or PREEMPT (no room)."""
+        ledger = self.ledger
+        nominals = self.tree.nominal[self.tree.queue_nodes[queue]]
+        mode = Mode.FIT
+        for fr, amount in assignment.amounts.items():
+            if amount > ledger.available(queue, fr):
+                return Mode.PREEMPT
+            if ledger.used(queue, fr) + amount > nominals.get(fr, 0):
+                mode = Mode.BORROW
+        return mode
+
+    def fits(self, queue: str, assignment: Assignment) -> bool:
+        """Whether the queue still has the quota `assignment` charges."""
+        return self._mode(queue, assignment) >= Mode.BORROW
 
     def admit(self, queue: str, assignment: Assignment) -> None:
         self.ledger.add(queue, assignment.amounts)

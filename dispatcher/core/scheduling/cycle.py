@@ -334,7 +334,11 @@ def _fit_queued(
         return options
     spec = quotas.spec(queued.queue)
     first: tuple[_Tried, Assignment, Workload] | None = None
-    for assignment in options:
+    for index, assignment in enumerate(options):
+        # The first is current (`candidates` answers for now); a later one may have lost
+        # its quota to this cycle's admissions since the answer was made.
+        if index and assignment.admissible and not quotas.fits(queued.queue, assignment):
+            continue
         fitted = quotas.flavored(workload, assignment)
         if not assignment.admissible:
             if first is None:
@@ -348,7 +352,8 @@ def _fit_queued(
             return decided, assignment, fitted
         if first is None:
             first = (decided, assignment, fitted)
-    assert first is not None  # `candidates` never returns an empty list
+    if first is None:  # every assignment lost its quota to this cycle's admissions
+        return QuotaRefusal(f"queue {queued.queue}: its quota went to earlier admissions")
     _, assignment, fitted = first
     if preemption is None:
         if not assignment.admissible:
