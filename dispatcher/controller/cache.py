@@ -124,9 +124,10 @@ class Snapshot:
     """Quota used by every dispatched AppWrapper (in any member)."""
 
 
-HOLDING = SCHEDULED | {Phase.DELETING}
+HOLDING = SCHEDULED | {Phase.DELETING, Phase.BACKOFF}
 """Phases the snapshot walks: the ones that want room, and the ones that may hold it (a
-dispatched AppWrapper being deleted holds it until its objects are gone)."""
+dispatched AppWrapper being deleted holds it until its objects are gone; one pausing after
+a requeue may still hold quota while its pods go)."""
 CLAIM_TIMEOUT = 120.0
 """Seconds a preemptor's claim on the room its victims free lasts (victims stuck
 terminating must not hold a cluster for ever)."""
@@ -319,10 +320,10 @@ class SchedulerCache:
                 if standing.cluster in held:
                     item = (key, entry, standing.held, standing.dispatched_at, standing.candidate)
                     held[standing.cluster].append(item)
-            elif standing.pending is not None:
+            else:
                 if standing.lingering is not None and self._holding_pods(key, entry.uid):
                     charges.append(standing.lingering)
-                if not entry.busy:
+                if standing.pending is not None and not entry.busy:
                     pending.append(standing.pending)
         if not pending:
             # Nothing to decide: what the dispatched ones hold is not worth deriving.
@@ -393,8 +394,9 @@ class SchedulerCache:
             if standing.charge is not None:
                 charges.append(standing.charge)
                 local_of[key] = standing.local
-            elif standing.pending is not None:
-                pending.append(standing.pending)
+            else:
+                if standing.pending is not None:
+                    pending.append(standing.pending)
                 if standing.lingering is not None and self._holding_pods(key, entry.uid):
                     charges.append(standing.lingering)
                     local_of[key] = standing.local
@@ -443,7 +445,8 @@ class SchedulerCache:
                 # are gone (they may still make pods), but is nobody's victim again.
                 candidate=not (deleting or status.is_true(ConditionType.PREEMPTED)),
             )
-        if cond.is_queued(status) or cond.is_new(status):
+        queued = cond.is_queued(status) or cond.is_new(status)
+        if queued or (status is not None and status.admission is not None):
             priority, error = self._models.priority(aw)
             if error:
                 return NOT_SCHEDULED
@@ -457,7 +460,9 @@ class SchedulerCache:
                         key, admission.clusterQueue, workload, chosen, admitted_at=0.0
                     )
                     local = admission.queue
-                return Standing(pending=workload, lingering=lingering, local=local)
+                # Pausing after a requeue (backoff): not pending, maybe still charged.
+                pending = workload if queued else None
+                return Standing(pending=pending, lingering=lingering, local=local)
         return NOT_SCHEDULED
 
     def _only_member(self) -> str:

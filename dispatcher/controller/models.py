@@ -14,7 +14,7 @@ from typing import Any
 
 from dispatcher.api.models import AppWrapper
 from dispatcher.core.model import Workload
-from dispatcher.core.workloads import InvalidSpec, workload_of
+from dispatcher.core.workloads import InvalidSpec, queue_name_of, workload_of
 
 Obj = dict[str, Any]
 PARSED_LIMIT = 512
@@ -84,7 +84,7 @@ def _empty_like(value: Any) -> Any:
     return value
 
 
-WorkloadStamp = tuple[str, int, int, int, str]
+WorkloadStamp = tuple[str, int, int, int, str, str]
 
 
 class Models:
@@ -134,7 +134,7 @@ class Models:
 
     def workload(self, aw: AppWrapper, *, priority: int, now: datetime) -> Workload | InvalidSpec:
         """What the scheduler sees of `aw`, inferred once per (uid, generation, priority,
-        requeues, queuedAt): age and queueing time come from status too."""
+        requeues, queuedAt, queue label): age and queueing time come from status too."""
         status = aw.status
         stamp = (
             aw.metadata.uid or "",
@@ -142,6 +142,7 @@ class Models:
             priority,
             status.requeueCount if status is not None else 0,
             (status.queuedAt or "") if status is not None else "",
+            queue_name_of(aw.metadata.labels),  # a label: editing it changes no generation
         )
         cached = self._workloads.get(aw.key)
         if cached is not None and cached[0] == stamp:

@@ -70,7 +70,6 @@ class _NoQuotas:
 
 
 NO_QUOTAS: QuotaLookup = _NoQuotas()
-"""(charges of admitted AppWrappers, pending ones' queues, admitted key -> AppQueue)."""
 
 
 def _labels_only(obj: Obj) -> Obj:
