@@ -54,7 +54,7 @@ bench: venv testenv
 	$(PY) -m benchmarks.controlplane_bench --out benchmarks/results/controlplane.json
 	$(PY) -m benchmarks.core_bench --out benchmarks/results/core.json
 	$(PY) -m benchmarks.e2e_bench --count 1000 --churn 10000 --out benchmarks/results/e2e.json
-	$(PY) -m benchmarks.e2e_bench --count 1000 --queued --out benchmarks/results/e2e-queued.json
+	$(PY) -m benchmarks.e2e_bench --count 1000 --queued 3 --out benchmarks/results/e2e-queued.json
 	$(PY) -m benchmarks.hops_bench --out benchmarks/results/hops.json
 	$(PY) -m benchmarks.plot benchmarks/results
 

@@ -213,26 +213,30 @@ def build_cluster(
     )
 
 
+def pending_workload(
+    key: str, clusters: Sequence[str], rng: random.Random, queue_name: str = ""
+) -> Workload:
+    """A queued AppWrapper of one of the 20 shapes; one in ten may use one named cluster."""
+    created_at = NOW - rng.uniform(1, 1800)
+    placement = Placement()
+    if len(clusters) > 1 and rng.random() < 0.1:
+        placement = Placement(clusters=frozenset({rng.choice(clusters)}))
+    return Workload(
+        key=key,
+        priority=rng.choice([0, 0, 0, 0, 0, 0, 0, 1, 1, 3]),
+        created_at=created_at,
+        pod_sets=pod_sets_for(rng.choice(SHAPES), key),
+        placement=placement,
+        queued_since=created_at,
+        queue_name=queue_name,
+    )
+
+
 def build_pending(count: int, clusters: Sequence[str], rng: random.Random) -> list[Workload]:
-    """Queued AppWrappers of the 20 shapes; one in ten may use one named cluster only."""
-    result = []
-    for index in range(count):
-        key = f"ns{index % 50}/aw-{index:06d}"
-        created_at = NOW - rng.uniform(1, 1800)
-        placement = Placement()
-        if len(clusters) > 1 and rng.random() < 0.1:
-            placement = Placement(clusters=frozenset({rng.choice(clusters)}))
-        result.append(
-            Workload(
-                key=key,
-                priority=rng.choice([0, 0, 0, 0, 0, 0, 0, 1, 1, 3]),
-                created_at=created_at,
-                pod_sets=pod_sets_for(rng.choice(SHAPES), key),
-                placement=placement,
-                queued_since=created_at,
-            )
-        )
-    return result
+    """Queued AppWrappers of the 20 shapes, in 50 namespaces."""
+    return [
+        pending_workload(f"ns{index % 50}/aw-{index:06d}", clusters, rng) for index in range(count)
+    ]
 
 
 @dataclass(frozen=True)

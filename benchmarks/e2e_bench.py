@@ -1,6 +1,6 @@
 """End-to-end dispatch benchmark on the local control plane (KWOK nodes, no kubelet).
 
-    python -m benchmarks.e2e_bench [--count 1000] [--churn 0] [--out benchmarks/results/e2e.json]
+    python -m benchmarks.e2e_bench [--count 1000] [--churn 0] [--queued 0] [--out FILE.json]
 
 1. Raw limit: a plain client creates N Deployments (1 small pod) + N Services directly, with
    the dispatcher's dispatch concurrency.
@@ -13,7 +13,11 @@
    from the API server that no pod of ours was ever unschedulable (the dispatcher never
    dispatched more than fits).
 
-The two phases run in one cluster, one after the other, on separate node pools, so their
+4. Through a queue (--queued PAIRS): the burst again, on capacity alone and with every
+   AppWrapper through an AppQueue (a ClusterAppQueue with quota for all), alternated
+   A B A B, each from a fresh namespace on the same node pool; ratios min/median/max.
+
+The phases run in one cluster, one after the other, on separate node pools, so their
 figures are comparable (same machine state, same API server).
 """
 
@@ -24,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -273,6 +278,61 @@ def quota_objects(count: int) -> list[dict[str, Any]]:
     return [app_flavor("default-flavor"), cluster_queue("bench", {"default-flavor": amounts})]
 
 
+async def queued_pairs(
+    client: KubeClient,
+    watcher: Watcher,
+    cluster: LocalCluster,
+    process: subprocess.Popen[bytes],
+    port: int,
+    count: int,
+    pairs: int,
+) -> dict[str, Any]:
+    """The burst on capacity alone (A) and through a queue (B), alternated A B A B, each
+    from the same state: its namespace made afresh, on the same node pool, and deleted
+    (every pod gone) before the next. The queue is a ClusterAppQueue with quota for all."""
+    for obj in quota_objects(count):
+        cluster.apply(obj)
+    rounds = []
+    for index in range(pairs):
+        figures: dict[str, Any] = {}
+        for label, queue in (("unqueued", None), ("queued", "bench")):
+            namespace = f"pair-{label}"
+            cluster.kubectl("create", "namespace", namespace)
+            if queue:
+                body = json.dumps(app_queue(queue, "bench"))
+                cluster.kubectl("apply", "-n", namespace, "-f", "-", input=body)
+                await asyncio.sleep(2)  # the dispatcher's caches see the AppQueue
+            figures[label] = await burst_phase(
+                client,
+                watcher,
+                cluster,
+                process,
+                port,
+                count,
+                namespace=namespace,
+                prefix=f"{label[0]}{index}",
+                pool="awq",
+                queue=queue,
+            )
+            figures[label].pop("latencies")
+            figures[label]["seconds_to_clean_up"] = await delete_namespace(client, namespace)
+        figures["ratio"] = (
+            figures["unqueued"]["seconds_to_all_dispatched"]
+            / figures["queued"]["seconds_to_all_dispatched"]
+        )
+        print(f"pair {index + 1}: dispatch rate queued/unqueued {figures['ratio']:.2f}", flush=True)
+        rounds.append(figures)
+    ratios = sorted(r["ratio"] for r in rounds)
+    summary = {"min": ratios[0], "median": statistics.median(ratios), "max": ratios[-1]}
+    print(
+        "through a queue, dispatch rate queued/unqueued over "
+        f"{pairs} pairs: min {summary['min']:.2f}, median {summary['median']:.2f}, "
+        f"max {summary['max']:.2f}",
+        flush=True,
+    )
+    return {"pairs": rounds, "ratio_dispatch_rate": summary}
+
+
 async def burst_phase(
     client: KubeClient,
     watcher: Watcher,
@@ -283,10 +343,12 @@ async def burst_phase(
     *,
     namespace: str,
     prefix: str,
+    pool: str | None = None,
     queue: str | None = None,
 ) -> dict[str, Any]:
     """`count` AppWrappers (a Deployment and a Service each) created at full speed in
-    `namespace` (on its own node pool), until all are Dispatched and Running."""
+    `namespace` (on node pool `pool`, by default the namespace's), until all are
+    Dispatched and Running."""
     before = scrape(port)
     process_cpu_before = proc_stats(process.pid)["cpu_seconds"]
     plane_before = cluster_cpu(cluster)
@@ -296,7 +358,7 @@ async def burst_phase(
             namespace,
             appwrapper(
                 f"{prefix}-{i}",
-                bench_deployment(f"{prefix}-{i}", namespace),
+                bench_deployment(f"{prefix}-{i}", pool or namespace),
                 service(f"{prefix}-{i}"),
                 queue=queue,
             ),
@@ -354,7 +416,7 @@ async def run(
     profile: Path | None = None,
     settings: dict[str, Any] | None = None,
     trace_memory: bool = False,
-    queued: bool = False,
+    queued: int = 0,
 ) -> dict[str, Any]:
     binaries = ensure_binaries()
     cluster = LocalCluster.start("bench", workdir, binaries=binaries)
@@ -386,7 +448,7 @@ async def run(
         cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "appwrapper.yaml"))
         if queued:
             cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "queues.yaml"))
-        for namespace in ("raw", "aw", "awq", "churn"):
+        for namespace in ("raw", "aw", "churn"):
             cluster.kubectl("create", "namespace", namespace)
         client = await KubeClient.connect(kubeconfig=str(cluster.kubeconfig), pool_size=64)
         await asyncio.sleep(2)  # let the CRD's discovery settle before timing anything
@@ -443,36 +505,11 @@ async def run(
                 f"{result['ratio_running_to_raw']:.2f})",
                 flush=True,
             )
-            if queued:
-                # The same burst, every AppWrapper through a queue (a ClusterAppQueue with
-                # quota for all of them), in the same process, right after.
-                for obj in quota_objects(count):
-                    cluster.apply(obj)
-                cluster.kubectl(
-                    "apply", "-n", "awq", "-f", "-", input=json.dumps(app_queue("bench", "bench"))
-                )
-                await asyncio.sleep(2)  # the dispatcher's caches see the queue
-                result["queued"] = await burst_phase(
-                    client,
-                    watcher,
-                    cluster,
-                    process,
-                    port,
-                    count,
-                    namespace="awq",
-                    prefix="q",
-                    queue="bench",
-                )
-                result["ratio_queued_to_unqueued"] = (
-                    result["dispatcher"]["seconds_to_all_dispatched"]
-                    / result["queued"]["seconds_to_all_dispatched"]
-                )
-                print(
-                    f"through a queue: ratio of dispatch rates queued/unqueued "
-                    f"{result['ratio_queued_to_unqueued']:.2f}",
-                    flush=True,
-                )
             result["trickle"] = await trickle_phase(client, watcher)
+            if queued:
+                result["queued_pairs"] = await queued_pairs(
+                    client, watcher, cluster, process, port, count, queued
+                )
             if churn:
                 result["churn"] = await churn_phase(client, watcher, churn, process, port)
             if trace_memory:
@@ -625,8 +662,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--queued",
-        action="store_true",
-        help="then the same burst again with every AppWrapper through a queue",
+        type=int,
+        default=0,
+        metavar="PAIRS",
+        help="then PAIRS alternated bursts on capacity alone and through a queue",
     )
     args = parser.parse_args()
     settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}

@@ -21,24 +21,20 @@ from benchmarks.core_bench import (
     GI,
     GPU,
     GPU_FLAVOR,
-    NOW,
     ON_DEMAND,
-    SHAPES,
     SPOT,
     CycleFigure,
     Scenario,
     build_scenario,
     measure,
-    pod_sets_for,
+    pending_workload,
     timed,
 )
 from dispatcher.api.constants import DEFAULT_QUEUE
 from dispatcher.core.model import (
     AdmittedWorkload,
     ClusterSnapshot,
-    Placement,
     QueueMode,
-    Workload,
 )
 from dispatcher.core.quota.model import (
     BorrowPreemption,
@@ -319,22 +315,10 @@ def build_quota_scenario(
     popularity = [rng.uniform(0.2, 2.0) for _ in names]
     workloads = []
     for index, queue in enumerate(rng.choices(range(queues), weights=popularity, k=pending)):
+        # Nine in ten name no queue and go to their namespace's `default` AppQueue.
+        queue_name = "" if rng.random() < 0.9 else DEFAULT_QUEUE
         key = f"{teams[queue]}/aw-{index:06d}"
-        created_at = NOW - rng.uniform(1, 1800)
-        placement = Placement()
-        if len(cluster_names) > 1 and rng.random() < 0.1:
-            placement = Placement(clusters=frozenset({rng.choice(cluster_names)}))
-        workloads.append(
-            Workload(
-                key=key,
-                priority=rng.choice([0, 0, 0, 0, 0, 0, 0, 1, 1, 3]),
-                created_at=created_at,
-                pod_sets=pod_sets_for(rng.choice(SHAPES), key),
-                placement=placement,
-                queued_since=created_at,
-                queue_name=DEFAULT_QUEUE if rng.random() < 0.9 else "",
-            )
-        )
+        workloads.append(pending_workload(key, cluster_names, rng, queue_name))
     return QuotaScenario(pending=workloads, clusters=base.clusters, setup=setup, charges=charges)
 
 

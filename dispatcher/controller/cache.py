@@ -301,19 +301,13 @@ class SchedulerCache:
         held: dict[str, list[tuple[str, _Entry, Workload, float, bool]]] = {
             name: [] for name in self._members
         }
-        for key, entry in self._entries.items():
-            if entry.phase not in HOLDING:
-                continue
-            guess = entry.assumed
+        for key, entry, guess, standing in self._holding(moment):
             if guess is not None:
                 if guess.charge is not None:
                     charges.append(guess.charge)
                 if guess.cluster in held:
                     held[guess.cluster].append((key, entry, guess.workload, guess.at, True))
                 continue
-            standing = entry.standing
-            if standing is None:
-                standing = entry.standing = self._derive(key, moment)
             if standing.charge is not None:
                 charges.append(standing.charge)
             if standing.held is not None:
@@ -379,18 +373,12 @@ class SchedulerCache:
         pending: list[Workload] = []
         local_of: dict[str, str] = {}
         releasing: set[str] = set()
-        for key, entry in self._entries.items():
-            if entry.phase not in HOLDING:
-                continue
-            guess = entry.assumed
+        for key, entry, guess, standing in self._holding(moment):
             if guess is not None:
                 if guess.charge is not None:
                     charges.append(guess.charge)
                     local_of[key] = guess.local
                 continue
-            standing = entry.standing
-            if standing is None:
-                standing = entry.standing = self._derive(key, moment)
             if standing.charge is not None:
                 charges.append(standing.charge)
                 local_of[key] = standing.local
@@ -402,6 +390,20 @@ class SchedulerCache:
                     local_of[key] = standing.local
                     releasing.add(key)
         return charges, pending, local_of, releasing
+
+    def _holding(self, moment: datetime) -> Iterator[tuple[str, _Entry, Assumed | None, Standing]]:
+        """Each AppWrapper in a phase that wants or holds room: its assumed dispatch, if
+        one is in flight, else its standing (derived on first need)."""
+        for key, entry in self._entries.items():
+            if entry.phase not in HOLDING:
+                continue
+            if entry.assumed is not None:
+                yield key, entry, entry.assumed, NOT_SCHEDULED
+                continue
+            standing = entry.standing
+            if standing is None:
+                standing = entry.standing = self._derive(key, moment)
+            yield key, entry, None, standing
 
     def _derive(self, key: str, now: datetime) -> Standing:
         obj = self._current(key)

@@ -64,6 +64,16 @@ async def not_dispatched(cluster: Any, namespace: str, *names: str) -> bool:
     return True
 
 
+async def one_queue(cluster: Any, namespace: str, fake_nodes: Any) -> str:
+    """An 8-cpu node, and a ClusterAppQueue of 4 cpu that AppQueue `team` submits to."""
+    fake_nodes.add("n", cpu="8", memory="64Gi")
+    cq = f"{namespace}-cq"
+    await apply_cluster(cluster, app_flavor(DEFAULT))
+    await apply_cluster(cluster, cluster_queue(cq, {DEFAULT: {"cpu": 4}}))
+    await apply(cluster, namespace, app_queue("team", cq))
+    return cq
+
+
 async def get_table(cluster: Any, *args: str) -> list[dict[str, str]]:
     """`kubectl get` as a user reads it: each row's cells by column heading."""
     out = await cluster.akubectl("get", *args)
@@ -278,6 +288,16 @@ async def test_bad_queue_setups_are_refused_or_reported(
     text = await async_wait_until(inactive, timeout=15, what="looped queue inactive")
     assert f"cohort cycle: {namespace}-x -> {namespace}-y -> {namespace}-x" in text
 
+    # A flavor that matches no node: the wait names it.
+    await apply_cluster(cluster, app_flavor(f"{namespace}-nowhere", {"tier": "nowhere"}))
+    await apply_cluster(
+        cluster, cluster_queue(f"{cq}-nowhere", {f"{namespace}-nowhere": {"cpu": 4}})
+    )
+    await apply(cluster, namespace, app_queue("nowhere", f"{cq}-nowhere"))
+    await apply(cluster, namespace, work("stranded", "1", "nowhere"))
+    message = await wait_message(cluster, namespace, "stranded", "no schedulable node matches")
+    assert message.endswith(f"(in flavor {namespace}-nowhere)")
+
 
 async def test_a_borrower_gives_back_what_it_borrowed_and_keeps_its_own(
     cluster, namespace, fake_nodes, run_dispatcher, quotas
@@ -353,11 +373,7 @@ async def test_flavors_fill_on_demand_then_spot_and_pods_land_on_their_nodes(
 async def test_hold_and_drain_evicts_and_holds_until_the_queue_reopens(
     cluster, namespace, fake_nodes, run_dispatcher, quotas
 ):
-    fake_nodes.add("n", cpu="8", memory="64Gi")
-    cq = f"{namespace}-cq"
-    await apply_cluster(cluster, app_flavor(DEFAULT))
-    await apply_cluster(cluster, cluster_queue(cq, {DEFAULT: {"cpu": 4}}))
-    await apply(cluster, namespace, app_queue("team", cq))
+    cq = await one_queue(cluster, namespace, fake_nodes)
     await run_dispatcher()
     for name in ("one", "two"):
         await apply(cluster, namespace, work(name, "1", "team"))
@@ -424,11 +440,7 @@ async def test_a_three_level_tree_shares_by_weight(
 async def test_a_queue_deleted_with_admitted_work_stays_until_it_finishes(
     cluster, namespace, fake_nodes, run_dispatcher, quotas
 ):
-    fake_nodes.add("n", cpu="8", memory="64Gi")
-    cq = f"{namespace}-cq"
-    await apply_cluster(cluster, app_flavor(DEFAULT))
-    await apply_cluster(cluster, cluster_queue(cq, {DEFAULT: {"cpu": 4}}))
-    await apply(cluster, namespace, app_queue("team", cq))
+    cq = await one_queue(cluster, namespace, fake_nodes)
     await run_dispatcher()
     await apply(cluster, namespace, work("running", "1", "team"))
     await wait_condition(cluster, namespace, "running", "Running", timeout=60)
