@@ -5,6 +5,12 @@ decisions out (creates the objects of each `Admit`, evicts the victims of each `
 writes each `Wait` message to the AppWrapper's status) and runs the next cycle on fresh
 snapshots. Every pending workload gets exactly one `Admit` or one `Wait`; a `Preempt`
 comes in addition to the `Wait` of the workload that asked for it.
+
+With `quotas` (a `core.quota.view.QuotaView`), a workload with a queue is admitted only when
+its queue's quota (with what it may borrow) and one member's nodes both fit it: each flavor
+assignment the queue allows is tried in its order until one also fits a member
+(`_fit_queued`); victims must free both. A workload with no queue is fitted as without
+quotas.
 """
 
 from __future__ import annotations
@@ -199,6 +205,10 @@ def schedule(
     - Preemption: a workload that fits nowhere asks `preemption` for victims; the cluster
       where it preempts is held for it for the rest of the cycle (its victims' room is its
       claim), and at most one preemption happens per cluster per cycle.
+    - With quotas, the queueing strategy is each cluster queue's own: a StrictFIFO head
+      blocks only its queue; a workload held back by its queue (a broken link, a stopped
+      queue) or by quota holds no cluster. With fair sharing, queues that borrow the least
+      weighted share of their cohort go first.
     """
     # 1. Order the queue: priority, then age, then key (with fair sharing, queues that
     #    borrow less of their cohort go first).
