@@ -343,7 +343,7 @@ class Quotas:
             active = condition["status"] == "True"
             self._events.record(
                 written,
-                reason="QueueActive" if active else str(condition["reason"]),
+                reason="Active" if active else str(condition["reason"]),
                 message=str(condition["message"]),
                 warning=not active,
             )
