@@ -65,5 +65,12 @@ SYSTEM ?= ours
 conformance: venv testenv
 	$(PY) -m benchmarks.conformance --system $(SYSTEM)
 
+# The peers of the side-by-side benchmark (benchmarks/peer_bench.py): MCAD v1.40.0
+# (kar-controllers) and Kueue v0.15.0 (cmd/kueue), from the Go module proxy, built into
+# $(CACHE_DIR)/mcad and $(CACHE_DIR)/kueue; only what is missing. Not part of `make test`.
+.PHONY: peers
+peers: venv
+	$(PY) -m benchmarks.peers build
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
