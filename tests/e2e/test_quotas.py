@@ -407,7 +407,7 @@ async def test_a_three_level_tree_shares_by_weight(
     root, mid = f"{namespace}-root", f"{namespace}-mid"
     light, heavy = f"{namespace}-light", f"{namespace}-heavy"
     await apply_cluster(cluster, app_flavor(DEFAULT))
-    await apply_cluster(cluster, app_cohort(root, flavors={DEFAULT: {"cpu": 6}}))
+    await apply_cluster(cluster, app_cohort(root))  # its quota comes last (below)
     await apply_cluster(cluster, app_cohort(mid, root))
     # Nothing of their own: all either runs is lent down the tree from the root's 6 cpu.
     for name, weight in ((light, "1"), (heavy, "2")):
@@ -417,11 +417,16 @@ async def test_a_three_level_tree_shares_by_weight(
         )
     await apply(cluster, namespace, app_queue("light", light))
     await apply(cluster, namespace, app_queue("heavy", heavy))
-    # All queued before the dispatcher starts, so its first cycle decides them together.
     for index in range(6):
         await apply(cluster, namespace, work(f"l{index}", "1", "light"))
         await apply(cluster, namespace, work(f"h{index}", "1", "heavy"))
     await run_dispatcher(fair_sharing=True)
+    # Every one taken in and waiting (no quota anywhere yet); then the root's quota, one
+    # object, so that one cycle decides all twelve together.
+    for prefix in ("l", "h"):
+        for index in range(6):
+            await wait_message(cluster, namespace, f"{prefix}{index}", "can ever have is 0")
+    await apply_cluster(cluster, app_cohort(root, flavors={DEFAULT: {"cpu": 6}}))
 
     async def admitted() -> tuple[int, int] | None:
         counts = []
@@ -433,8 +438,13 @@ async def test_a_three_level_tree_shares_by_weight(
         return (counts[0], counts[1]) if sum(counts) == 6 else None
 
     assert await async_wait_until(admitted, timeout=30, what="six admitted") == (2, 4)
-    message = await message_of(cluster, namespace, "l5")
-    assert message.startswith(f"queue {light}: needs cpu 1; nominal 0, in use 2, cohort can lend 0")
+    # (A new kind of reason is written within the waiting writer's 10 s.)
+    await wait_message(
+        cluster,
+        namespace,
+        "l5",
+        f"queue {light}: needs cpu 1; nominal 0, in use 2, cohort can lend 0",
+    )
 
 
 async def test_a_queue_deleted_with_admitted_work_stays_until_it_finishes(
