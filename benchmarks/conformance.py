@@ -64,24 +64,34 @@ def mcad_dir(cache: Path) -> Path:
     return cache / "mcad"
 
 
+def module_source(module: str, version: str, dest: Path) -> Path:
+    """A writable copy of `module@version` at `dest` (from the Go module proxy), unless there."""
+    if dest.exists():
+        return dest
+    found = subprocess.run(
+        ["go", "mod", "download", "-json", f"{module}@{version}"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),
+    )
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(json.loads(found.stdout)["Dir"], partial)
+    for path in [partial, *partial.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+    partial.rename(dest)
+    return dest
+
+
 def build(cache: Path, *, controller_too: bool) -> tuple[Path, Path, Path]:
     """(source, e2e test binary, kar-controllers): downloaded and built when missing (the
     controller only when asked: MCAD itself is the system under test)."""
     home = mcad_dir(cache)
     source = home / f"src-{VERSION}"
     tests, controller = home / f"mcad-e2e-{VERSION}.test", home / f"kar-controllers-{VERSION}"
-    if not source.exists():
-        found = subprocess.run(
-            ["go", "mod", "download", "-json", f"{MODULE}@{VERSION}"],
-            check=True,
-            capture_output=True,
-            text=True,
-            cwd=tempfile.gettempdir(),
-        )
-        # A writable copy: its own go.mod must be the main module (it has replaces).
-        shutil.copytree(json.loads(found.stdout)["Dir"], source)
-        for path in [source, *source.rglob("*")]:
-            path.chmod(path.stat().st_mode | 0o200)
+    # A writable copy: its own go.mod must be the main module (it has replaces).
+    module_source(MODULE, VERSION, source)
     if not tests.exists():
         subprocess.run(["go", "test", "-c", "-o", str(tests), "./test/e2e"], check=True, cwd=source)
     if controller_too and not controller.exists():

@@ -24,7 +24,6 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,26 +58,6 @@ def kueue_dir(cache: Path) -> Path:
     return cache / "kueue"
 
 
-def module_source(module: str, version: str, dest: Path) -> Path:
-    """A writable copy of `module@version` at `dest` (from the Go module proxy), unless there."""
-    if dest.exists():
-        return dest
-    found = subprocess.run(
-        ["go", "mod", "download", "-json", f"{module}@{version}"],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=tempfile.gettempdir(),
-    )
-    partial = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(json.loads(found.stdout)["Dir"], partial)
-    for path in [partial, *partial.rglob("*")]:
-        path.chmod(path.stat().st_mode | 0o200)
-    partial.rename(dest)
-    return dest
-
-
 def mcad(cache: Path = DEFAULT_CACHE, *, build: bool = True) -> Peer:
     """MCAD: kar-controllers and its CRDs (config/crd/bases)."""
     home = conformance.mcad_dir(cache)
@@ -96,7 +75,7 @@ def kueue(cache: Path = DEFAULT_CACHE, *, build: bool = True) -> Peer:
     binary = home / f"kueue-{KUEUE_VERSION}"
     if build and not binary.exists():
         home.mkdir(parents=True, exist_ok=True)
-        module_source(KUEUE_MODULE, KUEUE_VERSION, source)
+        conformance.module_source(KUEUE_MODULE, KUEUE_VERSION, source)
         partial = binary.with_name(binary.name + ".partial")
         subprocess.run(["go", "build", "-o", str(partial), "./cmd/kueue"], check=True, cwd=source)
         partial.rename(binary)
