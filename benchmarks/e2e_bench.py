@@ -244,6 +244,9 @@ def start_dispatcher(
                 "health_port": port,
                 "log_level": "warning",
                 "members": [{"name": "local", "node_selector": pools}],
+                # The benchmark measures dispatch; it applies with no admission webhook.
+                "unattributed": "allow",
+                "debug_memory": trace_memory,
                 **(settings or {}),
             }
         )

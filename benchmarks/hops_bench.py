@@ -295,7 +295,12 @@ async def one_life(
     key = f"{NAMESPACE}/{sample.appwrapper}"
     probe = Probe()
     result: dict[str, Any] = {}
-    config = Config(kubeconfig=str(cluster.kubeconfig), health_port=0, log_level="warning")
+    config = Config(
+        kubeconfig=str(cluster.kubeconfig),
+        health_port=0,
+        log_level="warning",
+        unattributed="allow",
+    )
     with probe.requests():
         async with running(config) as dispatcher:
             hooks.instrument(dispatcher, probe)

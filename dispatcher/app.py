@@ -1,4 +1,5 @@
-"""Assembly: connect the hub and members, build the controller manager, run it.
+"""Assembly: connect the hub and members, build the controller manager, run it. A member
+kubeconfig read from a Secret that runs credential plugins is refused here, at start.
 
 Side effects: network connections; `running` starts background tasks.
 """
@@ -17,11 +18,13 @@ import structlog
 import yaml
 
 from dispatcher import health, metrics
-from dispatcher.cluster.member import Member
+from dispatcher.cluster.member import Member, mapping_problems
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.manager import Manager
+from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import KubeClient, ResourceInfo, replica_identity
 from dispatcher.kube.leader import LeaderElector
+from dispatcher.webhook_service import WebhookService
 
 LOCAL_MEMBER = "local"
 SECRETS = ResourceInfo("v1", "Secret", "secrets", namespaced=True)
@@ -40,7 +43,9 @@ async def build(config: Config) -> Manager:
     members = []
     for member in member_configs:
         if member.kubeconfig_secret:
-            kubeconfig_dict = await _kubeconfig_from_secret(hub, member.kubeconfig_secret)
+            kubeconfig_dict = await _kubeconfig_from_secret(
+                hub, member.kubeconfig_secret, allow_exec=config.allow_exec_kubeconfigs
+            )
             client = await KubeClient.connect(
                 kubeconfig_dict=kubeconfig_dict,
                 context=member.context,
@@ -58,11 +63,14 @@ async def build(config: Config) -> Manager:
             )
         else:
             client = hub
+        problems = [] if client is hub else mapping_problems(member.namespaces)
+        if problems:
+            raise ValueError(f"members[{member.name}].namespaces: {'; '.join(problems)}")
         members.append(Member.build(member, client, is_hub=client is hub))
     return Manager(config=config, hub=hub, members=members)
 
 
-async def _kubeconfig_from_secret(hub: KubeClient, ref: str) -> dict[str, Any]:
+async def _kubeconfig_from_secret(hub: KubeApi, ref: str, *, allow_exec: bool) -> dict[str, Any]:
     namespace, name = ref.split("/", 1)
     secret = await hub.get(SECRETS, namespace, name)
     data = (secret.get("data") or {}).get("kubeconfig")
@@ -71,7 +79,30 @@ async def _kubeconfig_from_secret(hub: KubeClient, ref: str) -> dict[str, Any]:
     loaded = yaml.safe_load(base64.b64decode(data))
     if not isinstance(loaded, dict):
         raise ValueError(f"Secret {ref}: 'kubeconfig' is not a kubeconfig document")
+    if not allow_exec:
+        refuse_plugins(loaded, where=f"Secret {ref}")
     return loaded
+
+
+def refuse_plugins(kubeconfig: dict[str, Any], *, where: str) -> None:
+    """Raise ValueError when a user entry of `kubeconfig` runs a program (`exec`) or an
+    auth-provider plugin. Whoever may write the Secret would otherwise choose a command the
+    dispatcher runs, with its own credentials and network reach; a kubeconfig file is
+    written by the operator and is not checked."""
+    users = kubeconfig.get("users")
+    for index, entry in enumerate(users if isinstance(users, list) else []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("user"), dict):
+            continue
+        plugins = [key for key in ("exec", "auth-provider") if key in entry["user"]]
+        if plugins:
+            name = entry.get("name")
+            user = repr(name) if isinstance(name, str) else f"#{index}"
+            raise ValueError(
+                f"{where}: kubeconfig user {user} uses {' and '.join(plugins)} "
+                "(users[].user): a kubeconfig read from a Secret may not run credential "
+                "plugins; use a token or a client certificate, or set "
+                "allow_exec_kubeconfigs: true"
+            )
 
 
 async def close(dispatcher: Manager) -> None:
@@ -86,6 +117,7 @@ async def close(dispatcher: Manager) -> None:
 async def running(config: Config, *, ready_timeout: float = 60) -> AsyncIterator[Manager]:
     """Run a dispatcher in this event loop for the duration of the block (tests, demo)."""
     dispatcher = await build(config)
+    service = await _start_webhook(config, dispatcher)
     task = asyncio.create_task(dispatcher.run(), name="dispatcher")
     try:
         ready = asyncio.create_task(dispatcher.ready.wait())
@@ -105,7 +137,24 @@ async def running(config: Config, *, ready_timeout: float = 60) -> AsyncIterator
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+        if service is not None:
+            await service.stop()
         await close(dispatcher)
+
+
+async def _start_webhook(config: Config, dispatcher: Manager) -> WebhookService | None:
+    """Every replica serves the admission webhook, leader or not (the API server may call
+    any of them), from before it waits for the Lease."""
+    if not config.webhook.enabled:
+        return None
+    service = WebhookService(config, dispatcher)
+    try:
+        await service.start()
+    except BaseException:
+        await service.stop()
+        await close(dispatcher)
+        raise
+    return service
 
 
 async def serve_forever(config: Config) -> None:
@@ -118,12 +167,14 @@ async def serve_forever(config: Config) -> None:
     """
     log = structlog.get_logger("main")
     dispatcher = await build(config)
+    service = await _start_webhook(config, dispatcher)
     runner = None
     if config.health_port:
         runner = await health.serve(
             port=config.health_port,
             ready=dispatcher.ready.is_set,
             metrics=lambda: metrics.render(dispatcher),
+            debug_memory=config.debug_memory,
         )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -145,6 +196,8 @@ async def serve_forever(config: Config) -> None:
         await asyncio.wait({acquiring, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():
             acquiring.cancel()
+            if service is not None:
+                await service.stop()
             await close(dispatcher)
             return
         stopper.cancel()
@@ -184,4 +237,6 @@ async def serve_forever(config: Config) -> None:
             await elector.release()  # only if still held: never after losing it
         if runner is not None:
             await runner.cleanup()
+        if service is not None:
+            await service.stop()
         await close(dispatcher)

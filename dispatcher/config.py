@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dispatcher.core.admission import PriorityPolicy
 from dispatcher.core.model import QueueMode
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
 
@@ -49,6 +50,46 @@ class MemberConfig(BaseModel):
     """Matched by an AppWrapper's schedulingSpec.clusterScheduling.clusterSelector."""
     node_selector: dict[str, str] = Field(default_factory=dict)
     """Count only nodes with these labels (a node pool reserved for dispatched work)."""
+    namespaces: dict[str, str] = Field(default_factory=dict)
+    """Hub namespace -> namespace in this member where its AppWrappers' objects go. An
+    AppWrapper whose namespace is not listed never goes to this member; the key "*" maps
+    every namespace to the one of the same name. Not read for the hub itself."""
+    create_namespaces: bool = False
+    """Create a mapped namespace in this member when it is missing there (with
+    `namespace_labels`); otherwise it must exist."""
+    namespace_labels: dict[str, str] = Field(
+        default_factory=lambda: {"pod-security.kubernetes.io/enforce": "restricted"}
+    )
+    """Labels of the namespaces this member gets created (Pod Security level, team...)."""
+
+
+class WebhookConfig(BaseModel):
+    """The admission webhook every replica serves (HTTPS)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    host: str = "0.0.0.0"
+    port: int = Field(default=9443, ge=0, le=65535)
+    """0: any free port (tests)."""
+    namespace: str = "appwrapper-system"
+    """Where its Secret lives (the dispatcher's own namespace)."""
+    secret_name: str = "appwrapper-dispatcher-webhook"
+    """Holds the CA, the serving certificate and the key that signs creator records."""
+    service_name: str = "appwrapper-dispatcher-webhook"
+    """The Service in front of it: the certificate names service.namespace.svc."""
+    extra_names: list[str] = Field(default_factory=list)
+    """More DNS names or IP addresses for the certificate (e.g. 127.0.0.1 out of cluster)."""
+    cert_dir: str | None = None
+    """A directory holding tls.crt and tls.key made by someone else (cert-manager); the
+    dispatcher then reloads them when they change and neither makes nor rotates them."""
+    mutating_configuration: str = "appwrapper-dispatcher"
+    validating_configuration: str = "appwrapper-dispatcher"
+    """Webhook configurations whose caBundle the dispatcher keeps up to date."""
+    cert_validity_seconds: float = Field(default=90 * 86400, gt=0)
+    ca_validity_seconds: float = Field(default=3650 * 86400, gt=0)
+    rotate_when_left: float = Field(default=1 / 3, gt=0, lt=1)
+    """Renew a certificate when this fraction of its validity is left."""
 
 
 class Config(BaseModel):
@@ -77,8 +118,10 @@ class Config(BaseModel):
     queue_required: bool = False
     """With quotas: an AppWrapper that names no queue (and whose namespace has no `default`
     AppQueue) waits, instead of being admitted on capacity alone."""
-    create_namespaces: bool = True
-    """Create the AppWrapper's namespace in a member cluster when it is missing there."""
+    allow_exec_kubeconfigs: bool = False
+    """Accept a member kubeconfig read from a Secret (`kubeconfig_secret`) whose user runs a
+    credential plugin (`exec`, `auth-provider`): whoever may write the Secret would choose a
+    program the dispatcher runs. Kubeconfig files, written by the operator, are not checked."""
     member_timeout_seconds: float = Field(default=60.0, gt=0)
     """A member silent this long has its AppWrappers requeued elsewhere."""
     qps: float = Field(default=200.0, ge=0)
@@ -88,6 +131,20 @@ class Config(BaseModel):
     dispatch_concurrency: int = Field(default=64, ge=1, le=1024)
     """Dispatches (status write + object creates) in flight at once."""
     health_port: int = Field(default=8081, ge=0, le=65535)
+    debug_memory: bool = False
+    """Serve /debug/memory (where the live memory was allocated: file names and sizes)."""
+    unattributed: Literal["refuse", "allow"] = "refuse"
+    """An AppWrapper without a creator record signed by the admission webhook (created while
+    the webhook was absent, or with a forged record): `refuse` ends it Failed; `allow`
+    dispatches it on the dispatcher's own rights, as before the webhook existed."""
+    check_at_dispatch: bool = True
+    """Before creating an AppWrapper's objects, ask the API server again whether its
+    recorded creator may create each of them (SubjectAccessReview, answers cached briefly)."""
+    access_review_cache_seconds: float = Field(default=10.0, ge=0)
+    """How long the API server's answer to "may this user create X here" is reused (fewer
+    requests in a burst; a right taken away counts after at most this long)."""
+    webhook: WebhookConfig = Field(default_factory=lambda: WebhookConfig())
+    priority_policy: PriorityPolicy = Field(default_factory=lambda: PriorityPolicy())
     leader_election: bool = False
     lease_namespace: str = "default"
     lease_name: str = "appwrapper-dispatcher"

@@ -2,7 +2,8 @@
 
 Side effects: builds (if missing) and starts a local control plane with fake GPU nodes and
 KubeRay, runs the dispatcher in this process, applies the samples, prints what users see,
-and tears everything down (or keeps it with --keep). Then quotas (samples/queues/): dev
+and tears everything down (or keeps it with --keep). The admission webhook is on: a user
+who may only create AppWrappers is refused one that wraps a Job. Then quotas (samples/queues/): dev
 RayClusters share a queue with room for one, and a prod one preempts the running dev one.
 """
 
@@ -19,9 +20,10 @@ from typing import Any
 import yaml
 
 from dispatcher.app import running
-from dispatcher.config import Config, MemberConfig
+from dispatcher.config import Config, MemberConfig, WebhookConfig
 from dispatcher.logs import configure_logging
-from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries
+from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
+from dispatcher.testing.manifests import webhook_configurations
 
 SAMPLES = [
     "ray-glue-1.yaml",
@@ -34,6 +36,8 @@ NAMESPACE = "demo"
 QUEUES = REPO_ROOT / "samples" / "queues"
 TEAM = "team"  # the namespace of the quotas act
 CLUSTER_QUEUE = "cluster-queue"  # samples/queues/setup.yaml's
+SYSTEM_NAMESPACE = "appwrapper-system"  # where the webhook keeps its certificate
+WEBHOOK = "appwrapper-dispatcher"  # its webhook configurations
 KINDS = ("appwrappers", "clusterappqueues", "appqueues", "appcohorts", "appflavors")
 
 
@@ -106,7 +110,7 @@ async def demo(workdir: Path, keep: bool) -> int:
             "MEMORY:.status.allocatable.memory,"
             "GPU:.status.allocatable.nvidia\\.com/gpu",
         )
-        config = Config(kubeconfig=str(cluster.kubeconfig), health_port=0, log_level="warning")
+        config = _with_webhook(cluster)
         async with running(config):
             _say("Dispatcher running; applying the samples")
             for sample in SAMPLES:
@@ -138,6 +142,7 @@ async def demo(workdir: Path, keep: bool) -> int:
             await _show(cluster, "delete", "aw", "glue-1", "-n", NAMESPACE)
             ok = await _wait_for(cluster, "glue-2", "Running", 90)
             await _show(cluster, "get", "aw", "-n", NAMESPACE)
+            ok = await _privilege_act(cluster) and ok
             ok = await _queues_act(cluster) and ok
             if keep:
                 _say(
@@ -148,6 +153,53 @@ async def demo(workdir: Path, keep: bool) -> int:
             return 0 if ok else 1
     finally:
         cluster.stop()
+
+
+def _with_webhook(cluster: LocalCluster) -> Config:
+    """Settings with the admission webhook on, as the manifests deploy it, served on
+    127.0.0.1 (the API server runs on this machine: a URL instead of a Service)."""
+    port = free_port()
+    cluster.kubectl("create", "namespace", SYSTEM_NAMESPACE)
+    for configuration in webhook_configurations(WEBHOOK, port):
+        cluster.apply(configuration)
+    return Config(
+        kubeconfig=str(cluster.kubeconfig),
+        health_port=0,
+        log_level="warning",
+        webhook=WebhookConfig(
+            enabled=True,
+            host="127.0.0.1",
+            port=port,
+            namespace=SYSTEM_NAMESPACE,
+            extra_names=["127.0.0.1"],
+            mutating_configuration=WEBHOOK,
+            validating_configuration=WEBHOOK,
+        ),
+    )
+
+
+async def _privilege_act(cluster: LocalCluster) -> bool:
+    """alice may create AppWrappers in the namespace and nothing else: the webhook refuses
+    one that wraps pods, naming what she lacks."""
+    _say("Least privilege: alice may create AppWrappers, not the pods they would make")
+    cluster.kubectl(
+        "create", "role", "appwrapper-user", "-n", NAMESPACE,
+        "--verb=get,list,watch,create,update,patch,delete", "--resource=appwrappers",
+    )  # fmt: skip
+    cluster.kubectl(
+        "create", "rolebinding", "alice", "-n", NAMESPACE, "--role=appwrapper-user",
+        "--user=alice",
+    )  # fmt: skip
+    sample = str(REPO_ROOT / "samples" / "job-completion.yaml")
+    print(f"$ kubectl apply -n {NAMESPACE} --as alice -f samples/job-completion.yaml")
+    out = await cluster.akubectl("apply", "-n", NAMESPACE, "--as=alice", "-f", sample, check=False)
+    print(out.stdout or out.stderr, end="", flush=True)
+    _say("Who created glue-2 (recorded and signed by the webhook)")
+    await _show(
+        cluster, "get", "aw", "glue-2", "-n", NAMESPACE,
+        "-o", 'jsonpath={.metadata.annotations.workload\\.codeflare\\.dev/user}{"\\n"}',
+    )  # fmt: skip
+    return out.returncode != 0 and "alice may not create jobs.batch" in out.stderr
 
 
 async def _value(cluster: LocalCluster, *args: str) -> str:
@@ -251,8 +303,19 @@ async def demo_members(workdir: Path, members: int, keep: bool) -> int:
             kubeconfig=str(hub.kubeconfig),
             health_port=0,
             log_level="warning",
+            # This act shows placement; the single-cluster demo shows the webhook.
+            unattributed="allow",
             members=[
-                MemberConfig(name=n, kubeconfig=str(c.kubeconfig), labels={"demo": n})
+                MemberConfig(
+                    name=n,
+                    kubeconfig=str(c.kubeconfig),
+                    labels={"demo": n},
+                    # Every hub namespace under its own name, made when missing; the samples'
+                    # pods set no securityContext, which `restricted` would refuse.
+                    namespaces={"*": "*"},
+                    create_namespaces=True,
+                    namespace_labels={"pod-security.kubernetes.io/enforce": "baseline"},
+                )
                 for n, c in zip(names, clusters, strict=True)
             ],
         )

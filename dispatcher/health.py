@@ -1,4 +1,4 @@
-"""/healthz, /readyz, /metrics and /debug/memory over plain HTTP.
+"""/healthz, /readyz, /metrics and, when asked for, /debug/memory over plain HTTP.
 
 Side effects: listens on a TCP port.
 """
@@ -17,8 +17,12 @@ async def serve(
     ready: Callable[[], bool],
     metrics: Callable[[], str],
     host: str = "0.0.0.0",
+    debug_memory: bool = False,
 ) -> web.AppRunner:
-    """Start the endpoints; the caller keeps the runner and calls `cleanup()` at shutdown."""
+    """Start the endpoints; the caller keeps the runner and calls `cleanup()` at shutdown.
+
+    /debug/memory only with `debug_memory`: it names the source files and sizes of live
+    memory to anyone who reaches the port, which serves no authentication."""
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -36,7 +40,8 @@ async def serve(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
-    app.router.add_get("/debug/memory", memory)
+    if debug_memory:
+        app.router.add_get("/debug/memory", memory)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

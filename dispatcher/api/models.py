@@ -100,6 +100,7 @@ class Reason(StrEnum):
     CLUSTER_UNREACHABLE = "ClusterUnreachable"
     SPEC_CHANGED = "SpecChanged"
     QUEUE_DRAINED = "QueueDrained"
+    FORBIDDEN = "Forbidden"
 
 
 class _Model(BaseModel):

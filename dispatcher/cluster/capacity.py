@@ -4,10 +4,12 @@ No I/O of its own: informer handlers call `on_node` / `on_pod`; the controller r
 `snapshot()`. Each pod event adjusts one node's sum in O(resources), so a decision never
 lists pods. Pods of AppWrappers are also indexed by AppWrapper for pod counts.
 
-A pod belongs to an AppWrapper only if it lives in the AppWrapper's namespace and carries
-its uid label: anyone may label a pod with another tenant's AppWrapper name, but wrapped
-objects are always created in the AppWrapper's own namespace, and a pod of an earlier
-AppWrapper of the same name carries that one's uid.
+A pod belongs to an AppWrapper only if it lives in the namespace where that AppWrapper's
+objects go in this cluster and carries its uid label: anyone may label a pod with another
+tenant's AppWrapper name, but wrapped objects are only ever created there, and a pod of an
+earlier AppWrapper of the same name carries that one's uid. The member's pod watch checks the
+namespace on arrival and drops the labels of look-alikes (`cluster/member.py`); the labels
+then name the AppWrapper on the hub, whatever namespace the member puts its objects in.
 """
 
 from __future__ import annotations
@@ -108,14 +110,14 @@ def slim_pod(pod: Obj) -> Obj:
 
 
 def pod_owner(meta: Obj) -> Owner | None:
-    """The AppWrapper a pod (or wrapped object) with this metadata belongs to, if any: named
-    by its labels, in its own namespace, with a uid (labels alone can be copied by anyone)."""
+    """The hub AppWrapper a pod (or wrapped object) from a member's watch belongs to, if any:
+    named by its labels, with a uid. Only for objects from a member's watches, which keep
+    these labels only where the AppWrapper's objects may live (`Member.owner`)."""
     labels = meta.get("labels") or {}
     name, uid = labels.get(LABEL_NAME), labels.get(LABEL_UID)
-    namespace = meta.get("namespace")
-    if not name or not uid or labels.get(LABEL_NAMESPACE, namespace) != namespace:
+    if not name or not uid:
         return None
-    return f"{namespace}/{name}", str(uid)
+    return f"{labels.get(LABEL_NAMESPACE) or meta.get('namespace')}/{name}", str(uid)
 
 
 def _pod_record(pod: Obj) -> PodRecord:

@@ -1,11 +1,20 @@
-"""Member clusters: a client, node and pod watch caches, and capacity accounting for each.
+"""Member clusters: a client, node and pod watch caches, and capacity accounting for each;
+where each hub namespace's objects go in a member (`namespaces` mapping).
 
 Side effects: holds connections to member API servers; `run` watches them until cancelled.
+
+An object in a member belongs to the hub AppWrapper its labels name only if it lives in the
+namespace that AppWrapper's namespace maps to there (`Member.owner`): the labels alone can
+be copied by anyone who may create objects in some namespace. The pod and wrapped-object
+watches drop the labels of every other object on arrival, so what reads them later
+(capacity's pod index, the wake-ups of AppWrappers) sees look-alikes as nobody's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +59,37 @@ def _slim_wrapped(obj: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+ANY_NAMESPACE = "*"
+"""As a key of `namespaces`: every hub namespace; as a value: the same name as the hub's."""
+
+OWNER_LABELS = (LABEL_NAME, LABEL_NAMESPACE, LABEL_UID)
+_NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def mapped_namespace(mapping: Mapping[str, str], namespace: str) -> str | None:
+    """The member namespace where objects of hub namespace `namespace` go, by a member's
+    `namespaces` mapping: its own entry, else the "*" entry; a value "*" keeps the name.
+    None: the mapping does not take it."""
+    target = mapping.get(namespace)
+    if target is None:
+        target = mapping.get(ANY_NAMESPACE)
+    if target is None:
+        return None
+    return namespace if target == ANY_NAMESPACE else target
+
+
+def mapping_problems(mapping: Mapping[str, str]) -> list[str]:
+    """What is wrong with a `namespaces` mapping: every key and value is "*" or a namespace
+    name (a DNS-1123 label)."""
+    problems = []
+    for text in sorted({*mapping, *mapping.values()}):
+        if text != ANY_NAMESPACE and not (
+            len(text) <= 63 and text.isascii() and _NAMESPACE_NAME.fullmatch(text)
+        ):
+            problems.append(f'{text!r} is neither "*" nor a namespace name')
+    return problems
+
+
 def _finished_pod(pod: dict[str, Any]) -> bool:
     # A finished pod's store entry is read again only when it is deleted.
     return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
@@ -69,12 +109,20 @@ class Member:
     wrapped: dict[str, Informer] = field(default_factory=dict)
     """"apiVersion/kind" -> watch cache of our wrapped objects of that kind that report
     completion (e.g. Jobs): read from here instead of one GET per object."""
+    namespaces: Mapping[str, str] = field(default_factory=dict)
+    """Hub namespace -> namespace here (members[].namespaces); not read for the hub."""
+    create_namespaces: bool = False
+    namespace_labels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         steady = self.clock.monotonic
         self.nodes = Informer(self.client, NODES, transform=_slim_node, monotonic=steady)
         self.pods = Informer(
-            self.client, PODS, transform=slim_pod, cold=_finished_pod, monotonic=steady
+            self.client,
+            PODS,
+            transform=lambda pod: self._vouched(slim_pod(pod)),
+            cold=_finished_pod,
+            monotonic=steady,
         )
         self.nodes.add_handler(self.capacity.on_node)
         self.pods.add_handler(self.capacity.on_pod)
@@ -94,7 +142,53 @@ class Member:
             is_hub=is_hub,
             capacity=capacity,
             clock=clock or SystemClock(),
+            namespaces=dict(config.namespaces),
+            create_namespaces=config.create_namespaces,
+            namespace_labels=dict(config.namespace_labels),
         )
+
+    def namespace_for(self, namespace: str) -> str | None:
+        """Where the objects of an AppWrapper of hub namespace `namespace` go here; None: it
+        may not come here. The hub keeps the AppWrapper's own namespace."""
+        if self.is_hub:
+            return namespace
+        return mapped_namespace(self.namespaces, namespace)
+
+    @property
+    def hub_namespaces(self) -> frozenset[str] | None:
+        """The hub namespaces whose AppWrappers may come here; None: every one."""
+        if self.is_hub or ANY_NAMESPACE in self.namespaces:
+            return None
+        return frozenset(self.namespaces)
+
+    @property
+    def own_namespaces(self) -> tuple[str, ...] | None:
+        """The namespaces here that hold AppWrappers' objects; None: any (the hub, or "*")."""
+        if self.hub_namespaces is None:
+            return None
+        return tuple(sorted({n for n in map(self.namespace_for, self.namespaces) if n}))
+
+    def owner(self, meta: Mapping[str, Any]) -> tuple[str, str] | None:
+        """("namespace/name", uid) of the hub AppWrapper an object here (its metadata) was
+        made for: named by its labels, and living where that AppWrapper's namespace maps."""
+        labels = meta.get("labels") or {}
+        name, uid = labels.get(LABEL_NAME), labels.get(LABEL_UID)
+        here = meta.get("namespace")
+        if not name or not uid or not isinstance(here, str):
+            return None
+        hub_namespace = labels.get(LABEL_NAMESPACE, here)
+        if not isinstance(hub_namespace, str) or self.namespace_for(hub_namespace) != here:
+            return None
+        return f"{hub_namespace}/{name}", str(uid)
+
+    def _vouched(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """A slimmed object, without the owner labels unless `owner` vouches for them."""
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if not any(k in labels for k in OWNER_LABELS) or self.owner(meta) is not None:
+            return obj
+        kept = {k: v for k, v in labels.items() if k not in OWNER_LABELS}
+        return {**obj, "metadata": {**meta, "labels": kept}}
 
     async def run(self) -> None:
         if not self.started:
@@ -115,7 +209,7 @@ class Member:
             self.client,
             info,
             label_selector=LABEL_UID,
-            transform=_slim_wrapped,
+            transform=lambda obj: self._vouched(_slim_wrapped(obj)),
             # Read only to learn completion, once an AppWrapper's pods have all finished.
             cold=lambda _obj: True,
             optional=True,
@@ -123,6 +217,30 @@ class Member:
         )
         self.wrapped[key] = informer
         return informer, True
+
+    async def completion_caches(
+        self,
+        kinds: Iterable[tuple[str, str]],
+        *,
+        on_change: Callable[[str, dict[str, Any] | None, dict[str, Any] | None], None],
+        start_task: Callable[[Coroutine[Any, Any, None], str], None],
+    ) -> dict[str, Informer]:
+        """Watch caches of the wrapped kinds (apiVersion, kind) that report completion,
+        started on first need, each change handed to `on_change` (the objects are labelled
+        like the pods: a change wakes their AppWrapper). A kind unknown to the member has
+        none: its objects are read, and missed, by GET."""
+        caches: dict[str, Informer] = {}
+        for api_version, kind in kinds:
+            try:
+                info = await self.client.resource_info(api_version, kind)
+            except KubeError:
+                continue
+            informer, new = self.wrapped_informer(info)
+            if new:
+                informer.add_handler(on_change)
+                start_task(informer.run(), f"{self.name}-{info.plural}")
+            caches[f"{api_version}/{kind}"] = informer
+        return caches
 
     async def _probe(self, every: float = 2.0) -> None:
         """A watch on a server that stopped answering can stay silent for minutes; a short

@@ -294,7 +294,8 @@ class SchedulerCache:
         return len(self._entries)
 
     def snapshot(self, now: float) -> Snapshot:
-        """Queued workloads and, per member, capacity minus what dispatched ones hold."""
+        """Queued workloads and, per member, capacity minus what dispatched ones hold, and
+        the hub namespaces it takes."""
         moment = datetime.fromtimestamp(now, UTC)
         pending: list[Workload] = []
         charges: list[Charge] = []
@@ -335,6 +336,7 @@ class SchedulerCache:
                     labels=snapshot.labels,
                     reachable=snapshot.reachable,
                     admitted=tuple(admitted),
+                    namespaces=member.hub_namespaces,
                 )
             )
         return Snapshot(pending, clusters, self._claims(now), charges)
@@ -450,7 +452,7 @@ class SchedulerCache:
         queued = cond.is_queued(status) or cond.is_new(status)
         if queued or (status is not None and status.admission is not None):
             priority, error = self._models.priority(aw)
-            if error:
+            if error or self._models.refusal(aw):
                 return NOT_SCHEDULED
             workload = self._models.workload(aw, priority=priority, now=now)
             if isinstance(workload, Workload):

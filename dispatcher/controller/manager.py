@@ -27,6 +27,7 @@ from dispatcher.clock import Clock, SystemClock
 from dispatcher.cluster.capacity import pod_owner
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config, DeclaredPodResources
+from dispatcher.controller.admission import Admission
 from dispatcher.controller.cache import SchedulerCache
 from dispatcher.controller.models import Models, key_of, without_bookkeeping
 from dispatcher.controller.quotas import Quotas
@@ -87,11 +88,21 @@ class Manager:
             cold=lambda obj: phase_of_raw(obj) is Phase.FINISHED,
         )
         self.priority_classes = Informer(hub, PRIORITY_CLASSES)
+        self.signing_keys: list[bytes] = []
+        """Keys of the admission webhook's creator records (set before `run`)."""
+        self.admission = Admission(
+            config=config,
+            hub=hub,
+            discovery=[m.client for m in members],
+            signing_keys=lambda: self.signing_keys,
+        )
         self.models = Models(
             allowed_kinds=frozenset(config.allowed_kinds),
             declared_as_written=config.declared_pod_resources is DeclaredPodResources.AS_WRITTEN,
             # Through the informer each time: a relist replaces its store.
             priority_class=lambda name: self.priority_classes.store.get(name),
+            attribution=self.admission.attribution_problem,
+            priority_policy=config.priority_policy,
         )
         self.status = StatusWriter(
             hub,
@@ -130,6 +141,7 @@ class Manager:
             start_task=self._start,
             wake_owner=self._wake_owner,
             quotas=self.quotas,
+            admission=self.admission,
         )
         self.upkeep = Upkeep(
             members=self.members,

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from dispatcher.api.models import AppWrapper
+from dispatcher.core.admission import PriorityPolicy, priority_problems
 from dispatcher.core.model import Workload
 from dispatcher.core.workloads import InvalidSpec, queue_name_of, workload_of
 
@@ -97,10 +98,17 @@ class Models:
         allowed_kinds: frozenset[str],
         priority_class: Callable[[str], Obj | None],
         declared_as_written: bool = True,
+        attribution: Callable[[Obj], str] = lambda obj: "",
+        priority_policy: PriorityPolicy | None = None,
     ) -> None:
         self.allowed_kinds = allowed_kinds
         self.declared_as_written = declared_as_written
         self._priority_class = priority_class
+        self._attribution = attribution
+        self._priority_policy = priority_policy
+        # Why each AppWrapper may not be dispatched for want of a trusted creator, read from
+        # its object (the signature covers the spec as stored) when it is parsed.
+        self._unattributed: dict[str, str] = {}
         self._parsed: dict[str, tuple[str, AppWrapper]] = {}
         self._workloads: dict[str, tuple[WorkloadStamp, Workload | InvalidSpec]] = {}
 
@@ -118,6 +126,11 @@ class Models:
             return cached[1]
         model = AppWrapper.from_kube(obj)
         self._parsed[key] = (version, model)
+        problem = self._attribution(obj)
+        if problem:
+            self._unattributed[key] = problem
+        else:
+            self._unattributed.pop(key, None)
         if len(self._parsed) > PARSED_LIMIT:
             del self._parsed[next(iter(self._parsed))]
         return model
@@ -131,6 +144,24 @@ class Models:
         if found is None:
             return aw.spec.priority, f"PriorityClass {name!r} not found"
         return int(found.get("value", 0)), ""
+
+    def refusal(self, aw: AppWrapper) -> str:
+        """Why `aw` may not be dispatched however much room there is: no creator record the
+        admission webhook signed (when the operator refuses those), or a priority its
+        namespace may not use. "" when it may. Only for queued AppWrappers: one dispatched
+        before a policy changed keeps running and keeps its room."""
+        problem = self._unattributed.get(aw.key, "")
+        if problem or self._priority_policy is None:
+            return problem
+        spec = {"priorityClassName": aw.spec.priorityClassName, "priority": aw.spec.priority}
+        value, missing = self.priority(aw)
+        problems = priority_problems(
+            spec,
+            namespace=aw.metadata.namespace,
+            policy=self._priority_policy,
+            class_value=value if aw.spec.priorityClassName and not missing else None,
+        )
+        return problems[0] if problems else ""
 
     def workload(self, aw: AppWrapper, *, priority: int, now: datetime) -> Workload | InvalidSpec:
         """What the scheduler sees of `aw`, inferred once per (uid, generation, priority,
@@ -161,3 +192,4 @@ class Models:
         """It finished or went: a finished AppWrapper is read again only when deleted."""
         self._parsed.pop(key, None)
         self._workloads.pop(key, None)
+        self._unattributed.pop(key, None)

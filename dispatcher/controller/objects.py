@@ -1,7 +1,11 @@
-"""The wrapped objects of an AppWrapper in a member cluster: create all or nothing, delete,
-and read their completion.
+"""The wrapped objects of an AppWrapper in a member cluster: the namespace they go to
+there, create all or nothing, delete, and read their completion.
 
 Side effects: API requests to the member cluster holding the objects.
+
+Objects keep the AppWrapper's identity on the hub in their labels (name, namespace, uid)
+whatever namespace of the member holds them (members[].namespaces): every function here
+takes the member namespace, and a body is created with it as metadata.namespace.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dispatcher.api.constants import (
     MCAD_LABEL_RESOURCE,
 )
 from dispatcher.api.models import AppWrapper, GenericItem, WrappedRef
+from dispatcher.cluster.member import Member
 from dispatcher.core.podsets import inject_flavors, inject_labels
 from dispatcher.core.quota.model import Flavor
 from dispatcher.core.validation import is_label_value
@@ -45,8 +50,9 @@ NAMESPACES = ResourceInfo("v1", "Namespace", "namespaces", namespaced=False)
 class DispatchError(Exception):
     """Creating the wrapped objects failed; everything created was removed again.
 
-    `permanent` errors (invalid object, unknown kind, forbidden, taken name) end in Failed;
-    others (server unreachable, overloaded) send the AppWrapper back to the queue.
+    `permanent` errors (invalid object, unknown kind, forbidden, taken name, the member's
+    namespace missing) end in Failed; others (server unreachable, overloaded, its namespace
+    no longer mapped to the member) send the AppWrapper back to the queue.
     """
 
     def __init__(self, message: str, *, permanent: bool) -> None:
@@ -238,15 +244,57 @@ def _permanent(exc: KubeError) -> bool:
     return isinstance(exc, BadRequest | Forbidden | Invalid | UnknownKind)
 
 
-async def ensure_namespace(client: KubeApi, namespace: str) -> None:
+async def ensure_namespace(
+    client: KubeApi, namespace: str, *, labels: Mapping[str, str] | None = None
+) -> None:
+    """Create `namespace` with `labels` unless it exists (an existing one is left as it is)."""
+    metadata: dict[str, Any] = {"name": namespace}
+    if labels:
+        metadata["labels"] = dict(labels)
     try:
         await client.create(
-            NAMESPACES,
-            None,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+            NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
         )
     except AlreadyExists:
         return
+
+
+def target_namespace(member: Member, namespace: str) -> str:
+    """The namespace of `member` where objects of an AppWrapper of hub namespace `namespace`
+    go. One that it does not take was dispatched there before the mapping changed (the
+    scheduler sends nothing else): DispatchError, not permanent, so the AppWrapper goes back
+    to the queue, where only members that take it are considered."""
+    placed = member.namespace_for(namespace)
+    if placed is None:
+        raise DispatchError(
+            f"namespace {namespace} is not mapped to cluster {member.name} (members[].namespaces)",
+            permanent=False,
+        )
+    return placed
+
+
+async def prepare_namespace(member: Member, namespace: str) -> str:
+    """The member namespace for hub namespace `namespace` (`target_namespace`), created with
+    the member's `namespace_labels` when it may create it and it is missing."""
+    placed = target_namespace(member, namespace)
+    if member.create_namespaces and not member.is_hub:
+        try:
+            await ensure_namespace(member.client, placed, labels=member.namespace_labels)
+        except KubeError as exc:
+            raise DispatchError(
+                f"creating namespace {placed} in cluster {member.name}: {exc}",
+                permanent=_permanent(exc),
+            ) from exc
+    return placed
+
+
+def _missing_namespace(exc: NotFound, namespace: str) -> bool:
+    """Whether a create answered 404 because `namespace` does not exist (not the kind)."""
+    body = exc.body if isinstance(exc.body, Mapping) else {}
+    details = body.get("details")
+    if isinstance(details, Mapping) and details.get("kind") == "namespaces":
+        return details.get("name") == namespace
+    return str(exc) == f'namespaces "{namespace}" not found'
 
 
 def made_by_dispatcher(obj: dict[str, Any]) -> bool:
@@ -285,8 +333,11 @@ async def create_all(
             raise DispatchError(f"{obj.label}: {exc}", permanent=True) from exc
         if not info.namespaced:
             raise DispatchError(f"{obj.label}: kind {obj.kind} is cluster-scoped", permanent=True)
+        # The member's namespace, whatever the template or the hub says (labels keep the
+        # hub's identity).
+        body = {**obj.body, "metadata": {**obj.body["metadata"], "namespace": namespace}}
         try:
-            await client.create(info, namespace, obj.body, field_manager=FIELD_MANAGER)
+            await client.create(info, namespace, body, field_manager=FIELD_MANAGER)
             created.append((info, obj))
         except AlreadyExists as exc:
             try:
@@ -311,6 +362,16 @@ async def create_all(
                     permanent=True,
                 ) from exc
         except KubeError as exc:
+            if isinstance(exc, NotFound) and _missing_namespace(exc, namespace):
+                # Permanent, as Forbidden is: the member is not set up for this namespace,
+                # and only an operator can change that. Requeued, the AppWrapper would be
+                # sent to the same member again (it fits there) and fail again, at the cost
+                # of status writes and Events each time, for as long as nobody acts.
+                raise DispatchError(
+                    f"namespace {namespace} does not exist in cluster {client.name}: create "
+                    "it there, or set members[].create_namespaces",
+                    permanent=True,
+                ) from exc
             if isinstance(exc, NotFound):
                 # A create answered 404: the kind may no longer be served (its CRD went);
                 # the next attempt asks discovery again instead of trusting the cache.

@@ -31,6 +31,7 @@ from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, parse_ti
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config
+from dispatcher.controller.admission import Admission
 from dispatcher.controller.models import Models
 from dispatcher.controller.objects import (
     DispatchError,
@@ -39,8 +40,9 @@ from dispatcher.controller.objects import (
     create_all,
     delete_all,
     dispatched_objects,
-    ensure_namespace,
+    prepare_namespace,
     spec_change,
+    target_namespace,
     wrapped_objects,
 )
 from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
@@ -52,7 +54,6 @@ from dispatcher.core.model import Workload, pod_count
 from dispatcher.core.phase import Phase, phase_of
 from dispatcher.core.workloads import InvalidSpec
 from dispatcher.kube.errors import KubeError
-from dispatcher.kube.informer import Informer
 
 Obj = dict[str, Any]
 C = cond.C
@@ -109,8 +110,10 @@ class Reconciler:
         start_task: Callable[[Coroutine[Any, Any, None], str], None],
         wake_owner: Callable[[str, Obj | None, Obj | None], None],
         quotas: QuotaLookup | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self._config = config
+        self._admission = admission
         self._quotas = quotas or NO_QUOTAS
         self._models = models
         self._status = status
@@ -185,12 +188,16 @@ class Reconciler:
         priority, problem = self._models.priority(aw)
         if not problem:
             workload = self._models.workload(aw, priority=priority, now=self._moment()[1])
-            if isinstance(workload, InvalidSpec):
+            refusal = self._models.refusal(aw)
+            if isinstance(workload, InvalidSpec) or refusal:
                 # Edited while queued (or requeued after an edit): the scheduler would skip
                 # it for ever; say why instead.
-                transition = cond.mark_failed(
-                    status, Reason.INVALID_SPEC, workload.message, now=self._moment()[1]
+                reason, message = (
+                    (Reason.FORBIDDEN, refusal)
+                    if refusal
+                    else (Reason.INVALID_SPEC, getattr(workload, "message", ""))
                 )
+                transition = cond.mark_failed(status, reason, message, now=self._moment()[1])
                 await self._status.write(obj, status, [transition])
                 return DONE
         if cond.set_priority(status, priority):
@@ -214,16 +221,20 @@ class Reconciler:
         status write per AppWrapper."""
         moment = self._moment()[1]
         priority, problem = self._models.priority(aw)
+        reason = Reason.INVALID_SPEC
         if not problem:
             workload = self._models.workload(aw, priority=priority, now=moment)
             if isinstance(workload, InvalidSpec):
                 problem = workload.message
         if not problem:
+            problem = self._models.refusal(aw)
+            reason = Reason.FORBIDDEN
+        if not problem:
             self._schedule_soon()
             return
         transitions = [
             cond.initialize(status, priority=priority, now=moment),
-            cond.mark_failed(status, Reason.INVALID_SPEC, problem, now=moment),
+            cond.mark_failed(status, reason, problem, now=moment),
         ]
         self._log.info(
             "appwrapper_invalid",
@@ -236,14 +247,18 @@ class Reconciler:
     async def _backoff(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> Result:
         now, moment = self._moment()
         backoff = status.condition(C.BACKOFF)
-        pause = aw.spec.schedulingSpec.requeuing.pauseTimeInSeconds
-        seconds = self._config.requeue_pause_seconds if pause is None else float(pause)
+        seconds = self._pause(aw)
         waited = _seconds_since(backoff.lastTransitionMicroTime if backoff else None, now)
         if waited < seconds:
             return Result(seconds - waited)
         await self._status.write(obj, status, [cond.end_backoff(status, now=moment)])
         self._schedule_soon()
         return DONE
+
+    def _pause(self, aw: AppWrapper) -> float:
+        """The backoff after a requeue."""
+        pause = aw.spec.schedulingSpec.requeuing.pauseTimeInSeconds
+        return self._config.requeue_pause_seconds if pause is None else float(pause)
 
     async def _requeue(
         self,
@@ -353,16 +368,30 @@ class Reconciler:
                 # make a second gang, bound wherever kube-scheduler finds room (room the
                 # dispatcher has given to others) while the first still holds its own.
                 return Result(TERMINATING_POLL_SECONDS)
+            try:
+                # The recorded creator's rights, asked again now: they may have been taken
+                # away while it queued, or it may have been created past the webhook.
+                refused = (
+                    await self._admission.dispatch_problem(obj, member.client)
+                    if self._admission is not None
+                    else ""
+                )
+            except KubeError as exc:
+                error = DispatchError(f"checking the creator's rights: {exc}", permanent=False)
+                return await self._dispatch_failed(aw, obj, status, error, member)
+            if refused:
+                forbidden = cond.mark_failed(status, Reason.FORBIDDEN, refused, now=moment)
+                await self._status.write(obj, status, [forbidden])
+                return await self._after_terminal(aw, status)
             # Built only when needed: it deep-copies every template, and following runs on
             # every pod change of every dispatched AppWrapper.
             try:
                 objects = wrapped_objects(
                     aw, owner_reference=member.is_hub, flavors=self._quotas.flavors_of(status)
                 )
-                if self._config.create_namespaces and not member.is_hub:
-                    await ensure_namespace(member.client, aw.metadata.namespace)
+                namespace = await prepare_namespace(member, aw.metadata.namespace)
                 made = await create_all(
-                    member.client, aw.metadata.namespace, objects, uid=aw.metadata.uid or ""
+                    member.client, namespace, objects, uid=aw.metadata.uid or ""
                 )
             except (DispatchError, KubeError) as exc:
                 error = (
@@ -418,10 +447,15 @@ class Reconciler:
             objects = objects or wrapped_objects(aw, owner_reference=member.is_hub, lenient=True)
             result = await completion(
                 member.client,
-                aw.metadata.namespace,
+                # Mapped: its objects were created there by this process, same settings.
+                target_namespace(member, aw.metadata.namespace),
                 objects,
                 uid=aw.metadata.uid or "",
-                caches=await self._wrapped_caches(member, objects),
+                caches=await member.completion_caches(
+                    [(o.api_version, o.kind) for o in objects if o.completion],
+                    on_change=self._wake_owner,
+                    start_task=self._start_task,
+                ),
             )
             completion_items, done_items = result.items, result.done
             failed_object, polled = result.failed, result.polled
@@ -485,25 +519,6 @@ class Reconciler:
                 return _soonest(poll, recheck, COUNTS_INTERVAL - since)
         return _soonest(poll, recheck)
 
-    async def _wrapped_caches(self, member: Member, objects: list[Wrapped]) -> dict[str, Informer]:
-        """Watch caches for the kinds of `objects` that report completion, started on first
-        need (a kind unknown to the member has none: its objects are read, and missed, by GET)."""
-        caches: dict[str, Informer] = {}
-        for obj in objects:
-            if not obj.completion:
-                continue
-            try:
-                info = await member.client.resource_info(obj.api_version, obj.kind)
-            except KubeError:
-                continue
-            informer, new = member.wrapped_informer(info)
-            if new:
-                # Labelled like the pods: a change of the object wakes its AppWrapper.
-                informer.add_handler(self._wake_owner)
-                self._start_task(informer.run(), f"{member.name}-{info.plural}")
-            caches[f"{obj.api_version}/{obj.kind}"] = informer
-        return caches
-
     async def _dispatch_failed(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: DispatchError, member: Member
     ) -> Result:
@@ -527,15 +542,20 @@ class Reconciler:
         await self._requeue(
             aw, obj, status, Reason.DISPATCH_FAILED, message, backoff=True, remove_from=member
         )
-        return DONE
+        # Nothing of this attempt may be left to wake it (no objects, so no pod events):
+        # the end of the pause must come back by itself.
+        return Result(self._pause(aw))
 
     async def _remove_objects(self, aw: AppWrapper, member: Member) -> list[str]:
         """Delete `aw`'s wrapped objects in `member`: those its latest dispatch recorded (the
         spec may have been edited since), only if they carry its uid; returns the ones still
         there."""
+        namespace = member.namespace_for(aw.metadata.namespace)
+        if namespace is None:
+            return []  # not mapped there (any more): no namespace to look in
         return await delete_all(
             member.client,
-            aw.metadata.namespace,
+            namespace,
             dispatched_objects(aw, owner_reference=member.is_hub),
             uid=aw.metadata.uid or "",
         )

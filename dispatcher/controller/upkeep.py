@@ -2,7 +2,9 @@
 member (it requeues them), and remove wrapped objects whose hub AppWrapper is gone or now
 lives elsewhere.
 
-Side effects: lists and deletes wrapped objects in member clusters.
+Side effects: lists and deletes wrapped objects in member clusters: in the namespaces its
+`namespaces` mapping names (everywhere with "*"), so a member that grants the dispatcher
+rights in those namespaces only is swept too.
 """
 
 from __future__ import annotations
@@ -13,11 +15,10 @@ from typing import Any
 
 import structlog
 
-from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
+from dispatcher.api.constants import LABEL_UID
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.controller.objects import made_by_dispatcher
-from dispatcher.kube.api import KubeApi
 from dispatcher.kube.errors import KubeError, UnknownKind, Unreachable
 
 COLLECT_EVERY = 60.0
@@ -47,22 +48,9 @@ KNOWN_KINDS: tuple[tuple[str, str], ...] = (
 )
 
 
-def owner_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    """("namespace/name", uid) of the hub AppWrapper an object was made for, if any: wrapped
-    objects always live in their AppWrapper's namespace."""
-    labels = obj.get("metadata", {}).get("labels") or {}
-    if LABEL_NAME not in labels or LABEL_UID not in labels:
-        return None
-    namespace = obj["metadata"].get("namespace")
-    if labels.get(LABEL_NAMESPACE, namespace) != namespace:
-        return None
-    return f"{namespace}/{labels[LABEL_NAME]}", labels[LABEL_UID]
-
-
 async def collect(
-    client: KubeApi,
+    member: Member,
     *,
-    member: str,
     kinds: Iterable[tuple[str, str]],
     keep: Mapping[str, tuple[str, str]],
 ) -> list[str]:
@@ -70,29 +58,39 @@ async def collect(
     this member.
 
     `keep` maps AppWrapper key -> (uid, member it is dispatched or being dispatched to).
-    Returns "Kind ns/name" of what was deleted.
+    Objects are looked for where the member's mapping puts some hub namespace's objects,
+    and only those in the namespace their AppWrapper's namespace maps to are its
+    (`Member.owner`). Returns "Kind ns/name" of what was deleted.
     """
+    client = member.client
+    own = member.own_namespaces
+    where: tuple[str | None, ...] = (None,) if own is None else own
     deleted: list[str] = []
     for api_version, kind in sorted(set(kinds)):
         try:
             info = await client.resource_info(api_version, kind)
         except UnknownKind:
             continue
-        try:
-            listing = await client.list(info, query={"labelSelector": LABEL_UID})
-        except Unreachable:
-            raise  # the member went quiet: try again when it answers
-        except KubeError:
-            continue
-        for obj in listing.get("items", []):
-            owner = owner_of(obj)
+        items: list[dict[str, Any]] = []
+        for namespace in where:
+            try:
+                listing = await client.list(
+                    info, namespace=namespace, query={"labelSelector": LABEL_UID}
+                )
+            except Unreachable:
+                raise  # the member went quiet: try again when it answers
+            except KubeError:
+                continue
+            items += listing.get("items", [])
+        for obj in items:
+            owner = member.owner(obj.get("metadata") or {})
             if owner is None or not made_by_dispatcher(obj):
                 # Someone else's object wearing our labels: not ours to delete. (Pods of
                 # wrapped controllers go with their owner through the garbage collector.)
                 continue
             key, uid = owner
             wanted = keep.get(key)
-            if wanted is not None and wanted == (uid, member):
+            if wanted is not None and wanted == (uid, member.name):
                 continue
             meta = obj["metadata"]
             await client.delete(info, meta.get("namespace"), meta["name"], uid=meta.get("uid"))
@@ -164,9 +162,7 @@ class Upkeep:
     async def _collect(self, member: Member) -> None:
         keep, kinds = self._placements()
         try:
-            deleted = await collect(
-                member.client, member=member.name, kinds=kinds | set(KNOWN_KINDS), keep=keep
-            )
+            deleted = await collect(member, kinds=kinds | set(KNOWN_KINDS), keep=keep)
         except KubeError as exc:
             self._log.warning("collection_failed", cluster=member.name, error=str(exc)[:200])
             return

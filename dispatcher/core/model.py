@@ -168,6 +168,13 @@ class ClusterSnapshot:
     labels: Mapping[str, str] = field(default_factory=dict)
     reachable: bool = True
     admitted: tuple[AdmittedWorkload, ...] = ()  # dispatched AppWrappers (preemption candidates)
+    namespaces: frozenset[str] | None = None
+    """The hub namespaces whose AppWrappers may come here (a member's `namespaces` mapping);
+    None: every one (the hub itself, or a member that maps "*")."""
+
+    def takes(self, namespace: str) -> bool:
+        """Whether AppWrappers of hub namespace `namespace` may come here."""
+        return self.namespaces is None or namespace in self.namespaces
 
 
 LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")

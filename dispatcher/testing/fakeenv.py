@@ -56,7 +56,13 @@ class FakeEnv:
         self.clock = ManualClock()
         self.fake = FakeKube(name="hub", clock=self.clock.time)
         self.loops = loops
-        self.settings = {"requeue_pause_seconds": 0.0, "health_port": 0, **settings}
+        # No admission webhook here: AppWrappers carry no signed creator record.
+        self.settings = {
+            "requeue_pause_seconds": 0.0,
+            "health_port": 0,
+            "unattributed": "allow",
+            **settings,
+        }
         self.manager = self._new_manager()
         self._task: asyncio.Task[None] | None = None
 

@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from dispatcher.testing.faultproxy import FaultProxy
-from dispatcher.testing.manifests import appwrapper, job
+from dispatcher.testing.localcluster import free_port
+from dispatcher.testing.manifests import appwrapper, job, webhook_configurations
 from dispatcher.testing.waits import holds_for, wait_until
 
 pytestmark = [pytest.mark.cluster]
@@ -81,7 +82,7 @@ class Replicas:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(
-        self, name: str, *, kubeconfig: Path | None = None, skew: float = 0
+        self, name: str, *, kubeconfig: Path | None = None, skew: float = 0, **extra: object
     ) -> subprocess.Popen[bytes]:
         config = self.workdir / f"{name}.yaml"
         settings = {
@@ -94,6 +95,9 @@ class Replicas:
             "members": [
                 {"name": "local", "node_selector": {"appwrapper.test/pool": self.namespace}}
             ],
+            # No admission webhook unless a test asks for one (extra settings).
+            "unattributed": "allow",
+            **extra,
         }
         config.write_text(yaml.safe_dump(settings))
         command = [sys.executable, "-m", "dispatcher"]
@@ -261,3 +265,48 @@ def test_a_fault_longer_than_the_lease_never_leaves_two_leaders(cluster, replica
         replicas.assert_one_writer_at_a_time("first", "second")
     finally:
         proxy.stop()
+
+
+def test_the_standby_serves_the_admission_webhook(cluster, namespace, replicas):
+    """The API server may call any replica: one waiting for the Lease answers too."""
+    ports = {"leader": free_port(), "standby": free_port()}
+    name = f"aw-standby-{namespace}"[:63]
+
+    def webhook(port: int) -> dict[str, object]:
+        return {
+            "enabled": True,
+            "host": "127.0.0.1",
+            "port": port,
+            "namespace": namespace,
+            "extra_names": ["127.0.0.1"],
+            "mutating_configuration": name,
+            "validating_configuration": name,
+        }
+
+    mutating, validating = webhook_configurations(name, ports["standby"], namespace=namespace)
+    cluster.apply(mutating)  # the standby's: only it answers
+    try:
+        for replica in ("leader", "standby"):
+            replicas.start(replica, webhook=webhook(ports[replica]), unattributed="refuse")
+            if replica == "leader":
+                replicas.wait_leads("leader", timeout=30)
+        replicas.wait_standing_by("standby")
+        wait_until(
+            lambda: (
+                "caBundle"
+                in cluster.kubectl("get", "mutatingwebhookconfiguration", name, "-o", "json").stdout
+            ),
+            timeout=30,
+            what="the caBundle is published",
+        )
+        replicas.apply_and_see_status("through-the-standby")
+        annotations = json.loads(
+            cluster.kubectl(
+                "get", "aw", "through-the-standby", "-n", namespace, "-o", "json"
+            ).stdout
+        )["metadata"]["annotations"]
+        assert json.loads(annotations["workload.codeflare.dev/user"])["username"]
+        assert not replicas.leads("standby")
+    finally:
+        cluster.kubectl("delete", "mutatingwebhookconfiguration", name, check=False)
+        del validating

@@ -1,33 +1,42 @@
 """The production manifests (manifests/) against a real API server.
 
 - They are valid: a server-side dry run of `kubectl apply -k manifests/` and of the plain
-  `kubectl apply -f crds/ -f manifests/` accepts every object.
+  `kubectl apply -f crds/ -f manifests/` accepts every object, and so does the base with the
+  cert-manager component (but for cert-manager's own kinds, not installed here).
+- They agree with each other: the webhook Service selects the Deployment's pods and targets
+  its named port; the webhook configurations call the two paths, for the spec only (not the
+  status subresource); the names in the settings, the objects and the RBAC are the same.
 - The RBAC is least privilege: the dispatcher's ServiceAccount may do what the code does
-  and is denied what it must never do (`kubectl auth can-i`), and every kind in the default
-  allow-list is covered (SubjectAccessReview, which also works for kinds whose CRD is not
-  installed here).
+  and is denied what it must never do (`kubectl auth can-i`): no Secret but its own, no
+  webhook configuration but its two, no wildcard; every kind in the default allow-list is
+  covered (SubjectAccessReview, which also works for kinds whose CRD is not installed here).
 - The RBAC is sufficient: the real dispatcher, run as that ServiceAccount with the shipped
-  settings file, takes an AppWrapper to Running, holds its Lease, and removes its finalizer.
+  settings file, takes an AppWrapper to Running, holds its Lease, and removes its finalizer;
+  with its webhook registered, it also keeps its certificate Secret and writes the caBundle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from dispatcher.config import Config
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
-from dispatcher.testing.localcluster import free_port
+from dispatcher.testing.localcluster import LocalCluster, free_port
 from dispatcher.testing.waits import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -43,6 +52,12 @@ SA_GROUPS = [
     "system:authenticated",
 ]
 SOME_NAMESPACE = "some-team"
+WEBHOOK_CONFIGURATION = "appwrapper-dispatcher"
+WEBHOOK_SECRET = "appwrapper-dispatcher-webhook"
+WEBHOOK_PATHS = {
+    "MutatingWebhookConfiguration": "/mutate-appwrapper",
+    "ValidatingWebhookConfiguration": "/validate-appwrapper",
+}
 
 # Kinds whose completion is read from a label-selected watch (list + watch granted).
 COMPLETION_KINDS = ("jobs", "rayjobs", "pytorchjobs")
@@ -63,11 +78,37 @@ WRAPPED_KINDS: dict[str, list[tuple[str, str]]] = {
     "RayService": [("ray.io", "rayservices")],
     "ReplicaSet": [("apps", "replicasets")],
     "Route": [("route.openshift.io", "routes")],
-    "Secret": [("", "secrets")],
     "Service": [("", "services")],
     "ServiceAccount": [("", "serviceaccounts")],
     "StatefulSet": [("apps", "statefulsets")],
 }
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    """The objects of a multi-document YAML file."""
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
+def settings_text(configmap: dict[str, Any]) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(configmap["data"]["config.yaml"])
+    return loaded
+
+
+def shipped_settings() -> Config:
+    (configmap,) = documents(MANIFESTS / "config.yaml")
+    return Config.model_validate(settings_text(configmap))
+
+
+def dispatcher_container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (container,) = [
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "dispatcher"
+    ]
+    return dict(container)
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +140,15 @@ def test_manifests_apply_with_server_side_dry_run(cluster: Any, installed: None)
         "clusterrolebinding.rbac.authorization.k8s.io/appwrapper-dispatcher",
         "role.rbac.authorization.k8s.io/appwrapper-dispatcher-leader-election",
         "rolebinding.rbac.authorization.k8s.io/appwrapper-dispatcher-leader-election",
+        "role.rbac.authorization.k8s.io/appwrapper-dispatcher-webhook",
+        "rolebinding.rbac.authorization.k8s.io/appwrapper-dispatcher-webhook",
         "configmap/appwrapper-dispatcher-config",
         "deployment.apps/appwrapper-dispatcher",
+        "poddisruptionbudget.policy/appwrapper-dispatcher",
         "service/appwrapper-dispatcher-metrics",
+        "service/appwrapper-dispatcher-webhook",
+        "mutatingwebhookconfiguration.admissionregistration.k8s.io/appwrapper-dispatcher",
+        "validatingwebhookconfiguration.admissionregistration.k8s.io/appwrapper-dispatcher",
     ):
         assert name in kustomized.stdout, kustomized.stdout
 
@@ -111,23 +158,167 @@ def test_manifests_apply_with_server_side_dry_run(cluster: Any, installed: None)
         "apply", "--dry-run=server", "-f", str(REPO / "crds"), "-f", str(MANIFESTS)
     )
     assert "deployment.apps/appwrapper-dispatcher" in plain.stdout
+    assert "mutatingwebhookconfiguration.admissionregistration.k8s.io/appwrapper-dispatcher" in (
+        plain.stdout
+    )
 
 
 def test_shipped_settings_file_loads() -> None:
-    from dispatcher.config import Config
-
-    configmap = yaml.safe_load((MANIFESTS / "config.yaml").read_text())
-    config = Config.model_validate(yaml.safe_load(configmap["data"]["config.yaml"]))
+    config = shipped_settings()
     assert config.leader_election
     assert config.lease_namespace == SYSTEM_NAMESPACE
     assert config.health_port == 8081
     assert sorted(config.allowed_kinds) == sorted(DEFAULT_ALLOWED_KINDS)
+    # The webhook on, and everything else about it at the names the other manifests use.
+    assert config.webhook.enabled
+    assert config.webhook.cert_dir is None  # the dispatcher makes its own certificate
+    assert config.webhook.namespace == SYSTEM_NAMESPACE
+    assert config.webhook.secret_name == WEBHOOK_SECRET
+    assert config.webhook.service_name == "appwrapper-dispatcher-webhook"
+    assert config.webhook.mutating_configuration == WEBHOOK_CONFIGURATION
+    assert config.webhook.validating_configuration == WEBHOOK_CONFIGURATION
+    assert config.unattributed == "refuse"
+    assert config.check_at_dispatch
+    # The new settings the file spells out are their defaults.
+    defaults = Config()
+    assert config.priority_policy == defaults.priority_policy
+    assert config.debug_memory is defaults.debug_memory is False
+    assert config.allow_exec_kubeconfigs is defaults.allow_exec_kubeconfigs is False
 
     deployment = yaml.safe_load((MANIFESTS / "deployment.yaml").read_text())
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["ports"][0]["containerPort"] == config.health_port
+    ports = {p["name"]: p["containerPort"] for p in dispatcher_container(deployment)["ports"]}
+    assert ports == {"http": config.health_port, "webhook": config.webhook.port}
+    assert config.webhook.port == 9443
     service = yaml.safe_load((MANIFESTS / "service.yaml").read_text())
     assert [p["name"] for p in service["spec"]["ports"]] == ["metrics"]
+
+
+def test_webhook_manifests_agree_with_the_deployment_and_the_settings() -> None:
+    config = shipped_settings()
+    docs = documents(MANIFESTS / "webhook.yaml")
+    assert sorted(d["kind"] for d in docs) == [
+        "MutatingWebhookConfiguration",
+        "Service",
+        "ValidatingWebhookConfiguration",
+    ]
+
+    # The Service: every replica's pods (the leader and the standby), port 443 to the named
+    # container port.
+    deployment = yaml.safe_load((MANIFESTS / "deployment.yaml").read_text())
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    service = one(docs, "Service", config.webhook.service_name)
+    assert service["metadata"]["namespace"] == config.webhook.namespace
+    selector = service["spec"]["selector"]
+    assert selector
+    assert selector.items() <= pod_labels.items()
+    assert selector == deployment["spec"]["selector"]["matchLabels"]
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == 443
+    assert port["targetPort"] == "webhook"
+    assert "webhook" in {p["name"] for p in dispatcher_container(deployment)["ports"]}
+    assert deployment["spec"]["replicas"] >= 2
+
+    for kind, path in WEBHOOK_PATHS.items():
+        configuration = one(docs, kind, WEBHOOK_CONFIGURATION)
+        (webhook,) = configuration["webhooks"]
+        where = f"{kind} {webhook['name']}"
+        assert webhook["name"].endswith(".appwrappers.workload.codeflare.dev"), where
+        client = webhook["clientConfig"]
+        assert "caBundle" not in client, f"{where}: the dispatcher writes the caBundle"
+        assert "url" not in client, where
+        assert client["service"] == {
+            "namespace": config.webhook.namespace,
+            "name": config.webhook.service_name,
+            "path": path,
+            "port": port["port"],
+        }, where
+        (rule,) = webhook["rules"]
+        assert rule["apiGroups"] == ["workload.codeflare.dev"], where
+        assert rule["apiVersions"] == ["v1beta1"], where
+        # The spec only: neither the status subresource nor a wildcard that would take it in.
+        assert rule["resources"] == ["appwrappers"], where
+        assert not any("/" in r or "*" in r for r in rule["resources"]), where
+        assert sorted(rule["operations"]) == ["CREATE", "UPDATE"], where
+        assert webhook["failurePolicy"] == "Fail", where
+        assert webhook["sideEffects"] == "None", where
+        assert webhook["admissionReviewVersions"] == ["v1"], where
+        assert webhook["timeoutSeconds"] == 10, where
+        assert webhook["matchPolicy"] == "Equivalent", where
+        # No way around it by labels.
+        assert "namespaceSelector" not in webhook, where
+        assert "objectSelector" not in webhook, where
+    (mutating,) = one(docs, "MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)["webhooks"]
+    assert mutating["reinvocationPolicy"] == "IfNeeded"
+
+
+def test_cert_manager_component(cluster: Any, installed: None, tmp_path: Path) -> None:
+    # Used the way manifests/README.md says: an overlay of the base with the component.
+    base_path = os.path.relpath(MANIFESTS, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [base_path],
+                "components": [f"{base_path}/cert-manager"],
+            }
+        )
+    )
+    built = cluster.kubectl("kustomize", str(tmp_path)).stdout
+    docs = [d for d in yaml.safe_load_all(built) if d]
+    base = [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(MANIFESTS)).stdout) if d]
+    cert_manager = [d for d in docs if d["apiVersion"].startswith("cert-manager.io/")]
+    assert sorted(d["kind"] for d in cert_manager) == ["Certificate", "Issuer"]
+    # Everything else is the base, patched.
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in docs if d not in cert_manager) == (
+        sorted((d["kind"], d["metadata"]["name"]) for d in base)
+    )
+
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    config = Config.model_validate(settings_text(configmap))
+    cert_dir = config.webhook.cert_dir
+    assert cert_dir, "the component's settings must set webhook.cert_dir"
+    # The same settings as the base's but for cert_dir (the component carries a whole copy).
+    (base_configmap,) = [d for d in base if d["kind"] == "ConfigMap"]
+    component_settings = settings_text(configmap)
+    del component_settings["webhook"]["cert_dir"]
+    assert component_settings == settings_text(base_configmap)
+
+    certificate = one(cert_manager, "Certificate", "appwrapper-dispatcher-webhook")
+    issuer = one(cert_manager, "Issuer", certificate["spec"]["issuerRef"]["name"])
+    assert certificate["spec"]["issuerRef"]["kind"] == "Issuer"
+    assert "selfSigned" in issuer["spec"]
+    assert issuer["metadata"]["namespace"] == certificate["metadata"]["namespace"]
+    service = f"{config.webhook.service_name}.{config.webhook.namespace}.svc"
+    assert service in certificate["spec"]["dnsNames"]
+    secret_name = certificate["spec"]["secretName"]
+    # Not the dispatcher's own Secret (which keeps the key that signs creator records).
+    assert secret_name != config.webhook.secret_name
+
+    # The Secret cert-manager keeps is mounted where cert_dir points.
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    volumes = {
+        v["name"]: v["secret"]["secretName"]
+        for v in deployment["spec"]["template"]["spec"]["volumes"]
+        if "secret" in v
+    }
+    mounts = {m["mountPath"]: m["name"] for m in dispatcher_container(deployment)["volumeMounts"]}
+    assert volumes.get(mounts.get(cert_dir, "")) == secret_name, (volumes, mounts)
+
+    # cert-manager's CA injector fills caBundle of both configurations.
+    inject = f"{certificate['metadata']['namespace']}/{certificate['metadata']['name']}"
+    for kind in WEBHOOK_PATHS:
+        configuration = one(docs, kind, WEBHOOK_CONFIGURATION)
+        annotations = configuration["metadata"].get("annotations") or {}
+        assert annotations.get("cert-manager.io/inject-ca-from") == inject, kind
+
+    # The rest is accepted by the API server (cert-manager's kinds are not installed here).
+    others = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [d for d in docs if d not in cert_manager],
+    }
+    cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(others))
 
 
 # -- (b) least privilege ----------------------------------------------------------------
@@ -151,10 +342,6 @@ ALLOWED = [
         ["update", "appwrappers.workload.codeflare.dev", "--subresource=status", "-A"],
         id="update-appwrappers-status",
     ),
-    pytest.param(
-        ["update", "appwrappers.workload.codeflare.dev", "--subresource=finalizers", "-A"],
-        id="update-appwrappers-finalizers",
-    ),
     pytest.param(["create", "deployments.apps", "-n", SOME_NAMESPACE], id="create-deployments"),
     pytest.param(["delete", "rayclusters.ray.io", "-n", SOME_NAMESPACE], id="delete-rayclusters"),
     pytest.param(["get", "jobs.batch", "-n", SOME_NAMESPACE], id="get-jobs"),
@@ -162,6 +349,7 @@ ALLOWED = [
     pytest.param(["watch", "pods", "-A"], id="watch-pods"),
     pytest.param(["watch", "nodes"], id="watch-nodes"),
     pytest.param(["list", "priorityclasses.scheduling.k8s.io"], id="list-priorityclasses"),
+    pytest.param(["get", "priorityclasses.scheduling.k8s.io/high"], id="get-priorityclass-by-name"),
     pytest.param(["watch", "clusterappqueues.workload.codeflare.dev"], id="watch-queues"),
     pytest.param(["watch", "appqueues.workload.codeflare.dev", "-A"], id="watch-appqueues"),
     pytest.param(
@@ -174,6 +362,26 @@ ALLOWED = [
     ),
     pytest.param(
         ["create", "leases.coordination.k8s.io", "-n", SYSTEM_NAMESPACE], id="create-own-lease"
+    ),
+    # The admission webhook: who may create what, its own certificate Secret, its caBundle.
+    pytest.param(
+        ["create", "subjectaccessreviews.authorization.k8s.io"], id="create-subjectaccessreviews"
+    ),
+    pytest.param(["create", "secrets", "-n", SYSTEM_NAMESPACE], id="create-webhook-secret"),
+    pytest.param(
+        ["get", f"secrets/{WEBHOOK_SECRET}", "-n", SYSTEM_NAMESPACE], id="get-webhook-secret"
+    ),
+    pytest.param(
+        ["update", f"secrets/{WEBHOOK_SECRET}", "-n", SYSTEM_NAMESPACE],
+        id="update-webhook-secret",
+    ),
+    *(
+        pytest.param(
+            [verb, f"{resource}.admissionregistration.k8s.io/{WEBHOOK_CONFIGURATION}"],
+            id=f"{verb}-own-{resource}",
+        )
+        for resource in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
+        for verb in ("get", "patch", "update")
     ),
 ]
 
@@ -200,6 +408,41 @@ DENIED = [
         id="mint-tokens",
     ),
     pytest.param(["list", "secrets", "-A"], id="list-secrets"),
+    # No Secret but its own: not in a user's namespace, not another one in its own.
+    pytest.param(["get", "secrets", "-n", SOME_NAMESPACE], id="get-secrets"),
+    pytest.param(["get", "secrets/db-password", "-n", SOME_NAMESPACE], id="get-a-secret"),
+    pytest.param(["create", "secrets", "-n", SOME_NAMESPACE], id="create-secrets"),
+    pytest.param(["delete", "secrets", "-n", SOME_NAMESPACE], id="delete-secrets"),
+    pytest.param(["list", "secrets", "-n", SYSTEM_NAMESPACE], id="list-own-namespace-secrets"),
+    pytest.param(
+        ["get", "secrets/other", "-n", SYSTEM_NAMESPACE], id="get-another-own-namespace-secret"
+    ),
+    pytest.param(
+        ["delete", f"secrets/{WEBHOOK_SECRET}", "-n", SYSTEM_NAMESPACE],
+        id="delete-webhook-secret",
+    ),
+    # Its two webhook configurations and no other.
+    *(
+        pytest.param(
+            [verb, f"{resource}.admissionregistration.k8s.io/{name}"],
+            id=f"{verb}-{name}-{resource}",
+        )
+        for resource in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
+        for verb, name in (
+            ("patch", "other-webhook"),
+            ("update", "other-webhook"),
+            ("get", "other-webhook"),
+            ("delete", WEBHOOK_CONFIGURATION),
+        )
+    ),
+    pytest.param(
+        ["list", "validatingwebhookconfigurations.admissionregistration.k8s.io"],
+        id="list-validatingwebhookconfigurations",
+    ),
+    pytest.param(
+        ["create", "validatingwebhookconfigurations.admissionregistration.k8s.io"],
+        id="create-validatingwebhookconfigurations",
+    ),
     pytest.param(["update", "deployments.apps", "-n", SOME_NAMESPACE], id="update-deployments"),
     pytest.param(
         ["create", "appwrappers.workload.codeflare.dev", "-n", SOME_NAMESPACE],
@@ -313,6 +556,50 @@ def test_every_default_allowed_kind_is_granted_and_nothing_more(
     assert not excess, f"granted but never used: {excess}"
 
 
+def test_no_verb_on_secrets_outside_its_own(cluster: Any, installed: None) -> None:
+    verbs = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+    answers = access_reviews(cluster, [(verb, "", "secrets") for verb in verbs], SOME_NAMESPACE)
+    granted = [verb for verb, allowed in zip(verbs, answers, strict=True) if allowed]
+    assert not granted, f"the dispatcher may {granted} Secrets in a user's namespace"
+
+
+def test_rbac_has_no_secrets_rule_and_no_wildcards() -> None:
+    """What `kubectl auth can-i` cannot enumerate: no rule anywhere is broader than named."""
+    docs = documents(MANIFESTS / "rbac.yaml")
+    roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role")]
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            where = f"{role['kind']} {role['metadata']['name']}: {rule}"
+            for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert not any("*" in value for value in rule.get(field, [])), where
+
+    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    for rule in cluster_role["rules"]:
+        resources = {r.split("/")[0] for r in rule["resources"]}
+        assert not ("" in rule["apiGroups"] and "secrets" in resources), rule
+        if "mutatingwebhookconfigurations" in resources or (
+            "validatingwebhookconfigurations" in resources
+        ):
+            assert rule["resourceNames"] == [WEBHOOK_CONFIGURATION], rule
+
+    for role in (d for d in docs if d["kind"] == "Role"):
+        assert role["metadata"]["namespace"] == SYSTEM_NAMESPACE, role["metadata"]
+    webhook_role = one(docs, "Role", "appwrapper-dispatcher-webhook")
+    secrets = {
+        (tuple(rule.get("resourceNames", ())), tuple(sorted(rule["verbs"])))
+        for rule in webhook_role["rules"]
+        if rule["resources"] == ["secrets"]
+    }
+    # create cannot be limited by name; get and update are, to the dispatcher's own Secret.
+    assert secrets == {((), ("create",)), ((WEBHOOK_SECRET,), ("get", "update"))}
+    binding = one(docs, "RoleBinding", "appwrapper-dispatcher-webhook")
+    assert binding["roleRef"]["name"] == "appwrapper-dispatcher-webhook"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": SYSTEM_NAMESPACE}
+    ]
+
+
 # -- (c) the real dispatcher runs with exactly these permissions ---------------------------
 
 
@@ -390,19 +677,30 @@ def scratch_namespace(cluster: Any) -> Iterator[str]:
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-def test_dispatcher_runs_as_the_service_account(
-    cluster: Any, installed: None, scratch_namespace: str, tmp_path: Path
-) -> None:
-    namespace = scratch_namespace
+@dataclass(frozen=True)
+class Running:
+    process: DispatcherProcess
+    namespace: str
+    health_port: int
+    lease: str
+
+
+@contextlib.contextmanager
+def dispatcher_as_service_account(
+    cluster: Any, namespace: str, tmp_path: Path, **overrides: Any
+) -> Iterator[Running]:
+    """The real dispatcher, authenticated as the ServiceAccount, with the shipped settings
+    file but for this test's node pool, its own Lease and `overrides`. On leaving the block
+    it must exit 0, and no request of its may have been denied."""
     node = f"{namespace}-node"
     pool = {"appwrapper.test/pool": namespace}
     lease = f"test-{namespace}"
     port = free_port()
 
-    # The shipped settings, with this test's node pool and its own Lease.
-    configmap = yaml.safe_load((MANIFESTS / "config.yaml").read_text())
-    settings = yaml.safe_load(configmap["data"]["config.yaml"])
+    (configmap,) = documents(MANIFESTS / "config.yaml")
+    settings = settings_text(configmap)
     settings.update(members=[{"name": "local", "node_selector": pool}], lease_name=lease)
+    settings.update(overrides)
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(settings))
     kubeconfig = service_account_kubeconfig(cluster, tmp_path / "sa-kubeconfig")
@@ -424,7 +722,7 @@ def test_dispatcher_runs_as_the_service_account(
     )
     try:
         cluster.wait_nodes_ready([node])
-        run_appwrapper(cluster, process, namespace, port, lease)
+        yield Running(process, namespace, port, lease)
     except BaseException:
         process.stop()
         print(f"---- dispatcher output ----\n{process.output()}")
@@ -443,9 +741,108 @@ def test_dispatcher_runs_as_the_service_account(
     assert "forbidden" not in output.lower(), "the dispatcher was denied a request"
 
 
-def run_appwrapper(
-    cluster: Any, process: DispatcherProcess, namespace: str, port: int, lease: str
+def test_dispatcher_runs_as_the_service_account(
+    cluster: Any, installed: None, scratch_namespace: str, tmp_path: Path
 ) -> None:
+    # The dispatch path alone. No webhook is registered here, so AppWrappers carry no
+    # creator record and are let through unattributed; the next test runs the webhook.
+    with dispatcher_as_service_account(
+        cluster, scratch_namespace, tmp_path, webhook={"enabled": False}, unattributed="allow"
+    ) as running:
+        run_appwrapper(cluster, running)
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def register_webhook(cluster: Any, namespace: str, port: int) -> None:
+    """The shipped webhook configurations, sent to a dispatcher on this machine and limited
+    to `namespace` (they are cluster-wide, and fail closed)."""
+    for doc in documents(MANIFESTS / "webhook.yaml"):
+        if doc["kind"] not in WEBHOOK_PATHS:
+            continue
+        for webhook in doc["webhooks"]:
+            path = webhook["clientConfig"]["service"]["path"]
+            webhook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}"}
+            webhook["namespaceSelector"] = {
+                "matchLabels": {"kubernetes.io/metadata.name": namespace}
+            }
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
+
+
+def ca_bundles(cluster: Any) -> list[str]:
+    return [
+        cluster.kubectl(
+            "get",
+            kind.lower(),
+            WEBHOOK_CONFIGURATION,
+            "-o",
+            "jsonpath={.webhooks[*].clientConfig.caBundle}",
+            check=False,
+        ).stdout.strip()
+        for kind in WEBHOOK_PATHS
+    ]
+
+
+def test_webhook_runs_as_the_service_account(
+    cluster: Any, installed: None, scratch_namespace: str, tmp_path: Path
+) -> None:
+    if not isinstance(cluster, LocalCluster):
+        pytest.skip("the API server must reach this machine's 127.0.0.1 to call the webhook")
+    namespace = scratch_namespace
+    webhook_port = free_port()
+    settings = shipped_settings()
+    webhook = {
+        **settings.webhook.model_dump(),
+        "host": "127.0.0.1",
+        "port": webhook_port,
+        "extra_names": ["127.0.0.1"],
+    }
+    cluster.kubectl(
+        "delete", "secret", WEBHOOK_SECRET, "-n", SYSTEM_NAMESPACE, "--ignore-not-found"
+    )
+    register_webhook(cluster, namespace, webhook_port)
+    try:
+        # unattributed as shipped (refuse): the AppWrapper runs only if the webhook saw it.
+        with dispatcher_as_service_account(
+            cluster, namespace, tmp_path, webhook=webhook
+        ) as running:
+            wait_until(lambda: port_open(webhook_port), timeout=30, what="the webhook to listen")
+            # Its Secret made (create, then get/update) and its CA in both configurations
+            # (get and patch on those two names).
+            wait_until(lambda: all(ca_bundles(cluster)), timeout=60, what="caBundle in both")
+            secret = json.loads(
+                cluster.kubectl(
+                    "get", "secret", WEBHOOK_SECRET, "-n", SYSTEM_NAMESPACE, "-o", "json"
+                ).stdout
+            )
+            assert secret.get("data"), "the webhook Secret is empty"
+            run_appwrapper(cluster, running)
+    finally:
+        for kind in WEBHOOK_PATHS:
+            cluster.kubectl(
+                "delete", kind.lower(), WEBHOOK_CONFIGURATION, "--ignore-not-found", check=False
+            )
+        cluster.kubectl(
+            "delete",
+            "secret",
+            WEBHOOK_SECRET,
+            "-n",
+            SYSTEM_NAMESPACE,
+            "--ignore-not-found",
+            check=False,
+        )
+
+
+def run_appwrapper(cluster: Any, running: Running) -> None:
+    process, namespace = running.process, running.namespace
+    port, lease = running.health_port, running.lease
+
     def ready() -> bool:
         assert process.alive(), "the dispatcher exited"
         return http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200

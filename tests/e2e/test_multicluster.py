@@ -1,4 +1,9 @@
-"""Multi-cluster dispatch: a hub holding AppWrappers, two member control planes of its own."""
+"""Multi-cluster dispatch: a hub holding AppWrappers, two member control planes of its own.
+
+Each member takes the hub namespaces its `namespaces` mapping names, and puts their objects
+in the namespace it maps them to; most tests map the test's namespace to itself, created in
+the member on first use.
+"""
 
 from __future__ import annotations
 
@@ -65,14 +70,22 @@ def member_nodes(members, namespace) -> Iterator[MemberNodes]:
 
 
 def member_configs(members, namespace, **extra: dict[str, Any]) -> list[MemberConfig]:
+    """Every member, taking the test's namespace under its own name (created when missing,
+    with no Pod Security label: the test pods set no securityContext), unless `extra`
+    (member name -> settings) says otherwise."""
     pool = {"appwrapper.test/pool": namespace}
+    settings: dict[str, Any] = {
+        "namespaces": {namespace: namespace},
+        "create_namespaces": True,
+        "namespace_labels": {},
+    }
     return [
         MemberConfig(
             name=name,
             kubeconfig=str(cluster.kubeconfig),
             node_selector=pool,
             labels={"region": name},
-            **extra.get(name, {}),
+            **(settings | extra.get(name, {})),
         )
         for name, cluster in members.items()
     ]
@@ -350,3 +363,129 @@ async def test_a_queue_in_the_hub_caps_admissions_across_members(
         for index in range(4)
     ]
     assert sum(f"queue {cq}: needs cpu 2; nominal 4, in use 4" in m for m in waiting) == 2
+
+
+# -- namespaces in members (members[].namespaces) -------------------------------------------
+
+
+async def labelled_anywhere(member: LocalCluster, namespace: str) -> list[str]:
+    """Deployments anywhere in the member made for AppWrappers of hub namespace `namespace`."""
+    out = await member.akubectl(
+        "get",
+        "deployments",
+        "-A",
+        "-l",
+        f"workload.codeflare.dev/appwrapper-namespace={namespace}",
+        "-o",
+        "json",
+    )
+    return [
+        f"{i['metadata']['namespace']}/{i['metadata']['name']}"
+        for i in json.loads(out.stdout)["items"]
+    ]
+
+
+async def aw_message(cluster, namespace: str, name: str) -> str:
+    return str(((await get_aw(cluster, namespace, name)).get("status") or {}).get("message", ""))
+
+
+async def test_an_unmapped_namespace_never_reaches_a_member(
+    cluster, namespace, members, member_nodes, run_dispatcher
+):
+    member_nodes.add("east", "n", cpu="8")
+    member_nodes.add("west", "n", cpu="8")
+    elsewhere = {"namespaces": {"some-other-team": "some-other-team"}}
+    configs = member_configs(members, namespace, east=elsewhere, west=elsewhere)
+    await run_dispatcher(members=configs)
+    await apply(cluster, namespace, appwrapper("lost", deployment("lost", 1, {"cpu": "1"})))
+    want = (
+        f"clusters east, west: namespace {namespace} is not mapped to them (members[].namespaces)"
+    )
+
+    async def says_why() -> bool:
+        return await aw_message(cluster, namespace, "lost") == want
+
+    await async_wait_until(says_why, timeout=30, what="the mapping named as the reason")
+
+    async def never_dispatched() -> bool:
+        status = (await get_aw(cluster, namespace, "lost")).get("status") or {}
+        assert not status.get("clusterName"), status
+        assert status.get("message") == want, status
+        for member in members.values():
+            assert await labelled_anywhere(member, namespace) == []
+        return True
+
+    await async_holds_for(never_dispatched, seconds=QUIET_SECONDS, what="nothing in members")
+
+
+async def test_a_namespace_mapped_to_another_name_runs_there(
+    cluster, namespace, members, member_nodes, run_dispatcher
+):
+    member_nodes.add("west", "n", cpu="8")
+    there = f"{namespace}-w"[:63]
+    await members["west"].akubectl("create", "namespace", there)
+    try:
+        mapped = {"namespaces": {namespace: there}, "create_namespaces": False}
+        configs = member_configs(members, namespace, west=mapped)
+        await run_dispatcher(members=configs)
+        await apply(cluster, namespace, appwrapper("moved", deployment("moved", 2, {"cpu": "1"})))
+        await wait_condition(cluster, namespace, "moved", "Running", timeout=90)
+        status = (await get_aw(cluster, namespace, "moved"))["status"]
+        assert status["clusterName"] == "west"
+        assert status["running"] == 2  # its pods, counted from the mapped namespace
+        assert await labelled_anywhere(members["west"], namespace) == [f"{there}/moved"]
+        assert await member_objects(members["west"], namespace) == []
+        out = await members["west"].akubectl("get", "pods", "-n", there, "-o", "json")
+        pods = json.loads(out.stdout)["items"]
+        assert len(pods) == 2
+        assert all(
+            p["metadata"]["labels"]["workload.codeflare.dev/appwrapper-namespace"] == namespace
+            for p in pods
+        )
+
+        await cluster.akubectl("delete", "aw", "moved", "-n", namespace, "--timeout=60s")
+        assert await member_objects(members["west"], there) == []
+    finally:
+        await members["west"].akubectl("delete", "namespace", there, "--wait=false", check=False)
+
+
+async def test_create_namespaces_makes_the_member_namespace_with_its_labels(
+    cluster, namespace, members, member_nodes, run_dispatcher
+):
+    member_nodes.add("west", "n", cpu="8")
+    there = f"{namespace}-c"[:63]
+    labels = {
+        "appwrapper.test/made-by": "dispatcher",
+        "pod-security.kubernetes.io/warn": "baseline",
+    }
+    made = {"namespaces": {namespace: there}, "namespace_labels": labels}
+    await run_dispatcher(members=member_configs(members, namespace, west=made))
+    try:
+        await apply(cluster, namespace, appwrapper("fresh", deployment("fresh", 1, {"cpu": "1"})))
+        await wait_condition(cluster, namespace, "fresh", "Running", timeout=90)
+        out = await members["west"].akubectl("get", "namespace", there, "-o", "json")
+        got = json.loads(out.stdout)["metadata"].get("labels") or {}
+        assert {k: got.get(k) for k in labels} == labels
+        assert await member_objects(members["west"], there) == ["fresh"]
+    finally:
+        await members["west"].akubectl("delete", "namespace", there, "--wait=false", check=False)
+
+
+async def test_a_missing_member_namespace_fails_with_the_message(
+    cluster, namespace, members, member_nodes, run_dispatcher
+):
+    member_nodes.add("west", "n", cpu="8")
+    absent = f"{namespace}-absent"[:63]
+    missing = {"namespaces": {namespace: absent}, "create_namespaces": False}
+    await run_dispatcher(members=member_configs(members, namespace, west=missing))
+    await apply(cluster, namespace, appwrapper("nowhere", deployment("nowhere", 1, {"cpu": "1"})))
+    await wait_condition(cluster, namespace, "nowhere", "Failed", timeout=60)
+    status = (await get_aw(cluster, namespace, "nowhere"))["status"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "DispatchFailed"
+    assert failed["message"] == (
+        f"creating the wrapped objects failed: namespace {absent} does not exist in cluster "
+        "west: create it there, or set members[].create_namespaces"
+    )
+    out = await members["west"].akubectl("get", "namespace", absent, check=False)
+    assert out.returncode != 0  # never created

@@ -99,10 +99,16 @@ async def two_members(
         denied = Forbidden("pods is forbidden", status=403)
         remote.fail_next("list", kind="Pod", error=denied, times=10_000)
     config = Config(
-        members=[MemberConfig(name="local"), MemberConfig(name="remote", kubeconfig="remote")],
+        members=[
+            MemberConfig(name="local"),
+            MemberConfig(
+                name="remote", kubeconfig="remote", namespaces={"*": "*"}, create_namespaces=True
+            ),
+        ],
         health_port=0,
         requeue_pause_seconds=0.0,
         member_sync_timeout_seconds=0.3,
+        unattributed="allow",
     )
     members = [
         Member.build(config.members[0], hub, is_hub=True, clock=clock),

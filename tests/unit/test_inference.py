@@ -243,7 +243,6 @@ def test_every_kind_allowed_by_default_is_read_or_known_to_make_no_pods() -> Non
         "RayService": "ray.io/v1",
         "ReplicaSet": "apps/v1",
         "Route": "route.openshift.io/v1",
-        "Secret": "v1",
         "Service": "v1",
         "ServiceAccount": "v1",
         "StatefulSet": "apps/v1",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dispatcher.core.model import AdmittedWorkload, QueueMode, Workload
@@ -79,8 +79,37 @@ def _nominal(q: QueueSpec) -> tuple[int, int | None, int | None]:
     return quota.nominal, quota.borrowing_limit, quota.lending_limit
 
 
+_RECLAIMING = [
+    (0, None, None, WithinQueue.LOWER_PRIORITY, Reclaim.ANY),
+    (1, None, None, WithinQueue.LOWER_PRIORITY, Reclaim.ANY),
+]
+
+
 @SETTINGS
 @given(specs=st.lists(queue_specs, min_size=2, max_size=4), history=steps)
+# Found by this test: q1 takes back its nominal quota in the cycle where a borrower of q0 is
+# admitted first; it then preempted q0's workload within nominal (workloads within their
+# nominal quota now go first in a cycle).
+@example(
+    specs=_RECLAIMING,
+    history=[
+        ("edit", 0, 1, 0),
+        *[("arrive", 0, 1, 0)] * 3,
+        ("arrive", 1, 1, 0),
+        ("arrive", 0, 1, 0),
+    ],
+)
+@example(
+    specs=_RECLAIMING,
+    history=[
+        ("arrive", 0, 1, 0),
+        ("edit", 0, 1, 0),
+        ("arrive", 0, 1, 0),
+        ("arrive", 0, 1, 0),
+        ("arrive", 1, 1, 0),
+        ("arrive", 1, 2, 1),
+    ],
+)
 def test_quota_histories_keep_every_limit(
     specs: list[tuple[int, int | None, int | None, WithinQueue, Reclaim]],
     history: list[tuple[str, int, int, int]],

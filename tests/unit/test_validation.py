@@ -107,7 +107,7 @@ def test_no_allow_list_allows_any_namespaced_kind() -> None:
 
 
 def test_defaults() -> None:
-    assert {"Role", "RoleBinding"}.isdisjoint(DEFAULT_ALLOWED_KINDS)
+    assert {"Role", "RoleBinding", "Secret"}.isdisjoint(DEFAULT_ALLOWED_KINDS)
     assert DEFAULT_ALLOWED_KINDS.isdisjoint(DEFAULT_CLUSTER_SCOPED)
     assert {"RayCluster", "Job", "Service", "PodGroup"} <= DEFAULT_ALLOWED_KINDS
     assert {"Namespace", "ClusterRole", "CustomResourceDefinition"} <= DEFAULT_CLUSTER_SCOPED
@@ -120,13 +120,13 @@ def test_validate_appwrapper_indexes_items_and_finds_duplicates() -> None:
         with_metadata(job("train"), namespace="other"),
         obj("Service", "svc"),
         obj("ConfigMap", "svc"),
-        without(obj("Secret", "s"), "metadata", "name"),
+        without(obj("ConfigMap", "s"), "metadata", "name"),
     ]
     assert validate_appwrapper(items, namespace="team-a") == [
         "item 2 (Job/train): metadata.namespace 'other' differs from the AppWrapper's namespace "
         "'team-a'; wrapped objects are created in the AppWrapper's namespace",
         "item 3 (Service/svc): duplicate of item 0 (same kind and name)",
-        "item 5 (Secret/?): missing metadata.name",
+        "item 5 (ConfigMap/?): missing metadata.name",
     ]
 
 

@@ -4,7 +4,10 @@ them. Pure, no I/O.
 `CycleState` carries what a cycle learns from one workload to the next: a `ClusterState`
 per cluster (built on first use), the clusters held for a preemptor or a starving
 workload, this cycle's admissions, and answers that stand until the next admission or
-hold. `best_fit` places a gang in the best cluster that fits, or says why none does.
+hold. It also says which clusters a workload may use at all: those its placement
+(clusterScheduling) allows that take its namespace (a member's `namespaces` mapping), and
+why none, when none is left. `best_fit` places a gang in the best cluster that fits, or
+says why none does.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ class CycleState:
         self.now = now
         self.states: dict[str, ClusterState] = {}  # built on first use
         self.gangs: dict[tuple[str, ...], Gang] = {}
-        self.usable_for: dict[Placement, list[ClusterSnapshot]] = {}
+        self.usable_for: dict[tuple[Placement, str], list[ClusterSnapshot]] = {}
+        # Whether some cluster takes only some namespaces (else the namespace filters nothing).
+        self.by_namespace = any(c.namespaces is not None for c in self.clusters)
         self.ever: dict[tuple[str, tuple[str, ...]], bool] = {}
         self.empty: dict[str, ClusterState] = {}
         # Clusters later workloads may not use this cycle, and why (a preemptor's claim,
@@ -75,15 +80,36 @@ class CycleState:
             gang = self.gangs[workload.shape] = Gang.of(workload.pod_sets)
         return gang
 
-    def usable(self, placement: Placement) -> list[ClusterSnapshot]:
-        if placement.anywhere:
+    def namespace(self, workload: Workload) -> str:
+        """The workload's namespace where it decides which clusters it may use, else ""."""
+        return workload.key.partition("/")[0] if self.by_namespace else ""
+
+    def usable(self, workload: Workload) -> list[ClusterSnapshot]:
+        """The clusters its placement allows that take its namespace."""
+        placement, namespace = workload.placement, self.namespace(workload)
+        if placement.anywhere and not namespace:
             return self.clusters  # the usual case, without hashing the placement
-        clusters = self.usable_for.get(placement)
+        key = (placement, namespace)
+        clusters = self.usable_for.get(key)
         if clusters is None:
-            clusters = self.usable_for[placement] = [
-                c for c in self.clusters if placement.allows(c)
+            clusters = self.usable_for[key] = [
+                c for c in self.clusters if placement.allows(c) and c.takes(namespace)
             ]
         return clusters
+
+    def nowhere(self, workload: Workload) -> Refusal:
+        """Why no cluster is usable for the workload: its placement, or its namespace."""
+        allowed = [c.name for c in self.clusters if workload.placement.allows(c)]
+        if not allowed:
+            return Refusal("no member cluster matches the placement (clusterScheduling)")
+        namespace = workload.key.partition("/")[0]
+        if len(allowed) == 1:
+            where, it = f"cluster {allowed[0]}", "it"
+        else:
+            where, it = f"clusters {', '.join(allowed)}", "them"
+        return Refusal(
+            f"{where}: namespace {namespace} is not mapped to {it} (members[].namespaces)"
+        )
 
     def could_ever_fit(self, gang: Gang, cluster: ClusterSnapshot) -> bool:
         """Whether it fits the cluster emptied; an unreachable cluster may (we cannot tell)."""

@@ -21,7 +21,7 @@ from functools import partial
 
 from dispatcher.api.models import Reason
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
-from dispatcher.core.quota.fairshare import fair_order
+from dispatcher.core.quota.fairshare import fair_order, nominal_first
 from dispatcher.core.quota.flavors import Assignment, QuotaRefusal
 from dispatcher.core.quota.model import WhenCanPreempt
 from dispatcher.core.quota.resolve import Queued, QueueProblem
@@ -150,16 +150,18 @@ def _fit(
     cluster's name, or why not (having asked for victims if `preempt`). With a
     `quota_limit` its quota does not fit: it is never placed, only victims are sought."""
     gang = cycle.gang(workload)
-    usable = cycle.usable(workload.placement)
-    # A gang of the same shape and placement refused since the last admission or hold
-    # is refused again for the same reasons (the policy's answers also depend on the
-    # priority and the queue; without a policy they play no part).
+    usable = cycle.usable(workload)
+    # A gang of the same shape, placement and namespace (when members take only some)
+    # refused since the last admission or hold is refused again for the same reasons (the
+    # policy's answers also depend on the priority and the queue; without a policy they
+    # play no part).
     priority = None if not (preempt and preemption is not None) else workload.priority
     placement = workload.placement
     # Whether victims were sought is part of the question: a plain fit's refusal must not
     # answer a later question that asks for victims.
     asks = preempt and preemption is not None
-    question = (gang.shape, None if placement.anywhere else placement, priority, context, asks)
+    where = (None if placement.anywhere else placement, cycle.namespace(workload))
+    question = (gang.shape, where, priority, context, asks)
     known = cycle.known_refusal(question)
     if known is not None:
         return _Tried(*known)
@@ -171,7 +173,7 @@ def _fit(
         outcome[1].undo()
         tried = _Tried([], Refusal(quota_limit))
     else:
-        tried = _Tried(outcome, cycle.combine(outcome))
+        tried = _Tried(outcome, cycle.combine(outcome) if usable else cycle.nowhere(workload))
     if preempt and preemption is not None:
         tried.chosen = _preempt(workload, gang, cycle, usable, preemption, rules, context)
     if not asks or (tried.chosen is None and _policy_done(workload, gang, cycle, usable, context)):
@@ -210,13 +212,16 @@ def schedule(
       queue) or by quota holds no cluster. With fair sharing, queues that borrow the least
       weighted share of their cohort go first.
     """
-    # 1. Order the queue: priority, then age, then key (with fair sharing, queues that
-    #    borrow less of their cohort go first).
+    # 1. Order the queue: priority, then age, then key; with quotas, those within their
+    #    queue's nominal quota before those that would borrow (with fair sharing instead,
+    #    queues that borrow less of their cohort go first).
     in_order = sorted(pending, key=queue_order_key)
     ordered: Iterable[Workload] = in_order
     resolved = {w.key: quotas.resolve(w) for w in in_order} if quotas is not None else {}
     if quotas is not None and quotas.setup.fair_sharing:
         ordered = fair_order(in_order, resolved, quotas.ledger)
+    elif quotas is not None:
+        ordered = nominal_first(in_order, resolved, quotas.ledger, quotas.setup.queues)
 
     # 2. Snapshot: one mutable simulation per cluster, built on first use.
     cycle = CycleState(clusters, now)
@@ -300,7 +305,7 @@ def schedule(
         reason = Reason.QUOTA_EXCEEDED if quota_bound else Reason.INSUFFICIENT_RESOURCES
         waits.append(Wait(workload.key, message, reason))
         gang = cycle.gang(fitted)
-        usable = cycle.usable(fitted.placement)
+        usable = cycle.usable(fitted)
         if strict:
             if any(cycle.could_ever_fit(gang, c) for c in usable):
                 why = f"waiting behind {workload.key} (head of line)"

@@ -1,0 +1,326 @@
+"""Who may get what through an AppWrapper: the rules of the admission webhook and of the
+check before dispatch. Pure, no I/O.
+
+The dispatcher creates wrapped objects with its own rights, so without these rules anyone
+who may create an AppWrapper could create anything it wraps. The rules:
+
+- The creator is recorded at create time by the mutating webhook (annotation `USER`, the
+  user's name, uid and groups as the API server authenticated them) with an HMAC signature
+  (`SIGNATURE`) over the namespace, that record and the spec. Only the dispatcher holds the
+  key, so a record written by anyone else, or a spec edited while the webhook was absent,
+  does not verify: such an AppWrapper counts as unattributed and is refused at dispatch unless
+  the operator allows it (`Config.unattributed`).
+- Every wrapped item needs the creator's own right to create that kind in the namespace
+  (SubjectAccessReviews, asked by the shell; `accesses` says which).
+- Priorities follow the namespace's `PriorityRule`; `preemptible: false` needs a verb of
+  its own on appwrappers (`PriorityPolicy.nonpreemptible_verb`).
+- The record never changes after create, and a dispatched AppWrapper's items do not change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dispatcher.api.constants import GROUP
+from dispatcher.core.phase import Phase, phase_of_raw
+
+USER = f"{GROUP}/user"
+"""Annotation: the creator as JSON {"username", "uid", "groups"}."""
+SIGNATURE = f"{GROUP}/user-signature"
+"""Annotation: "v1:" + HMAC-SHA256 (hex) of the namespace, the USER text and the spec."""
+SIGNATURE_VERSION = "v1:"
+
+
+class PriorityRule(BaseModel):
+    """The priorities one namespace's AppWrappers may ask for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    classes: list[str] | None = None
+    """PriorityClasses it may name; None: any not refused by `refused_class_prefixes`. A
+    class listed here is allowed whatever its value and name."""
+    max_priority: int | None = None
+    """Highest `spec.priority` it may write (when it names no class)."""
+    min_priority: int | None = None
+
+
+class PriorityPolicy(BaseModel):
+    """Which priorities each namespace may use (checked by the webhook and at dispatch)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    refused_class_prefixes: list[str] = Field(default_factory=lambda: ["system-"])
+    default: PriorityRule = Field(default_factory=lambda: PriorityRule(max_priority=1_000_000_000))
+    """For namespaces not in `namespaces`. 1e9 is the highest value of a user PriorityClass."""
+    namespaces: dict[str, PriorityRule] = Field(default_factory=dict)
+    nonpreemptible_verb: str = "nonpreemptible"
+    """`preemptible: false` needs this verb on workload.codeflare.dev appwrappers in the
+    namespace (cluster-admin's `*` has it; the built-in admin and edit roles do not)."""
+
+    def rule(self, namespace: str) -> PriorityRule:
+        return self.namespaces.get(namespace, self.default)
+
+
+@dataclass(frozen=True, slots=True)
+class Creator:
+    """A user as the API server authenticated them."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+
+    @classmethod
+    def from_user_info(cls, info: Mapping[str, Any]) -> Creator:
+        """From an AdmissionRequest's `userInfo`."""
+        groups = info.get("groups") or []
+        return cls(
+            username=str(info.get("username") or ""),
+            uid=str(info.get("uid") or ""),
+            groups=tuple(str(g) for g in groups if isinstance(g, str)),
+        )
+
+    @classmethod
+    def from_annotation(cls, text: str) -> Creator | None:
+        """The record read back; None when it is not one."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("username"), str):
+            return None
+        groups = data.get("groups") or []
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            return None
+        return cls(username=data["username"], uid=str(data.get("uid") or ""), groups=tuple(groups))
+
+    def annotation(self) -> str:
+        return json.dumps(
+            {"username": self.username, "uid": self.uid, "groups": list(self.groups)},
+            separators=(",", ":"),
+        )
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def sign(key: bytes, namespace: str, record: str, spec: Any) -> str:
+    """The signature of `record` for an AppWrapper of `namespace` with this `spec`.
+
+    The name is left out: with generateName it is not known yet when the webhook signs. A
+    record copied onto another AppWrapper of the same namespace verifies only with the very
+    same spec, so a copy gets nothing its creator was not allowed.
+    """
+    digest = hmac.new(key, _canonical([namespace, record, spec]), hashlib.sha256).hexdigest()
+    return SIGNATURE_VERSION + digest
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """Who created an AppWrapper, if that can be trusted; else why not."""
+
+    creator: Creator | None
+    problem: str = ""
+
+
+def attribution(obj: Mapping[str, Any], keys: Sequence[bytes]) -> Attribution:
+    """The verified creator of `obj` (an AppWrapper as the API server returns it)."""
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    record = annotations.get(USER)
+    if not isinstance(record, str):
+        return Attribution(
+            None,
+            f"no record of who created it (annotation {USER}): it was created while the "
+            "dispatcher's admission webhook was not in place; apply it again",
+        )
+    creator = Creator.from_annotation(record)
+    given = annotations.get(SIGNATURE)
+    namespace = str(meta.get("namespace") or "")
+    spec = obj.get("spec")
+    if creator is not None and isinstance(given, str):
+        for key in keys:
+            if hmac.compare_digest(sign(key, namespace, record, spec), given):
+                return Attribution(creator)
+    return Attribution(
+        None,
+        f"its record of who created it (annotation {USER}) is not signed by the dispatcher's "
+        "admission webhook for this spec: it was written or edited while the webhook was not "
+        "in place; apply it again",
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# The mutating webhook
+
+
+def _pointer(key: str) -> str:
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def record_patch(
+    *,
+    operation: str,
+    obj: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    user: Creator,
+    key: bytes,
+) -> list[dict[str, Any]]:
+    """JSON patch that records (CREATE) or keeps (UPDATE) the creator and signs the spec.
+
+    On UPDATE the record is the old one, put back if the new object dropped it (`kubectl
+    replace` of a file without it must not erase it); a changed one is left for the
+    validating webhook to refuse with its reason. The spec is signed again only when the old
+    record verified: signing an unverified one would launder a record forged while the
+    webhook was absent.
+    """
+    meta = obj.get("metadata") or {}
+    annotations = dict(meta.get("annotations") or {})
+    namespace = str(meta.get("namespace") or "")
+    if operation == "CREATE":
+        record: str | None = user.annotation()
+        trusted = True
+    else:
+        old_annotations = ((old or {}).get("metadata") or {}).get("annotations") or {}
+        record = old_annotations.get(USER)
+        trusted = (
+            old is not None
+            and isinstance(record, str)
+            and attribution(old, [key]).creator is not None
+        )
+    wanted = dict(annotations)
+    keep = operation == "CREATE" or annotations.get(USER, record) == record
+    if isinstance(record, str) and keep:
+        wanted[USER] = record
+        if trusted:
+            wanted[SIGNATURE] = sign(key, namespace, record, obj.get("spec"))
+    if wanted == annotations:
+        return []
+    if "annotations" not in meta or not isinstance(meta.get("annotations"), dict):
+        return [{"op": "add", "path": "/metadata/annotations", "value": wanted}]
+    return [
+        {"op": "add", "path": _pointer(k), "value": v}
+        for k, v in wanted.items()
+        if annotations.get(k) != v
+    ]
+
+
+# ------------------------------------------------------------------------------------------
+# The validating webhook and the check before dispatch
+
+
+def update_problems(obj: Mapping[str, Any], old: Mapping[str, Any]) -> list[str]:
+    """What an UPDATE may not do: change the creator record; change the wrapped items of an
+    AppWrapper that is dispatched (its objects exist: they would no longer match it)."""
+    problems = []
+    new_record = ((obj.get("metadata") or {}).get("annotations") or {}).get(USER)
+    old_record = ((old.get("metadata") or {}).get("annotations") or {}).get(USER)
+    if old_record != new_record and (old_record is not None or new_record is not None):
+        problems.append(f"annotation {USER} records who created the AppWrapper; it cannot change")
+    if phase_of_raw(old) in (Phase.DISPATCHED, Phase.EVICTING) and _items(obj) != _items(old):
+        problems.append(
+            "the wrapped items cannot change while the AppWrapper is dispatched (its objects "
+            "exist); delete it and apply the new version, or wait until it finishes"
+        )
+    return problems
+
+
+def _items(obj: Mapping[str, Any]) -> Any:
+    resources = (obj.get("spec") or {}).get("resources") or {}
+    return resources.get("GenericItems") if isinstance(resources, dict) else resources
+
+
+def spec_changed(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    return old is None or obj.get("spec") != old.get("spec")
+
+
+def priority_problems(
+    spec: Mapping[str, Any],
+    *,
+    namespace: str,
+    policy: PriorityPolicy,
+    class_value: int | None,
+) -> list[str]:
+    """Whether the namespace may use the priority `spec` asks for. `class_value` is the
+    value of the PriorityClass it names (None: not found, or it names none)."""
+    rule = policy.rule(namespace)
+    name = spec.get("priorityClassName")
+    if isinstance(name, str) and name:
+        if rule.classes is not None:
+            if name not in rule.classes:
+                return [
+                    f"PriorityClass {name!r} is not one namespace {namespace} may use "
+                    f"(allowed: {', '.join(rule.classes) or 'none'})"
+                ]
+            return []
+        refused = [p for p in policy.refused_class_prefixes if name.startswith(p)]
+        if refused:
+            return [
+                f"PriorityClass {name!r} is reserved for the system (names starting with "
+                f"{refused[0]!r} are refused)"
+            ]
+        if class_value is not None:
+            return _range_problems(f"PriorityClass {name!r} has value", class_value, rule)
+        return []
+    raw = spec.get("priority", 0)
+    value = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+    if value is None:
+        return []  # the schema and the spec validation answer a non-integer
+    return _range_problems("priority", value, rule)
+
+
+def _range_problems(what: str, value: int, rule: PriorityRule) -> list[str]:
+    if rule.max_priority is not None and value > rule.max_priority:
+        return [f"{what} {value}, above the highest this namespace may use ({rule.max_priority})"]
+    if rule.min_priority is not None and value < rule.min_priority:
+        return [f"{what} {value}, below the lowest this namespace may use ({rule.min_priority})"]
+    return []
+
+
+def wants_nonpreemptible(spec: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """`preemptible: false` asked for now and not already granted in the old spec."""
+    if spec.get("preemptible", True) is not False:
+        return False
+    return old is None or (old.get("spec") or {}).get("preemptible", True) is not False
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Access:
+    """One right to ask the API server about (a SubjectAccessReview's resourceAttributes)."""
+
+    verb: str
+    group: str
+    resource: str
+    namespace: str
+
+    def text(self) -> str:
+        resource = f"{self.resource}.{self.group}" if self.group else self.resource
+        return f"{self.verb} {resource} in namespace {self.namespace}"
+
+    def attributes(self) -> dict[str, str]:
+        return {
+            "verb": self.verb,
+            "group": self.group,
+            "resource": self.resource,
+            "namespace": self.namespace,
+        }
+
+
+def nonpreemptible_access(namespace: str, policy: PriorityPolicy) -> Access:
+    return Access(policy.nonpreemptible_verb, GROUP, "appwrappers", namespace)
+
+
+def refusal(user: Creator, refused: Mapping[Access, list[str]]) -> str:
+    """One message naming every refused right and the items that needed it."""
+    parts = [
+        f"{', '.join(items)}: {user.username} may not {access.text()}"
+        for access, items in sorted(refused.items())
+    ]
+    return "; ".join(parts)
