@@ -37,16 +37,24 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int)
     run.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", dest="log_format", choices=["console", "json"])
+    run.add_argument(
+        "--webhook-cert-dir",
+        dest="webhook_cert_dir",
+        help="serve the webhook with tls.crt/tls.key from this directory (cert-manager)",
+    )
     return root
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     overrides: dict[str, Any] = {
-        k: v for k, v in vars(args).items() if k not in ("command", "config")
+        k: v for k, v in vars(args).items() if k not in ("command", "config", "webhook_cert_dir")
     }
     try:
         config = load_config(args.config, overrides)
+        if args.webhook_cert_dir:
+            webhook = config.webhook.model_copy(update={"cert_dir": args.webhook_cert_dir})
+            config = config.model_copy(update={"webhook": webhook})
     except (ValidationError, ValueError, OSError) as exc:
         print(f"appwrapper-dispatcher: bad configuration: {exc}", file=sys.stderr)
         return 2

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dispatcher import cli
 from dispatcher.config import Config
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
 from dispatcher.testing.localcluster import LocalCluster, free_port
@@ -276,13 +277,16 @@ def test_cert_manager_component(cluster: Any, installed: None, tmp_path: Path) -
 
     (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
     config = Config.model_validate(settings_text(configmap))
-    cert_dir = config.webhook.cert_dir
-    assert cert_dir, "the component's settings must set webhook.cert_dir"
-    # The same settings as the base's but for cert_dir (the component carries a whole copy).
-    (base_configmap,) = [d for d in base if d["kind"] == "ConfigMap"]
-    component_settings = settings_text(configmap)
-    del component_settings["webhook"]["cert_dir"]
-    assert component_settings == settings_text(base_configmap)
+    # The base's settings, with the certificate's directory given on the command line.
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    args = dispatcher_container(deployment)["args"]
+    parsed = cli.parser().parse_args(args)
+    cert_dir = parsed.webhook_cert_dir
+    assert cert_dir, "the component must give --webhook-cert-dir"
+    assert str(parsed.config) == "/etc/appwrapper-dispatcher/config.yaml"
+    (base_deployment,) = [d for d in base if d["kind"] == "Deployment"]
+    base_args = dispatcher_container(base_deployment)["args"]
+    assert args[: len(base_args)] == base_args
 
     certificate = one(cert_manager, "Certificate", "appwrapper-dispatcher-webhook")
     issuer = one(cert_manager, "Issuer", certificate["spec"]["issuerRef"]["name"])
@@ -296,7 +300,6 @@ def test_cert_manager_component(cluster: Any, installed: None, tmp_path: Path) -
     assert secret_name != config.webhook.secret_name
 
     # The Secret cert-manager keeps is mounted where cert_dir points.
-    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     volumes = {
         v["name"]: v["secret"]["secretName"]
         for v in deployment["spec"]["template"]["spec"]["volumes"]
