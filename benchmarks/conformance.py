@@ -174,10 +174,12 @@ def start_system(
     if system == "ours":
         cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "appwrapper.yaml"))
         config = work / "dispatcher.yaml"
-        config.write_text(json.dumps(
+        config.write_text(
+            json.dumps(
                 # MCAD's suite creates AppWrappers with no admission webhook in front.
                 {"kubeconfig": str(cluster.kubeconfig), "health_port": 0, "unattributed": "allow"}
-            ))
+            )
+        )
         command = [sys.executable, "-m", "dispatcher", "run", "--config", str(config)]
     else:
         for crd in sorted((source / "config" / "crd" / "bases").glob("*.yaml")):
