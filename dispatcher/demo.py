@@ -181,7 +181,7 @@ def _with_webhook(cluster: LocalCluster) -> Config:
 async def _privilege_act(cluster: LocalCluster) -> bool:
     """alice may create AppWrappers in the namespace and nothing else: the webhook refuses
     one that wraps pods, naming what she lacks."""
-    _say("Least privilege: alice may create AppWrappers, not the pods they would make")
+    _say("Least privilege: alice may create AppWrappers, not the Jobs they would make")
     cluster.kubectl(
         "create", "role", "appwrapper-user", "-n", NAMESPACE,
         "--verb=get,list,watch,create,update,patch,delete", "--resource=appwrappers",
@@ -190,9 +190,15 @@ async def _privilege_act(cluster: LocalCluster) -> bool:
         "create", "rolebinding", "alice", "-n", NAMESPACE, "--role=appwrapper-user",
         "--user=alice",
     )  # fmt: skip
-    sample = str(REPO_ROOT / "samples" / "job-completion.yaml")
-    print(f"$ kubectl apply -n {NAMESPACE} --as alice -f samples/job-completion.yaml")
-    out = await cluster.akubectl("apply", "-n", NAMESPACE, "--as=alice", "-f", sample, check=False)
+    sample = yaml.safe_load((REPO_ROOT / "samples" / "job-completion.yaml").read_text())
+    sample["metadata"]["name"] = "alice-job"
+    print(
+        f"$ kubectl apply -n {NAMESPACE} --as alice -f samples/job-completion.yaml"
+        "  # named alice-job"
+    )
+    out = await cluster.akubectl(
+        "apply", "-n", NAMESPACE, "--as=alice", "-f", "-", input=json.dumps(sample), check=False
+    )
     print(out.stdout or out.stderr, end="", flush=True)
     _say("Who created glue-2 (recorded and signed by the webhook)")
     await _show(

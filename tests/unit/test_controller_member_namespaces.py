@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,18 +27,10 @@ from dispatcher.kube.client import ResourceInfo
 from dispatcher.testing.fakeenv import node
 from dispatcher.testing.fakekube import FakeKube
 from dispatcher.testing.manifests import appwrapper, deployment
+from tests.unit.test_controller_faults import until
 
 DEPLOYMENTS = ResourceInfo("apps/v1", "Deployment", "deployments", namespaced=True)
 Obj = dict[str, Any]
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"never happened within {timeout}s: {what}")
-        await asyncio.sleep(0.001)
 
 
 @dataclass
