@@ -359,7 +359,9 @@ class Reconciler:
                 backoff=False,
                 remove_from=member,
             )
-            return DONE
+            # Back here at once: a new spec that is invalid, or no longer attributed, is
+            # answered here (the scheduler passes over it without a word).
+            return Result(0.0)
         objects: list[Wrapped] = []
         stamp = status.lastDispatchedAt or ""
         if self._ensured.get(key) != stamp:

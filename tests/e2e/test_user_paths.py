@@ -85,6 +85,7 @@ async def test_killed_and_restarted_dispatcher_converges(
                 "members": [{"name": "local", "node_selector": fake_nodes.pool}],
                 "health_port": 0,
                 "log_level": "info",
+                "unattributed": "allow",  # no admission webhook here
             }
         )
     )

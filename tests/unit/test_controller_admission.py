@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.core.admission import Creator, PriorityPolicy, PriorityRule, record_patch
 from dispatcher.testing.fakeenv import NAMESPACE, fake_env
 from dispatcher.testing.manifests import appwrapper, job
@@ -62,4 +63,32 @@ async def test_a_priority_the_namespace_may_not_use_fails_before_scheduling() ->
             "priority 11, above the highest this namespace may use (10)"
             in (failed(status)["message"])
         )
+        assert env.objects(*JOB) == []
+
+
+async def test_an_edit_after_dispatch_that_makes_it_invalid_is_answered() -> None:
+    async with fake_env() as env:
+        await env.add_node("n1", cpu="8")
+        await env.apply(appwrapper("edited", job("edited", 1, {"cpu": "1"})))
+        await env.reconcile("edited")
+        await env.cycle()
+        await env.reconcile("edited")
+        assert len(env.objects(*JOB)) == 1
+        obj = await env.get("edited")
+        obj["spec"]["resources"]["GenericItems"].append(
+            {
+                "generictemplate": {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRole",
+                    "metadata": {"name": "r"},
+                }
+            }
+        )
+        await env.fake.replace(APPWRAPPERS, NAMESPACE, "edited", obj)
+        # Requeued (its objects go), and back at once to be told why it cannot run.
+        assert await env.reconcile("edited") == 0.0
+        await env.reconcile("edited")
+        status = (await env.get("edited"))["status"]
+        assert failed(status)["reason"] == "InvalidSpec"
+        assert "ClusterRole" in failed(status)["message"]
         assert env.objects(*JOB) == []
