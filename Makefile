@@ -49,6 +49,8 @@ demo: venv testenv
 demo-multi: venv testenv
 	$(PY) -m dispatcher.demo --members 2
 
+# The peer benchmark (side by side with MCAD and Kueue) needs `make peers` first; it is sized
+# for about 40 min on 2 cores, MCAD's runs cut at 45 s each (its rates are recorded).
 bench: venv testenv
 	$(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) -m benchmarks.controlplane_bench --out benchmarks/results/controlplane.json
@@ -56,6 +58,9 @@ bench: venv testenv
 	$(PY) -m benchmarks.e2e_bench --count 1000 --churn 10000 --out benchmarks/results/e2e.json
 	$(PY) -m benchmarks.e2e_bench --count 1000 --queued 3 --out benchmarks/results/e2e-queued.json
 	$(PY) -m benchmarks.hops_bench --out benchmarks/results/hops.json
+	$(PY) -m benchmarks.peer_bench --pairs 3 --count 400 --contention 300/50 --hold 2 \
+	  --gangs 60/10 --gang-hold 3 --fill 20 --cap 180 --cap mcad=45 \
+	  --out benchmarks/results/peers.json
 	$(PY) -m benchmarks.plot benchmarks/results
 
 # MCAD v1.40.0's own e2e suite (built from the Go module proxy into $(CACHE_DIR)/mcad) run

@@ -2,14 +2,18 @@
 
 Reads e2e.json (and core.json when present) and writes benchmarks/results/e2e.png:
 create->Dispatched latency (CDF), throughput (raw creates versus dispatches) and, when the
-churn phase ran, its drain curve with the dispatcher's memory.
+churn phase ran, its drain curve with the dispatcher's memory. When peers.json is there
+(benchmarks.peer_bench), also writes peers.png: per scenario, each system's headline figure
+(median over the pairs, the bar; min to max, the whisker) and its progress in the first pair.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -18,6 +22,13 @@ import matplotlib.pyplot as plt  # after use(): the backend is chosen first
 
 
 def main(folder: Path) -> None:
+    if (folder / "e2e.json").exists():
+        e2e_figure(folder)
+    if (folder / "peers.json").exists():
+        peers_figure(folder)
+
+
+def e2e_figure(folder: Path) -> None:
     e2e = json.loads((folder / "e2e.json").read_text())
     latencies = e2e["dispatcher"]["latencies"]
     churn = e2e.get("churn") or {}
@@ -55,6 +66,87 @@ def main(folder: Path) -> None:
     figure.tight_layout()
     out = folder / "e2e.png"
     figure.savefig(out, dpi=110)
+    print(out)
+
+
+PEER_COLOURS = {"ours": "#3b75af", "mcad": "#c44e52", "kueue": "#55a868"}
+
+
+def headline(scenario: str, run: dict[str, Any]) -> float | None:
+    """The figure a scenario's bar shows: seconds until the high-priority pods run, or the
+    rate (finished per second when the scenario finishes work, else admitted per second)."""
+    if "error" in run:
+        return None
+    if scenario == "priority":
+        value = (run.get("high_priority") or {}).get("seconds_to_running")
+    else:
+        value = run.get("completed_per_second") or run.get("admitted_per_second")
+    return float(value) if value is not None else None
+
+
+def peers_figure(folder: Path) -> None:
+    peers = json.loads((folder / "peers.json").read_text())
+    scenarios = peers.get("scenarios") or {}
+    if not scenarios:
+        return
+    figure, axes = plt.subplots(2, len(scenarios), figsize=(4.2 * len(scenarios), 7), squeeze=False)
+    for column, (name, scenario) in enumerate(scenarios.items()):
+        bars, curves = axes[0][column], axes[1][column]
+        labels, middles, lows, highs, colours = [], [], [], [], []
+        for system, runs in scenario["runs"].items():
+            values = [v for v in (headline(name, r) for r in runs) if v is not None]
+            labels.append(system)
+            colours.append(PEER_COLOURS.get(system.split(":")[0], "#999999"))
+            if not values:
+                middles.append(0.0)
+                lows.append(0.0)
+                highs.append(0.0)
+                continue
+            middle = statistics.median(values)
+            middles.append(middle)
+            lows.append(middle - min(values))
+            highs.append(max(values) - middle)
+            capped = any(r.get("capped") for r in runs)
+            bars.annotate(
+                f"{middle:.2g}" + ("*" if capped else ""),
+                (len(labels) - 1, middle),
+                ha="center",
+                va="bottom",
+            )
+        bars.bar(labels, middles, yerr=[lows, highs], color=colours, capsize=4)
+        bars.set_yscale("log")
+        bars.set_title(name)
+        bars.set_ylabel(
+            "high priority: s to Running (lower is better)"
+            if name == "priority"
+            else "per second (higher is better)"
+        )
+        if name == "priority":
+            curves.axis("off")  # one workload: its bar says it all
+            continue
+        for system, runs in scenario["runs"].items():
+            first = next((r for r in runs if r.get("progress")), None)
+            if first is None:
+                continue
+            column_index = 2 if name == "contention" else 1
+            points = first["progress"]
+            curves.step(
+                [p[0] for p in points],
+                [p[column_index] for p in points],
+                where="post",
+                label=system,
+                color=PEER_COLOURS.get(system.split(":")[0], "#999999"),
+            )
+        curves.set_xlabel("seconds into the measured window")
+        curves.set_ylabel("finished" if name == "contention" else "admitted")
+        curves.legend(loc="lower right")
+    figure.suptitle(
+        f"Peers, {peers.get('pairs')} pair(s); * = capped before it finished"
+        f" (caps {peers.get('caps_seconds')})"
+    )
+    figure.tight_layout()
+    out = folder / "peers.png"
+    figure.savefig(out, dpi=100)
     print(out)
 
 
