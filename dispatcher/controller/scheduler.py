@@ -31,7 +31,7 @@ from dispatcher.cluster.member import Member
 from dispatcher.config import Config, Fit
 from dispatcher.controller.cache import SchedulerCache
 from dispatcher.controller.models import Models
-from dispatcher.controller.status import StatusWriter
+from dispatcher.controller.status import APPWRAPPERS, StatusWriter
 from dispatcher.controller.waiting import WaitingWriter
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
@@ -49,9 +49,11 @@ from dispatcher.core.scheduling import (
     schedule,
 )
 from dispatcher.core.scheduling.pooled import anywhere, pooled
-from dispatcher.kube.errors import Conflict, KubeError
+from dispatcher.kube.errors import Conflict, KubeError, NotFound
 
 BATCH_SECONDS = 0.005
+EVICT_ATTEMPTS = 5
+"""Writes of one eviction before it is left to the next cycle (each after a Conflict)."""
 BATCH_MAX_SECONDS = 0.25
 
 
@@ -276,27 +278,48 @@ class Scheduler:
             self.kick()
 
     async def _evict(self, key: str, preemptor: str, message: str, reason: Reason) -> None:
-        """The eviction is one status write on the victim: Preempted, by whom."""
+        """The eviction is one status write on the victim: Preempted, by whom.
+
+        A Conflict means only that something else wrote the victim meanwhile (its pod
+        counts, most often): the write is made again on the newest object, as long as the
+        victim is still dispatched. Dropping it would leave the preemptor with part of the
+        room it was promised, waiting for a victim nobody evicts."""
         try:
             obj = self._status.current(key)
-            if obj is None:
-                return
-            aw = self._models.parse(obj)
-            status = (aw.status or AppWrapperStatus()).editable_copy()
-            if not cond.is_dispatched(status) or status.is_true(cond.C.PREEMPTED):
-                return
-            moment = datetime.fromtimestamp(self._clock.time(), UTC)
-            transition = cond.mark_preempting(
-                status, by=preemptor, message=message, now=moment, reason=reason
-            )
-            await self._status.write(obj, status, [transition])
-            self._log.info("preempted", appwrapper=key, preemptor=preemptor, reason=message)
-            self._wrote(key)
+            for attempt in range(EVICT_ATTEMPTS):
+                if obj is None:
+                    return
+                try:
+                    await self._mark_preempted(obj, key, preemptor, message, reason)
+                    return
+                except Conflict:
+                    if attempt + 1 == EVICT_ATTEMPTS:
+                        raise
+                namespace, _, name = key.partition("/")
+                try:
+                    obj = await self._status.hub.get(APPWRAPPERS, namespace, name)
+                except NotFound:
+                    return
         except (KubeError, ValidationError) as exc:
             self._log.warning("preemption_failed", appwrapper=key, error=str(exc)[:300])
         finally:
             self._cache.finish(key)
             self.kick()
+
+    async def _mark_preempted(
+        self, obj: dict[str, Any], key: str, preemptor: str, message: str, reason: Reason
+    ) -> None:
+        aw = self._models.parse(obj)
+        status = (aw.status or AppWrapperStatus()).editable_copy()
+        if not cond.is_dispatched(status) or status.is_true(cond.C.PREEMPTED):
+            return
+        moment = datetime.fromtimestamp(self._clock.time(), UTC)
+        transition = cond.mark_preempting(
+            status, by=preemptor, message=message, now=moment, reason=reason
+        )
+        await self._status.write(obj, status, [transition])
+        self._log.info("preempted", appwrapper=key, preemptor=preemptor, reason=message)
+        self._wrote(key)
 
     def fence(self) -> None:
         """Cancel every admission and eviction in flight (the Lease is lost)."""

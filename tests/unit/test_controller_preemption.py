@@ -4,6 +4,7 @@ evicts twice for one need."""
 
 from __future__ import annotations
 
+from dispatcher.kube.errors import Conflict
 from dispatcher.testing.fakeenv import NAMESPACE, FakeEnv, fake_env
 from dispatcher.testing.manifests import appwrapper, deployment
 
@@ -88,3 +89,26 @@ async def test_equal_priority_is_never_evicted() -> None:
             await env.cycle()
         assert env.manager.preemptions == 0
         assert "preemptedBy" not in (await env.get("low-b"))["status"]
+
+
+async def test_an_eviction_that_meets_a_conflict_is_written_again() -> None:
+    async with fake_env() as env:
+        await env.add_node("n1", cpu="4")
+        await fill_with_low(env, ["low-a", "low-b"])
+        # Something else wrote the victim a moment before the eviction (its pod counts).
+        env.fake.fail_next(
+            "replace", kind="AppWrapper", name="low-b", error=Conflict("changed", status=409)
+        )
+        await env.apply(appwrapper("high", deployment("high", 1, {"cpu": "2"}), priority=10))
+        await env.reconcile("high")
+        await env.cycle()
+        await env.until(
+            lambda: (
+                env.manager.status.current(f"{NAMESPACE}/low-b") is not None
+                and "preemptedBy"
+                in (env.manager.status.current(f"{NAMESPACE}/low-b") or {}).get("status", {})
+            ),
+            "the eviction written on the second try",
+        )
+        status = (await env.get("low-b"))["status"]
+        assert status["preemptedBy"] == f"{NAMESPACE}/high"
