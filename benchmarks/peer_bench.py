@@ -3,7 +3,7 @@
     python -m benchmarks.peer_bench [--systems ours,mcad,kueue] [--scenarios LIST] [--pairs 3]
         [--count 1000] [--contention 2000/100] [--hold 2] [--gangs 200/20] [--gang-hold 5]
         [--fill 20] [--cap 300] [--cap mcad=60] [--out benchmarks/results/peers.json]
-        [--workdir DIR]
+        [--workdir DIR [--profile]]
 
 Needs the peers built (`make peers`). Scenarios (benchmarks.peer_scenarios): backlog, burst,
 contention, gangs, priority. For each scenario, the systems run alternated A B C A B C ...
@@ -223,7 +223,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks/results/peers.json")
     parser.add_argument("--workdir", type=Path, help="keep the clusters' and controllers' logs")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample ours with py-spy: dispatcher.folded in each run's directory (with"
+        " --workdir); benchmarks.profile_report sums it up",
+    )
     args = parser.parse_args(argv)
+    if args.profile and not args.workdir:
+        parser.error("--profile keeps its stats in the runs' directories: give --workdir")
     caps = parse_caps(args.cap)
     sizes = Sizes(
         count=args.count,
@@ -277,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                             binaries=binaries,
                             cache=args.cache,
                             cap=cap_for(caps, system),
+                            profile=args.profile,
                         )
                     except Exception as exc:  # one failed run must not lose the others
                         figures = {"system": label, "error": f"{type(exc).__name__}: {exc}"[:500]}

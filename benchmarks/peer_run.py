@@ -94,6 +94,8 @@ class Run:
     cache: Path
     cap: float
     ray: bool = False
+    profile: bool = False
+    """ours under cProfile (benchmarks.peer_systems.launch)."""
     process: subprocess.Popen[bytes] | None = None
     recorder: Recorder | None = None
     peak_rss_mb: float = 0.0
@@ -125,6 +127,7 @@ class Run:
             self.cache,
             ray=self.ray,
             preemption=preemption,
+            profile=self.profile,
         )
 
     async def create(self, works: Sequence[Workload]) -> dict[str, float]:
@@ -293,6 +296,7 @@ def run_one(
     binaries: Binaries,
     cache: Path,
     cap: float,
+    profile: bool = False,
 ) -> Obj:
     """`scenario` for `system` alone on a fresh control plane, all of it stopped at the end."""
     home.mkdir(parents=True, exist_ok=True)
@@ -324,7 +328,17 @@ def run_one(
         async def go() -> Obj:
             nonlocal run
             client = await KubeClient.connect(kubeconfig=str(cluster.kubeconfig), pool_size=64)
-            run = Run(system, cluster, kubeconfig, client, home, cache, cap, ray=scenario.ray)
+            run = Run(
+                system,
+                cluster,
+                kubeconfig,
+                client,
+                home,
+                cache,
+                cap,
+                ray=scenario.ray,
+                profile=profile,
+            )
             try:
                 await asyncio.sleep(2)  # the CRDs' discovery settles before anything is timed
                 await run.watch()

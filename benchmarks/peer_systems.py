@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import json
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -406,6 +407,21 @@ def prepare(system: System, cluster: LocalCluster, cache: Path, quota: dict[str,
     cluster.apply({"apiVersion": "v1", "kind": "List", "items": objects}, server_side=True)
 
 
+def sample(pid: int, out: Path) -> None:
+    """py-spy samples `pid` until it exits, then writes the stacks it saw (folded: one line
+    per stack, `frame;frame;... count`). A sampler attached from outside adds little to the
+    process's own CPU, which cProfile would double."""
+    spy = Path(sys.executable).parent / "py-spy"
+    subprocess.Popen(
+        [
+            *(str(spy), "record", "--pid", str(pid), "--rate", "100", "--nonblocking"),
+            *("--format", "raw", "--output", str(out)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(out.parent / "py-spy.log").open("ab"),
+    )
+
+
 def launch(
     system: System,
     cluster: LocalCluster,
@@ -415,14 +431,20 @@ def launch(
     *,
     ray: bool = False,
     preemption: bool = False,
+    profile: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start the system's controller as CONTROLLER_USER (its CRDs and queue objects are
     there). `ray`: Kueue manages RayClusters too; `preemption`: MCAD's --preemption (ours
-    preempts by priority by default; Kueue as its ClusterQueue says)."""
+    preempts by priority by default; Kueue as its ClusterQueue says); `profile`: ours
+    sampled by py-spy (100 Hz, without pausing it), its stacks folded in
+    workdir/dispatcher.folded when it stops."""
     acting = dataclasses.replace(cluster, kubeconfig=kubeconfig)
     if system.kind == "ours":
         # All nodes count (no node selector), warnings only in its log.
-        return start_dispatcher(acting, workdir, {}, free_port())
+        process = start_dispatcher(acting, workdir, {}, free_port())
+        if profile:
+            sample(process.pid, workdir / "dispatcher.folded")
+        return process
     if system.kind == "mcad":
         extra = ["--preemption=true"] if preemption else []
         return peers.start_mcad(acting, peers.mcad(cache, build=False), workdir, extra)

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from dispatcher.api.resources import Resources
 
@@ -148,6 +148,9 @@ class GenericItem(_Model):
     priority: Int | None = None
     priorityslope: float | None = None
     metadata: dict[str, Any] | None = None
+    _digest: str | None = PrivateAttr(default=None)
+    """digest(), once per model: a dispatched AppWrapper's items are compared with those
+    recorded at dispatch on every change of its pods, and a parsed model is never edited."""
 
     def ref(self) -> WrappedRef:
         """Which object this item makes (its name as written; the namespace is always the
@@ -166,6 +169,11 @@ class GenericItem(_Model):
         longer be the one that was fitted (fewer pods declared than run is an overcommit).
         A template that cannot be serialised (nested too deep) gets one that matches no
         recorded fingerprint."""
+        if self._digest is None:
+            self._digest = self._fingerprint()
+        return self._digest
+
+    def _fingerprint(self) -> str:
         declared = None
         if self.custompodresources is not None:
             declared = [

@@ -120,13 +120,15 @@ def pod_owner(meta: Obj) -> Owner | None:
     return f"{labels.get(LABEL_NAMESPACE) or meta.get('namespace')}/{name}", str(uid)
 
 
-def _pod_record(pod: Obj) -> PodRecord:
+def _pod_record(pod: Obj, requests: Resources | None = None) -> PodRecord:
+    """`requests`: already known (the pod's resources did not change since last seen)."""
     meta = pod["metadata"]
     owner = pod_owner(meta)
-    try:
-        requests = pod_requests(pod.get("spec", {}), where=f"pod {meta.get('name')}")
-    except QuantityError:
-        requests = EMPTY  # the API server validated it; unreachable in practice
+    if requests is None:
+        try:
+            requests = pod_requests(pod.get("spec", {}), where=f"pod {meta.get('name')}")
+        except QuantityError:
+            requests = EMPTY  # the API server validated it; unreachable in practice
     return PodRecord(
         key=f"{meta.get('namespace')}/{meta.get('name')}",
         node=pod.get("spec", {}).get("nodeName") or "",
@@ -219,8 +221,11 @@ class CapacityCache:
                 self._unindex(record)
                 self._changed("pod-deleted")
             return
-        record = _pod_record(new)
-        previous = self.pods.get(record.key)
+        previous = self.pods.get(_key(new))
+        # A pod changes phase, node and conditions many times and its resources seldom (an
+        # in-place resize): its quantities are parsed again only then.
+        same = previous is not None and old is not None and _sized_by(old) == _sized_by(new)
+        record = _pod_record(new, previous.requests if same and previous else None)
         if previous == record:
             return
         if previous is not None:
@@ -308,6 +313,12 @@ class CapacityCache:
             labels=dict(self.labels),
             reachable=reachable,
         )
+
+
+def _sized_by(pod: Obj) -> tuple[Any, ...]:
+    """What a (slim) pod's requests are computed from."""
+    spec = pod.get("spec", {})
+    return (spec.get("containers"), spec.get("initContainers"), spec.get("overhead"))
 
 
 def _key(obj: Obj | None) -> str:

@@ -127,6 +127,20 @@ def wrapped_objects(
     return result
 
 
+def wrapped_identities(aw: AppWrapper) -> list[Wrapped]:
+    """Which objects the spec makes and the conditions that mean each is done, without
+    building their bodies (a deep copy of every template): what reading their completion
+    needs, on every change of a dispatched AppWrapper's pods. An item with no well-formed
+    identity is left out (it was never created)."""
+    result = []
+    for index, item in enumerate(aw.spec.items):
+        identity = _identity(item.generictemplate)
+        if identity is not None:
+            api_version, kind, name = identity
+            result.append(Wrapped(index, api_version, kind, name, {}, item.completion_conditions()))
+    return result
+
+
 def mcad_labels(aw: AppWrapper, item: GenericItem) -> dict[str, str]:
     """MCAD's labels for one item (the AppWrapper's name; the object's name), each only when
     it is a valid label value: a longer name would make the create fail, where MCAD's

@@ -43,6 +43,7 @@ from dispatcher.controller.objects import (
     prepare_namespace,
     spec_change,
     target_namespace,
+    wrapped_identities,
     wrapped_objects,
 )
 from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
@@ -446,7 +447,7 @@ class Reconciler:
         # changes wake this reconcile); until that cache has synced, from a GET, looked at
         # again a little later.
         if completion_items:
-            objects = objects or wrapped_objects(aw, owner_reference=member.is_hub, lenient=True)
+            objects = objects or wrapped_identities(aw)
             result = await completion(
                 member.client,
                 # Mapped: its objects were created there by this process, same settings.

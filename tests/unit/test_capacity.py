@@ -139,3 +139,17 @@ def test_owner_revision_moves_with_its_pods_only() -> None:
     assert cache.owner_revision("ns/aw", "uid-aw") == 0
     cache.on_pod("ADDED", None, pod("p2", "1", owner="aw"))
     assert cache.owner_revision("ns/aw", "uid-aw") not in (0, first, second)
+
+
+def test_a_pod_resized_in_place_is_accounted_at_its_new_size() -> None:
+    cache = CapacityCache(cluster="c")
+    cache.on_node("ADDED", None, node("n1"))
+    small = pod("p", "1", "n1", "Running")
+    cache.on_pod("ADDED", None, small)
+    ready = pod("p", "1", "n1", "Running")
+    ready["metadata"]["resourceVersion"] = "2"  # a change that leaves its size alone
+    cache.on_pod("MODIFIED", small, ready)
+    assert cache.snapshot().nodes[0].requested["cpu"] == 1000
+    resized = pod("p", "3", "n1", "Running")
+    cache.on_pod("MODIFIED", ready, resized)
+    assert cache.snapshot().nodes[0].requested["cpu"] == 3000
