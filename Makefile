@@ -49,8 +49,12 @@ demo: venv testenv
 demo-multi: venv testenv
 	$(PY) -m dispatcher.demo --members 2
 
-# The peer benchmark (side by side with MCAD and Kueue) needs `make peers` first; it is sized
-# for about 40 min on 2 cores, MCAD's runs cut at 45 s each (its rates are recorded).
+# The peer benchmark needs `make peers` first. Two runs of 3 alternated pairs each: ours, MCAD
+# and Kueue at the full sizes (1,000 workloads; 2,000 for 100 slots; 200 gangs for 20; about
+# RUN1_MIN min on 2 cores, MCAD's runs cut at 45 s, their rates recorded), then ours and Kueue
+# with the AppWrapper v1beta2 controller at smaller sizes (about RUN2_MIN min; its runs cut at
+# 60 s: its client is fixed at 20 QPS, about 3 AppWrappers a second, so a full-size run would
+# only measure that limit for longer).
 bench: venv testenv
 	$(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) -m benchmarks.controlplane_bench --out benchmarks/results/controlplane.json
@@ -58,9 +62,11 @@ bench: venv testenv
 	$(PY) -m benchmarks.e2e_bench --count 1000 --churn 10000 --out benchmarks/results/e2e.json
 	$(PY) -m benchmarks.e2e_bench --count 1000 --queued 3 --out benchmarks/results/e2e-queued.json
 	$(PY) -m benchmarks.hops_bench --out benchmarks/results/hops.json
-	$(PY) -m benchmarks.peer_bench --pairs 3 --count 400 --contention 300/50 --hold 2 \
-	  --gangs 60/10 --gang-hold 3 --fill 20 --cap 180 --cap mcad=45 \
+	$(PY) -m benchmarks.peer_bench --pairs 3 --systems ours,mcad,kueue --cap 300 --cap mcad=45 \
 	  --out benchmarks/results/peers.json
+	$(PY) -m benchmarks.peer_bench --pairs 3 --systems ours,appwrapper --count 400 \
+	  --contention 300/50 --gangs 60/10 --gang-hold 3 --cap 300 --cap appwrapper=60 \
+	  --out benchmarks/results/peers-appwrapper.json
 	$(PY) -m benchmarks.plot benchmarks/results
 
 # MCAD v1.40.0's own e2e suite (built from the Go module proxy into $(CACHE_DIR)/mcad) run
@@ -71,8 +77,9 @@ conformance: venv testenv
 	$(PY) -m benchmarks.conformance --system $(SYSTEM)
 
 # The peers of the side-by-side benchmark (benchmarks/peer_bench.py): MCAD v1.40.0
-# (kar-controllers) and Kueue v0.15.0 (cmd/kueue), from the Go module proxy, built into
-# $(CACHE_DIR)/mcad and $(CACHE_DIR)/kueue; only what is missing. Not part of `make test`.
+# (kar-controllers), Kueue v0.15.0 (cmd/kueue) and the AppWrapper v1beta2 controller v1.1.2
+# (cmd), from the Go module proxy, built into $(CACHE_DIR)/{mcad,kueue,appwrapper}; only what
+# is missing. Not part of `make test`.
 .PHONY: peers
 peers: venv
 	$(PY) -m benchmarks.peers build

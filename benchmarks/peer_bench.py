@@ -1,9 +1,11 @@
-"""Side by side: this dispatcher, MCAD and Kueue, the same work on the same local control plane.
+"""Side by side: this dispatcher, MCAD, Kueue, and Kueue with the AppWrapper v1beta2 controller,
+the same work on the same local control plane.
 
-    python -m benchmarks.peer_bench [--systems ours,mcad,kueue] [--scenarios LIST] [--pairs 3]
-        [--count 1000] [--contention 2000/100] [--hold 2] [--gangs 200/20] [--gang-hold 5]
-        [--fill 20] [--cap 300] [--cap mcad=60] [--out benchmarks/results/peers.json]
-        [--workdir DIR [--profile]]
+    python -m benchmarks.peer_bench [--systems ours,mcad,kueue,appwrapper] [--scenarios LIST]
+        [--pairs 3] [--count 1000] [--contention 2000/100] [--hold 2] [--gangs 200/20]
+        [--gang-hold 5] [--fill 20] [--cap 300] [--cap mcad=60]
+        [--out benchmarks/results/peers.json] [--workdir DIR [--profile]]
+    python -m benchmarks.peer_bench --report FILE
 
 Needs the peers built (`make peers`). Scenarios (benchmarks.peer_scenarios): backlog, burst,
 contention, gangs, priority. For each scenario, the systems run alternated A B C A B C ...
@@ -17,7 +19,12 @@ with the work in its own terms (benchmarks.peer_systems):
 - kueue (v0.15.0): the Jobs and RayClusters themselves, created suspended with the label
   `kueue.x-k8s.io/queue-name` (no webhook here), a ClusterQueue with quota for the whole
   cluster; admitted = `spec.suspend` false. `kueue:QPS` runs Kueue at that client QPS (burst
-  twice that) instead of its default 50/100; ours runs at 200/400, MCAD at its fixed 100/200.
+  twice that) instead of its default 50/100; ours runs at 200/400, MCAD at its fixed 100/200;
+- appwrapper (v1.1.2, MCAD's successor, beside Kueue v0.15.0 and its AppWrapper integration):
+  v1beta2 AppWrappers wrapping the Job or RayCluster, created suspended with the queue-name
+  label (its webhooks are off); admitted = phase Running (Kueue admitted it and the controller
+  created what it wraps). Its controller's client is fixed at 20/30; `appwrapper:QPS` sets
+  Kueue's. CPU, memory and requests are those of both processes.
 
 Every wait is capped (`--cap SECONDS` for all, `--cap SYSTEM=SECONDS` for one): past it, the run
 records how far the system got. Per run: throughput, create->admitted percentiles, controller
@@ -45,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import peers
-from benchmarks.peer_measure import compare, medians
+from benchmarks.peer_measure import compare, medians, over_admitted
 from benchmarks.peer_run import run_one
 from benchmarks.peer_scenarios import Sizes, scenarios
 from benchmarks.peer_systems import System, parse_systems
@@ -204,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--systems", default="ours,mcad,kueue", type=parse_systems)
+    parser.add_argument("--systems", default="ours,mcad,kueue,appwrapper", type=parse_systems)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), type=parse_scenarios)
     parser.add_argument("--pairs", type=int, default=3, help="rounds of A B C (default 3)")
     parser.add_argument("--count", type=int, default=1000, help="backlog and burst workloads")
@@ -224,12 +231,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, help="keep the clusters' and controllers' logs")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="FILE",
+        help="run nothing: re-derive a results file's figures, write it back, print its tables",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="sample ours with py-spy: dispatcher.folded in each run's directory (with"
         " --workdir); benchmarks.profile_report sums it up",
     )
     args = parser.parse_args(argv)
+    if args.report:
+        return report(args.report)
     if args.profile and not args.workdir:
         parser.error("--profile keeps its stats in the runs' directories: give --workdir")
     caps = parse_caps(args.cap)
@@ -245,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Stopped (timeout, kill): the clean-up of the run under way still runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    for kind in {s.kind for s in args.systems} - {"ours"}:
+    needed = {s.kind for s in args.systems} - {"ours"}
+    if "appwrapper" in needed:
+        needed.add("kueue")  # it runs beside Kueue
+    for kind in sorted(needed):
         peer = peers.BUILDERS[kind](args.cache, build=False)
         if not peer.binary.exists():
             parser.error(f"{kind} is not built: run `make peers` first ({peer.binary})")
@@ -255,7 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         "pairs": args.pairs,
         "sizes": vars(sizes),
         "caps_seconds": caps,
-        "versions": {"mcad": peers.MCAD_VERSION, "kueue": peers.KUEUE_VERSION},
+        "versions": {
+            "mcad": peers.MCAD_VERSION,
+            "kueue": peers.KUEUE_VERSION,
+            "appwrapper": peers.APPWRAPPER_VERSION,
+        },
         "systems": {s.label: s.client_qps for s in args.systems},
         "raw_client_baseline": raw_baseline(),
         "scenarios": {},
@@ -295,14 +317,32 @@ def main(argv: list[str] | None = None) -> int:
                     entry["summary"] = summarize(runs)
                     result["seconds"] = round(time.monotonic() - started, 1)
                     save(result, args.out)
+    print_tables(result)
+    return 0
+
+
+def print_tables(result: Obj) -> None:
     print(table(result))
     print(ratio_table(result))
-    raw = result["raw_client_baseline"]
+    raw = result.get("raw_client_baseline")
     if raw and raw.get("deployment_service_pairs_per_second") is not None:
         print(
             f"raw client ({raw['source']}): {raw['deployment_service_pairs_per_second']:.1f} "
             "Deployment+Service pairs created per second"
         )
+
+
+def report(path: Path) -> int:
+    """A results file again: per-workload costs over the workloads admitted (files written
+    before that was so are re-derived from their totals), summaries and ratios recomputed,
+    written back, and its tables printed."""
+    result = json.loads(path.read_text())
+    for entry in result.get("scenarios", {}).values():
+        runs = {label: [over_admitted(r) for r in rs] for label, rs in entry["runs"].items()}
+        entry["runs"] = runs
+        entry["summary"] = summarize(runs)
+    save(result, path)
+    print_tables(result)
     return 0
 
 

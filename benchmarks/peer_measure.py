@@ -217,6 +217,33 @@ def per_workload(counts: Mapping[str, int], workloads: int) -> dict[str, float]:
     return {k: round(v / workloads, 3) for k, v in counts.items()} if workloads else {}
 
 
+PER_WORKLOAD = (
+    "controller_cpu_seconds_per_workload",
+    "apiserver_cpu_seconds_per_workload",
+    "requests_per_workload",
+)
+PER_WORKLOAD_TABLES = ("requests_per_workload_by_verb", "requests_per_workload_by_resource")
+COSTS_OVER_ADMITTED = "admitted"
+
+
+def over_admitted(run: Obj) -> Obj:
+    """`run` with its per-workload costs over the workloads it admitted. Results written
+    before costs were counted so (no `costs_per`) divided them over every workload given,
+    which flatters a run cut at its cap: its CPU went on the few it admitted."""
+    given, admitted = run.get("count"), run.get("admitted")
+    if run.get("costs_per") == COSTS_OVER_ADMITTED or not given or admitted is None:
+        return run
+    scale = given / max(1, admitted)
+    fixed = {**run, "costs_per": COSTS_OVER_ADMITTED}
+    for key in PER_WORKLOAD:
+        if fixed.get(key) is not None:
+            fixed[key] = round(fixed[key] * scale, 4)
+    for key in PER_WORKLOAD_TABLES:
+        if isinstance(fixed.get(key), dict):
+            fixed[key] = {k: round(v * scale, 3) for k, v in fixed[key].items()}
+    return fixed
+
+
 # -- runs and ratios -------------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from benchmarks.e2e_bench import cluster_cpu, cpu_used, create_all
 from benchmarks.peer_measure import (
+    COSTS_OVER_ADMITTED,
     PodState,
     counted,
     overcommitted_pods,
@@ -232,7 +233,10 @@ class Run:
     async def costs(self, window: Window, workloads: int, *, settle: bool = True) -> Obj:
         """What the window cost: controller and API server CPU, the controller's requests by
         verb (audit log), its peak memory, and what the pods showed (overcommits, gangs).
-        With `settle`, the window ends once the controller's writes have settled."""
+        With `settle`, the window ends once the controller's writes have settled. Per
+        workload: over `workloads` (those admitted: a run cut at its cap spent its CPU on
+        fewer than were given), at least one."""
+        workloads = max(1, workloads)
         assert self.recorder is not None
         if settle:
             await self.settle()
@@ -248,6 +252,7 @@ class Run:
         partial = partial_gangs(self.recorder.samples)
         return {
             "controller_cpu_seconds": round(cpu, 2),
+            "costs_per": COSTS_OVER_ADMITTED,
             "controller_cpu_seconds_per_workload": round(cpu / workloads, 4),
             "apiserver_cpu_seconds": plane.get("kube-apiserver"),
             "apiserver_cpu_seconds_per_workload": round(

@@ -14,7 +14,8 @@
   one high-priority Job of 2 pods: how long until both of its pods are placed.
 
 Throughout, pods are watched: one ever Unschedulable is an overcommit, a gang with a pod placed
-while a sibling is Unschedulable is partially placed.
+while a sibling is Unschedulable is partially placed. Costs are per workload admitted in the
+measured window: all of them, unless the run was cut at its cap.
 
 Side effects: those of the Run given (objects created in its cluster).
 """
@@ -96,7 +97,7 @@ async def admit_all(
     figures["capped"] = not finished
     figures["seconds_to_done"] = figures["seconds_to_all_admitted"]
     figures["seconds_creating"] = round(max(created.values()) - min(created.values()), 2)
-    figures.update(await run.costs(window, len(works), settle=finished))
+    figures.update(await run.costs(window, figures["admitted"], settle=finished))
     return figures
 
 
@@ -149,7 +150,7 @@ async def contention(run: Run, sizes: Sizes) -> Obj:
             "seconds_warming_up": warm,
         }
     )
-    figures.update(await run.costs(window, len(works), settle=finished))
+    figures.update(await run.costs(window, figures["admitted"], settle=finished))
     return figures
 
 
@@ -210,7 +211,7 @@ async def gangs(run: Run, sizes: Sizes) -> Obj:
             "seconds_pods_gone_to_next_admission": quantiles(idle) if idle else None,
         }
     )
-    figures.update(await run.costs(window, len(works), settle=finished))
+    figures.update(await run.costs(window, figures["admitted"], settle=finished))
     return figures
 
 

@@ -39,6 +39,7 @@ from dispatcher.testing.manifests import appwrapper, job
 Obj = dict[str, Any]
 
 APPWRAPPERS = ResourceInfo(API_VERSION, KIND, PLURAL, True)
+APPWRAPPERS_V1BETA2 = ResourceInfo("workload.codeflare.dev/v1beta2", KIND, PLURAL, True)
 JOBS = ResourceInfo("batch/v1", "Job", "jobs", True)
 RAYCLUSTERS = ResourceInfo("ray.io/v1", "RayCluster", "rayclusters", True)
 PODS = ResourceInfo("v1", "Pod", "pods", True)
@@ -61,43 +62,57 @@ MCAD_QPS = "100/200"
 KUEUE_DEFAULT_QPS = 50.0
 
 
+AW_QPS = "20/30"
+"""The AppWrapper v1beta2 controller's client: controller-runtime's default, not settable."""
+KINDS = ("ours", "mcad", "kueue", "appwrapper")
+
+
 @dataclass(frozen=True)
 class System:
-    """One system under test: `kind` is ours, mcad or kueue; `qps` only for Kueue."""
+    """One system under test: `kind` is ours, mcad, kueue, or appwrapper (Kueue with the
+    AppWrapper v1beta2 controller); `qps` is Kueue's, for kueue and appwrapper."""
 
     kind: str
     qps: float = 0
 
     @property
     def label(self) -> str:
-        return f"kueue:{self.qps:g}" if self.kind == "kueue" and self.qps else self.kind
+        return f"{self.kind}:{self.qps:g}" if self.qps else self.kind
 
     @property
     def client_qps(self) -> str:
-        if self.kind == "kueue":
+        if self.kind in ("kueue", "appwrapper"):
             qps = self.qps or KUEUE_DEFAULT_QPS
-            return f"{qps:g}/{2 * qps:g}"
+            kueue = f"{qps:g}/{2 * qps:g}"
+            return kueue if self.kind == "kueue" else f"{kueue} + {AW_QPS}"
         return OURS_QPS if self.kind == "ours" else MCAD_QPS
 
     @property
     def version(self) -> str:
-        return {"ours": "this repository", "mcad": peers.MCAD_VERSION}.get(
-            self.kind, peers.KUEUE_VERSION
-        )
+        return {
+            "ours": "this repository",
+            "mcad": peers.MCAD_VERSION,
+            "kueue": peers.KUEUE_VERSION,
+            "appwrapper": f"{peers.APPWRAPPER_VERSION} + kueue {peers.KUEUE_VERSION}",
+        }[self.kind]
 
     @property
     def wraps(self) -> bool:
-        """Whether the system takes its work wrapped in an AppWrapper."""
+        """Whether the system takes its work wrapped in an AppWrapper (v1beta1 for ours and
+        MCAD; appwrapper's is v1beta2)."""
         return self.kind != "kueue"
 
 
 def parse_systems(text: str) -> list[System]:
-    """ "ours,mcad,kueue,kueue:200" -> Systems (an unknown name is an error)."""
+    """ "ours,mcad,kueue,kueue:200,appwrapper" -> Systems (an unknown name is an error)."""
     systems = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         kind, _, qps = item.partition(":")
-        if kind not in ("ours", "mcad", "kueue") or (qps and kind != "kueue"):
-            raise ValueError(f"unknown system {item!r}: ours, mcad, kueue or kueue:QPS")
+        if kind not in KINDS or (qps and kind not in ("kueue", "appwrapper")):
+            raise ValueError(
+                f"unknown system {item!r}: ours, mcad, kueue, kueue:QPS, appwrapper or "
+                "appwrapper:QPS"
+            )
         systems.append(System(kind, float(qps) if qps else 0))
     return systems
 
@@ -173,16 +188,29 @@ def pod_templates(body: Obj) -> list[Obj]:
     return [spec["template"]]
 
 
+def kueue_labels(work: Workload) -> dict[str, str]:
+    labels = {KUEUE_QUEUE_LABEL: QUEUE}
+    if work.priority:
+        labels[KUEUE_PRIORITY_LABEL] = work.priority
+    return labels
+
+
 def native(system: System, work: Workload) -> tuple[ResourceInfo, Obj]:
     """What `system` is given for `work`, and its resource."""
     body = plain(work)
     if system.kind == "kueue":
-        labels = {KUEUE_QUEUE_LABEL: QUEUE}
-        if work.priority:
-            labels[KUEUE_PRIORITY_LABEL] = work.priority
-        body["metadata"]["labels"] = labels
+        body["metadata"]["labels"] = kueue_labels(work)
         body["spec"]["suspend"] = True
         return (RAYCLUSTERS if work.ray else JOBS), body
+    if system.kind == "appwrapper":
+        # Created suspended and labelled (the webhooks that would do it are off); the pod
+        # sets of a Job and a RayCluster are inferred by Kueue and the controller alike.
+        return APPWRAPPERS_V1BETA2, {
+            "apiVersion": APPWRAPPERS_V1BETA2.group_version,
+            "kind": KIND,
+            "metadata": {"name": work.name, "labels": kueue_labels(work)},
+            "spec": {"suspend": True, "components": [{"template": body}]},
+        }
     if system.kind == "mcad":
         for template in pod_templates(body):
             # MCAD finds an AppWrapper's pods by this label, which it adds to a pod template
@@ -213,7 +241,11 @@ def native(system: System, work: Workload) -> tuple[ResourceInfo, Obj]:
 def admitted(system: System, obj: Obj) -> bool:
     """Whether `obj` (what `native` made, as the API server returns it) has been admitted:
     an AppWrapper with its Dispatched condition True (MCAD adds it, reason AppWrapperRunnable,
-    once it has created the wrapped items), or a Job or RayCluster Kueue unsuspended."""
+    once it has created the wrapped items), a Job or RayCluster Kueue unsuspended, or a v1beta2
+    AppWrapper in phase Running or Succeeded (the controller has created what it wraps; its
+    ResourcesDeployed condition turns True before that)."""
+    if system.kind == "appwrapper":
+        return (obj.get("status") or {}).get("phase") in ("Running", "Succeeded")
     if system.wraps:
         return any(
             c.get("type") == "Dispatched" and c.get("status") == "True"
@@ -224,6 +256,8 @@ def admitted(system: System, obj: Obj) -> bool:
 
 def workload_resources(system: System, ray: bool) -> list[ResourceInfo]:
     """Where `system`'s workloads are admitted (Kueue: Jobs, and RayClusters with `ray`)."""
+    if system.kind == "appwrapper":
+        return [APPWRAPPERS_V1BETA2]
     if system.wraps:
         return [APPWRAPPERS]
     return [JOBS, RAYCLUSTERS] if ray else [JOBS]
@@ -400,10 +434,14 @@ def prepare(system: System, cluster: LocalCluster, cache: Path, quota: dict[str,
         cluster.kubectl("wait", "--for=condition=Established", peers.APPWRAPPER_CRD)
     elif system.kind == "mcad":
         peers.install_crds(cluster, peers.mcad(cache, build=False))
+    elif system.kind == "appwrapper":
+        kueue = peers.kueue(cache, build=False)
+        peers.install_appwrapper(cluster, peers.appwrapper(cache, build=False), kueue)
     else:
         peers.install_kueue(cluster, peers.kueue(cache, build=False))
     cluster.kubectl("create", "namespace", NAMESPACE)
-    objects = priority_classes() + (kueue_objects(quota) if system.kind == "kueue" else [])
+    queues = kueue_objects(quota) if system.kind in ("kueue", "appwrapper") else []
+    objects = priority_classes() + queues
     cluster.apply({"apiVersion": "v1", "kind": "List", "items": objects}, server_side=True)
 
 
@@ -449,6 +487,15 @@ def launch(
         extra = ["--preemption=true"] if preemption else []
         return peers.start_mcad(acting, peers.mcad(cache, build=False), workdir, extra)
     qps = system.qps or KUEUE_DEFAULT_QPS
+    if system.kind == "appwrapper":
+        return peers.start_appwrapper(
+            acting,
+            peers.appwrapper(cache, build=False),
+            peers.kueue(cache, build=False),
+            workdir,
+            qps=qps,
+            burst=int(2 * qps),
+        )
     frameworks = ("batch/job", "ray.io/raycluster") if ray else ("batch/job",)
     return peers.start_kueue(
         acting,

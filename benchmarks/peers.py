@@ -1,6 +1,7 @@
-"""The peers this dispatcher is measured against: MCAD and Kueue, built and run locally.
+"""The peers this dispatcher is measured against: MCAD, Kueue, and Kueue with the AppWrapper
+v1beta2 controller (MCAD's successor), built and run locally.
 
-    python -m benchmarks.peers build [--only mcad|kueue] [--cache DIR]
+    python -m benchmarks.peers build [--only mcad|kueue|appwrapper] [--cache DIR]
 
 Building: each peer's Go module comes from the Go module proxy; a writable copy of it is built
 with its own go.mod as the main module, into the cache directory (never into the repository).
@@ -11,6 +12,9 @@ Running: against a LocalCluster, with the peer's own CRDs installed, and without
 local control plane has no Service network to reach them): MCAD has none that matter here;
 Kueue runs with its webhook server bound to loopback but unregistered, so nothing suspends Jobs
 or labels them for it - the benchmark creates Jobs already suspended, with the queue-name label.
+The AppWrapper controller runs beside that Kueue (Kueue's `workload.codeflare.dev/appwrapper`
+integration admits the AppWrappers, the controller creates what they wrap) with its webhooks
+off, so AppWrappers too are created suspended and labelled with their queue.
 
 Side effects: `go` downloads and builds into the cache; `install_*` install CRDs in the cluster
 given, `start_*` start processes; Kueue's start writes a self-signed certificate pair to
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -41,6 +46,11 @@ KUEUE_VERSION = "v0.15.0"
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 """Where Kueue v0.15.0 looks for its metrics certificate, whatever its configuration says."""
 APPWRAPPER_CRD = "crd/appwrappers.workload.codeflare.dev"
+APPWRAPPER_MODULE = "github.com/project-codeflare/appwrapper"
+APPWRAPPER_VERSION = "v1.1.2"
+"""The version Kueue v0.15.0's own go.mod requires (its AppWrapper integration's API)."""
+APPWRAPPER_NAMESPACE = "appwrapper-system"
+APPWRAPPER_CONFIG = "appwrapper-operator-config"
 
 
 @dataclass(frozen=True)
@@ -68,22 +78,41 @@ def mcad(cache: Path = DEFAULT_CACHE, *, build: bool = True) -> Peer:
     return Peer("mcad", MCAD_VERSION, source, binary, source / "config" / "crd" / "bases")
 
 
+def go_binary(module: str, version: str, package: str, source: Path, binary: Path) -> None:
+    """`go build` of `package` in a writable copy of `module@version` (its own go.mod the
+    main module) into `binary`, unless built already."""
+    if binary.exists():
+        return
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    conformance.module_source(module, version, source)
+    partial = binary.with_name(binary.name + ".partial")
+    subprocess.run(["go", "build", "-o", str(partial), package], check=True, cwd=source)
+    partial.rename(binary)
+
+
 def kueue(cache: Path = DEFAULT_CACHE, *, build: bool = True) -> Peer:
     """Kueue: cmd/kueue and its CRDs (config/components/crd/bases)."""
     home = kueue_dir(cache)
     source = home / f"src-{KUEUE_VERSION}"
     binary = home / f"kueue-{KUEUE_VERSION}"
-    if build and not binary.exists():
-        home.mkdir(parents=True, exist_ok=True)
-        conformance.module_source(KUEUE_MODULE, KUEUE_VERSION, source)
-        partial = binary.with_name(binary.name + ".partial")
-        subprocess.run(["go", "build", "-o", str(partial), "./cmd/kueue"], check=True, cwd=source)
-        partial.rename(binary)
+    if build:
+        go_binary(KUEUE_MODULE, KUEUE_VERSION, "./cmd/kueue", source, binary)
     crds = source / "config" / "components" / "crd" / "bases"
     return Peer("kueue", KUEUE_VERSION, source, binary, crds)
 
 
-BUILDERS = {"mcad": mcad, "kueue": kueue}
+def appwrapper(cache: Path = DEFAULT_CACHE, *, build: bool = True) -> Peer:
+    """The AppWrapper v1beta2 controller: ./cmd (built in its own module: it does not import
+    Kueue) and its CRD (config/crd/bases)."""
+    home = cache / "appwrapper"
+    source = home / f"src-{APPWRAPPER_VERSION}"
+    binary = home / f"appwrapper-manager-{APPWRAPPER_VERSION}"
+    if build:
+        go_binary(APPWRAPPER_MODULE, APPWRAPPER_VERSION, "./cmd", source, binary)
+    return Peer("appwrapper", APPWRAPPER_VERSION, source, binary, source / "config/crd/bases")
+
+
+BUILDERS = {"mcad": mcad, "kueue": kueue, "appwrapper": appwrapper}
 
 
 def build_all(cache: Path, only: list[str]) -> dict[str, float]:
@@ -216,7 +245,7 @@ def install_kueue(cluster: LocalCluster, peer: Peer) -> None:
     cluster.kubectl("create", "namespace", "kueue-system", check=False)
 
 
-def start_kueue(
+def kueue_command(
     cluster: LocalCluster,
     peer: Peer,
     workdir: Path,
@@ -224,10 +253,11 @@ def start_kueue(
     qps: float = 50,
     burst: int = 100,
     frameworks: tuple[str, ...] = ("batch/job",),
-) -> subprocess.Popen[bytes]:
-    """Kueue against `cluster`, set up first by `install_kueue`. qps/burst default to Kueue's
-    own defaults. Its webhook server listens on loopback, but no webhook configuration points
-    at it: Jobs must be created suspended and labelled with their queue."""
+) -> list[str]:
+    """Kueue's command line against `cluster` (its configuration and certificates written to
+    `workdir`). qps/burst default to Kueue's own defaults. Its webhook server listens on
+    loopback, but no webhook configuration points at it: what it admits must be created
+    suspended and labelled with its queue."""
     certs = workdir / "kueue-certs"
     self_signed(certs)
     if not (KUEUE_METRICS_CERTS / "tls.crt").exists():
@@ -242,8 +272,7 @@ def start_kueue(
             )
         )
     )
-    log = (workdir / "kueue.log").open("ab")
-    command = [
+    return [
         str(peer.binary),
         "--config",
         str(config),
@@ -251,7 +280,91 @@ def start_kueue(
         str(cluster.kubeconfig),
         "--feature-gates=VisibilityOnDemand=false",
     ]
+
+
+def start_kueue(
+    cluster: LocalCluster,
+    peer: Peer,
+    workdir: Path,
+    *,
+    qps: float = 50,
+    burst: int = 100,
+    frameworks: tuple[str, ...] = ("batch/job",),
+) -> subprocess.Popen[bytes]:
+    """Kueue against `cluster`, set up first by `install_kueue` (see `kueue_command`)."""
+    command = kueue_command(cluster, peer, workdir, qps=qps, burst=burst, frameworks=frameworks)
+    log = (workdir / "kueue.log").open("ab")
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+def appwrapper_configuration(health_port: int) -> dict[str, Any]:
+    """The AppWrapper controller's settings (decoded over its defaults): no webhooks (nothing
+    reaches them here), no metrics, no leader election. Its fault-tolerance timers stay at
+    their defaults; durations would be integer nanoseconds."""
+    return {
+        "webhooksEnabled": False,
+        "controllerManager": {
+            "health": {"bindAddress": f"127.0.0.1:{health_port}"},
+            "metrics": {"bindAddress": "0"},
+            "leaderElection": False,
+        },
+        "appwrapper": {
+            "userRBACAdmissionCheck": False,
+            "autopilot": {"injectAntiAffinities": False, "monitorNodes": False},
+        },
+    }
+
+
+def install_appwrapper(cluster: LocalCluster, peer: Peer, kueue_peer: Peer) -> None:
+    """Kueue's CRDs and namespace, the AppWrapper v1beta2 CRD (before Kueue starts: its
+    integration waits for the kind), the controller's namespace and its ConfigMap (the
+    controller would create one with webhooks on when there is none)."""
+    install_kueue(cluster, kueue_peer)
+    install_crds(cluster, peer)
+    cluster.kubectl("create", "namespace", APPWRAPPER_NAMESPACE, check=False)
+    settings = yaml.safe_dump(appwrapper_configuration(free_port()))
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": APPWRAPPER_CONFIG, "namespace": APPWRAPPER_NAMESPACE},
+        "data": {"config.yaml": settings},
+    }
+    cluster.apply(config_map)
+
+
+def start_appwrapper(
+    cluster: LocalCluster,
+    peer: Peer,
+    kueue_peer: Peer,
+    workdir: Path,
+    *,
+    qps: float = 50,
+    burst: int = 100,
+) -> subprocess.Popen[bytes]:
+    """Kueue (with its AppWrapper integration) and the AppWrapper controller, as the children
+    of one shell, so that the system's CPU and memory are those of its process tree and
+    stopping the shell (SIGTERM) stops both. Set up first by `install_appwrapper`. The
+    controller's client is its own fixed 20 QPS / 30 burst (no setting changes it)."""
+    kueue = shlex.join(
+        kueue_command(
+            cluster,
+            kueue_peer,
+            workdir,
+            qps=qps,
+            burst=burst,
+            frameworks=("workload.codeflare.dev/appwrapper",),
+        )
+    )
+    controller = shlex.join(
+        [str(peer.binary), "--kubeconfig", str(cluster.kubeconfig), "--config", APPWRAPPER_CONFIG]
+    )
+    script = (
+        f"{kueue} >>{shlex.quote(str(workdir / 'kueue.log'))} 2>&1 & k=$!; "
+        f"NAMESPACE={APPWRAPPER_NAMESPACE} {controller} "
+        f">>{shlex.quote(str(workdir / 'appwrapper.log'))} 2>&1 & a=$!; "
+        'trap \'kill -TERM "$k" "$a" 2>/dev/null; wait\' TERM INT; wait'
+    )
+    return subprocess.Popen(["bash", "-c", script], start_new_session=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args(argv)
     if args.command == "build":
-        seconds = build_all(args.cache, args.only or ["mcad", "kueue"])
+        seconds = build_all(args.cache, args.only or sorted(BUILDERS))
         print(json.dumps(seconds))
     return 0
 

@@ -2,9 +2,10 @@
 
 Reads e2e.json (and core.json when present) and writes benchmarks/results/e2e.png:
 create->Dispatched latency (CDF), throughput (raw creates versus dispatches) and, when the
-churn phase ran, its drain curve with the dispatcher's memory. When peers.json is there
-(benchmarks.peer_bench), also writes peers.png: per scenario, each system's headline figure
-(median over the pairs, the bar; min to max, the whisker) and its progress in the first pair.
+churn phase ran, its drain curve with the dispatcher's memory. For each peers*.json there
+(benchmarks.peer_bench), also writes the .png of the same name: per scenario, each system's
+headline figure (median over the pairs, the bar; min to max, the whisker) and its progress in
+the first pair.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import matplotlib.pyplot as plt  # after use(): the backend is chosen first
 def main(folder: Path) -> None:
     if (folder / "e2e.json").exists():
         e2e_figure(folder)
-    if (folder / "peers.json").exists():
-        peers_figure(folder)
+    for results in sorted(folder.glob("peers*.json")):
+        peers_figure(results)
 
 
 def e2e_figure(folder: Path) -> None:
@@ -69,7 +70,7 @@ def e2e_figure(folder: Path) -> None:
     print(out)
 
 
-PEER_COLOURS = {"ours": "#3b75af", "mcad": "#c44e52", "kueue": "#55a868"}
+PEER_COLOURS = {"ours": "#3b75af", "mcad": "#c44e52", "kueue": "#55a868", "appwrapper": "#8172b2"}
 
 
 def headline(scenario: str, run: dict[str, Any]) -> float | None:
@@ -84,8 +85,8 @@ def headline(scenario: str, run: dict[str, Any]) -> float | None:
     return float(value) if value is not None else None
 
 
-def peers_figure(folder: Path) -> None:
-    peers = json.loads((folder / "peers.json").read_text())
+def peers_figure(results: Path) -> None:
+    peers = json.loads(results.read_text())
     scenarios = peers.get("scenarios") or {}
     if not scenarios:
         return
@@ -145,7 +146,7 @@ def peers_figure(folder: Path) -> None:
         f" (caps {peers.get('caps_seconds')})"
     )
     figure.tight_layout()
-    out = folder / "peers.png"
+    out = results.with_suffix(".png")
     figure.savefig(out, dpi=100)
     print(out)
 

@@ -69,7 +69,7 @@ levels; the interpreter's own limit (about 1,000) would end a watch on any deepe
 
 
 def encode(body: Any) -> bytes:
-    """A request body as JSON. orjson (a fifth of the json module's time) takes nearly all;
+    """A request body as JSON. orjson (a sixth of the json module's time) takes nearly all;
     what it refuses (an integer past 64 bits) the json module writes."""
     try:
         return orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
@@ -79,8 +79,9 @@ def encode(body: Any) -> bytes:
 
 def decode(data: bytes | str) -> Any:
     """JSON from the server: orjson (decoding every watch event is most of what a watch
-    costs), else the json module, which takes what orjson refuses: an integer past 64 bits,
-    and nesting past orjson's 1,024 levels. An answer nested deeper than the interpreter's
+    costs), else the json module, which takes what orjson refuses: nesting past 1,024
+    levels. (orjson reads an integer past 64 bits as a float, as the API server itself keeps
+    one.) An answer nested deeper than the interpreter's
     recursion limit allows (a user's object can be) is decoded again in a thread with a
     stack and a limit big enough for DEEP_DECODE_LIMIT levels, rather than failing the list
     or watch that carries it (which would stall, or end, every reader of that resource)."""
@@ -228,7 +229,7 @@ def user_agent() -> str:
 
 def _read_environment_once(rest: Any, host: str) -> None:
     """kubernetes_asyncio opens its aiohttp session with `trust_env=True`: every request
-    then looks up the proxy variables and ~/.netrc again, in a thread (a third of the
+    then looks up the proxy variables and ~/.netrc again, in a thread (about a fifth of the
     controller's CPU, measured by the peer benchmark's profile). The server's address does
     not change, so its proxy is decided here, once, as kubectl decides it at start
     (HTTPS_PROXY / HTTP_PROXY unless NO_PROXY names the host; a `proxy-url` in the

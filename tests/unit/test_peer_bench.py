@@ -21,6 +21,7 @@ from benchmarks.peer_measure import (
     fully_placed_at,
     gang_of,
     gone_at,
+    over_admitted,
     overcommitted_pods,
     partial_gangs,
     percentile,
@@ -46,6 +47,7 @@ from benchmarks.peer_systems import (
     kwok_stages,
     native,
     parse_systems,
+    plain,
 )
 from benchmarks.peer_watch import AuditTail, job_finished
 from dispatcher.testing.localcluster import Binaries
@@ -128,16 +130,20 @@ class Run:
 
 
 def test_parse_systems() -> None:
-    assert parse_systems("ours, mcad,kueue,kueue:200") == [
+    assert parse_systems("ours, mcad,kueue,kueue:200,appwrapper,appwrapper:100") == [
         System("ours"),
         System("mcad"),
         System("kueue"),
         System("kueue", 200),
+        System("appwrapper"),
+        System("appwrapper", 100),
     ]
     assert System("kueue", 200).label == "kueue:200"
     assert System("kueue").client_qps == "50/100"
     assert System("kueue", 200).client_qps == "200/400"
-    for bad in ("slurm", "ours:200"):
+    assert System("appwrapper").client_qps == "50/100 + 20/30"
+    assert System("appwrapper").version == "v1.1.2 + kueue v0.15.0"
+    for bad in ("slurm", "ours:200", "mcad:10"):
         with pytest.raises(ValueError, match="unknown system"):
             parse_systems(bad)
 
@@ -476,12 +482,29 @@ def test_priority_for_wrapping_systems(
 
 
 def test_priority_for_kueue() -> None:
-    _, body = native(System("kueue"), Workload("high", priority="bench-high"))
-    assert body["metadata"]["labels"][KUEUE_PRIORITY_LABEL] == "bench-high"
+    for kind in ("kueue", "appwrapper"):
+        _, body = native(System(kind), Workload("high", priority="bench-high"))
+        assert body["metadata"]["labels"][KUEUE_PRIORITY_LABEL] == "bench-high"
+
+
+def test_a_v1beta2_appwrapper_wraps_the_plain_workload() -> None:
+    system = System("appwrapper")
+    for work in (Workload("w-1", hold="2s"), Workload("rc-1", pods=5, ray=True)):
+        info, body = native(system, work)
+        assert (info.group_version, info.kind) == ("workload.codeflare.dev/v1beta2", "AppWrapper")
+        assert body["metadata"] == {"name": work.name, "labels": {KUEUE_QUEUE_LABEL: "bench"}}
+        assert body["spec"]["suspend"] is True
+        (component,) = body["spec"]["components"]
+        # As a user writes it with no queue at all: Kueue manages the AppWrapper, not this.
+        assert component == {"template": plain(work)}
+        assert "podSets" not in component  # inferred for a Job and a RayCluster
 
 
 def test_admission_predicates() -> None:
-    ours, kueue = System("ours"), System("kueue")
+    ours, kueue, v1beta2 = System("ours"), System("kueue"), System("appwrapper")
+    for phase, want in (("Running", True), ("Succeeded", True), ("Resuming", False), ("", False)):
+        assert admitted(v1beta2, {"spec": {"suspend": False}, "status": {"phase": phase}}) is want
+    assert not admitted(v1beta2, {"spec": {"suspend": False}})
     condition = {"type": "Dispatched", "status": "True"}
     assert admitted(ours, {"status": {"conditions": [condition]}})
     assert not admitted(ours, {"status": {"conditions": [{**condition, "status": "False"}]}})
@@ -587,3 +610,27 @@ def test_kueue_configuration_has_no_cluster_dependencies(tmp_path: Path) -> None
     assert config["webhook"]["host"] == "127.0.0.1"
     assert config["metrics"] == {"bindAddress": "0"}
     assert config["clientConnection"] == {"qps": 50, "burst": 100}
+
+
+def test_costs_are_per_workload_admitted() -> None:
+    old = {
+        "count": 1000,
+        "admitted": 250,
+        "controller_cpu_seconds": 20.0,
+        "controller_cpu_seconds_per_workload": 0.02,
+        "apiserver_cpu_seconds_per_workload": 0.05,
+        "requests_per_workload": 7.0,
+        "requests_per_workload_by_verb": {"create": 2.0, "patch": 5.0},
+    }
+    fixed = over_admitted(old)
+    assert fixed["controller_cpu_seconds_per_workload"] == 0.08  # 20 s over 250
+    assert fixed["apiserver_cpu_seconds_per_workload"] == 0.2
+    assert fixed["requests_per_workload"] == 28.0
+    assert fixed["requests_per_workload_by_verb"] == {"create": 8.0, "patch": 20.0}
+    assert over_admitted(fixed) == fixed  # marked: never scaled twice
+    everyone = {**old, "admitted": 1000}
+    assert over_admitted(everyone)["controller_cpu_seconds_per_workload"] == 0.02
+    assert over_admitted({"fill": 20, "controller_cpu_seconds_per_workload": 0.1}) == {
+        "fill": 20,
+        "controller_cpu_seconds_per_workload": 0.1,
+    }
