@@ -51,8 +51,8 @@ demo-multi: venv testenv
 
 # The peer benchmark needs `make peers` first. Two runs of 3 alternated pairs each: ours, MCAD
 # and Kueue at the full sizes (1,000 workloads; 2,000 for 100 slots; 200 gangs for 20; about
-# RUN1_MIN min on 2 cores, MCAD's runs cut at 45 s, their rates recorded), then ours and Kueue
-# with the AppWrapper v1beta2 controller at smaller sizes (about RUN2_MIN min; its runs cut at
+# 80 min on 2 cores, MCAD's runs cut at 45 s, their rates recorded), then ours and Kueue
+# with the AppWrapper v1beta2 controller at smaller sizes (about 30 min; its runs cut at
 # 60 s: its client is fixed at 20 QPS, about 3 AppWrappers a second, so a full-size run would
 # only measure that limit for longer).
 bench: venv testenv
