@@ -53,8 +53,8 @@ demo-multi: venv testenv
 # and Kueue at the full sizes (1,000 workloads; 2,000 for 100 slots; 200 gangs for 20; about
 # 80 min on 2 cores, MCAD's runs cut at 45 s, their rates recorded), then ours and Kueue
 # with the AppWrapper v1beta2 controller at smaller sizes (about 30 min; its runs cut at
-# 60 s: its client is fixed at 20 QPS, about 3 AppWrappers a second, so a full-size run would
-# only measure that limit for longer).
+# 60 s: its client is fixed at 20 QPS and it dispatched about one AppWrapper a second here, so
+# a full-size run would only measure that limit for longer).
 bench: venv testenv
 	$(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) -m benchmarks.controlplane_bench --out benchmarks/results/controlplane.json
