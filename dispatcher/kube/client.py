@@ -236,11 +236,9 @@ def _read_environment_once(rest: Any, host: str) -> None:
     kubeconfig wins), and the session is replaced by one that reads nothing per request.
     ~/.netrc is never used: the API server is not given basic auth from it."""
     if not rest.proxy:
-        hostname = urlsplit(host).hostname or ""
-        scheme = urlsplit(host).scheme or "https"
-        proxies = urllib.request.getproxies()
-        proxy = proxies.get(scheme)
-        if proxy and not urllib.request.proxy_bypass(hostname):
+        address = urlsplit(host)
+        proxy = urllib.request.getproxies().get(address.scheme or "https")
+        if proxy and not urllib.request.proxy_bypass(address.hostname or ""):
             rest.proxy = proxy
     old: aiohttp.ClientSession = rest.pool_manager
     rest.pool_manager = aiohttp.ClientSession(
@@ -277,6 +275,14 @@ class KubeClient:
         """group-version -> monotonic time it was found not served (MISSING_TTL)."""
         self._discovery_lock = asyncio.Lock()
         self.stats = RequestStats({})
+        rest = api_client.rest_client
+        settings = {
+            "proxy": rest.proxy,
+            "proxy_headers": rest.proxy_headers,
+            "server_hostname": rest.server_hostname,
+        }
+        self._session_settings: dict[str, Any] = {k: v for k, v in settings.items() if v}
+        """Per-request aiohttp settings fixed at connect (only those set)."""
 
     @classmethod
     async def connect(
@@ -336,15 +342,8 @@ class KubeClient:
         await self._limiter.acquire()
         self.stats.record(method, path, watch=watch)
         # Straight to the aiohttp session (kubernetes_asyncio's REST layer would encode the
-        # body with the slower json module and rebuild these settings on every request).
+        # body with the slower json module and rebuild its settings on every request).
         rest = self._api.rest_client
-        extra: dict[str, Any] = {}
-        if rest.proxy:
-            extra["proxy"] = rest.proxy
-        if rest.proxy_headers:
-            extra["proxy_headers"] = rest.proxy_headers
-        if rest.server_hostname:
-            extra["server_hostname"] = rest.server_hostname
         limit = timeout if timeout is not None else self._timeout
         try:
             response: aiohttp.ClientResponse = await rest.pool_manager.request(
@@ -356,7 +355,7 @@ class KubeClient:
                 timeout=limit
                 if isinstance(limit, aiohttp.ClientTimeout)
                 else aiohttp.ClientTimeout(total=limit),
-                **extra,
+                **self._session_settings,
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise Unreachable(f"{self.name or self._host}: {exc!r}") from exc
