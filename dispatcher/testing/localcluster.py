@@ -17,22 +17,27 @@ import json
 import os
 import secrets
 import signal
-import socket
 import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dispatcher.testing.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CACHE = Path(
     os.environ.get("APPWRAPPER_CACHE_DIR", Path.home() / ".cache/appwrapper-dispatcher")
 )
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+BIND_ATTEMPTS = 4
+"""Starts of one component, each on fresh ports, when another program took its port."""
+
+__all__ = ["free_port"]  # re-exported: tests, the demo and benchmarks import it from here
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -99,12 +104,6 @@ def ensure_binaries(cache: Path = DEFAULT_CACHE) -> Binaries:
             f"testenv/build.sh failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
         )
     return Binaries(Path(result.stdout.strip().splitlines()[-1]))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def node_manifest(
@@ -326,28 +325,36 @@ class LocalCluster(KubectlMixin):
             )
         self._write_kubeconfig()
 
-        etcd_port, peer_port = free_port(), free_port()
-        self._spawn(
-            "etcd",
-            [
-                str(self.binaries.k8s),
+        def start_etcd(ports: list[int]) -> None:
+            client_port, peer_port = ports
+            self._spawn(
                 "etcd",
-                f"--data-dir={work / 'etcd'}",
-                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
-                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
-            ],
-        )
-        self._wait_http(f"http://127.0.0.1:{etcd_port}/health", "etcd", deadline)
+                [
+                    str(self.binaries.k8s),
+                    "etcd",
+                    f"--data-dir={work / 'etcd'}",
+                    f"--listen-client-urls=http://127.0.0.1:{client_port}",
+                    f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                ],
+            )
+            self._wait_http(f"http://127.0.0.1:{client_port}/health", "etcd", deadline)
 
-        self._spawn(
-            "kube-apiserver",
-            [
+        etcd_port = self._start_on_ports("etcd", 2, start_etcd, first=None)[0]
+
+        def start_apiserver(ports: list[int]) -> None:
+            self.server = f"https://127.0.0.1:{ports[0]}"
+            self._write_kubeconfig()
+            self._spawn("kube-apiserver", apiserver_argv(ports[0]))
+            self._wait_http(f"{self.server}/readyz", "kube-apiserver", deadline, token=self.token)
+
+        def apiserver_argv(port: int) -> list[str]:
+            return [
                 str(self.binaries.k8s),
                 "kube-apiserver",
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
-                f"--secure-port={api_port}",
+                f"--secure-port={port}",
                 f"--cert-dir={work / 'certs'}",
                 f"--token-auth-file={work / 'tokens.csv'}",
                 "--authorization-mode=RBAC",
@@ -364,9 +371,9 @@ class LocalCluster(KubectlMixin):
                 "--max-requests-inflight=800",
                 "--max-mutating-requests-inflight=400",
                 *(self._audit_flags() if audit else []),
-            ],
-        )
-        self._wait_http(f"{self.server}/readyz", "kube-apiserver", deadline, token=self.token)
+            ]
+
+        self._start_on_ports("kube-apiserver", 1, start_apiserver, first=[api_port])
 
         common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false"]
         self._spawn(
@@ -443,6 +450,38 @@ class LocalCluster(KubectlMixin):
             "current-context": self.name,
         }
         self.kubeconfig.write_text(json.dumps(config, indent=2))
+
+    def _start_on_ports(
+        self,
+        component: str,
+        count: int,
+        start: Callable[[list[int]], None],
+        *,
+        first: list[int] | None,
+    ) -> list[int]:
+        """Start `component` on `count` ports (`first`, else fresh ones): `start(ports)`
+        spawns it and waits until it serves. A start that failed because another program
+        bound one of its ports first is tried again on fresh ports (see testing.ports)."""
+        log = self.workdir / "logs" / f"{component}.log"
+        ports = first or [free_port() for _ in range(count)]
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            offset = log.stat().st_size if log.exists() else 0
+            try:
+                start(ports)
+                return ports
+            except ClusterStartError:
+                if attempt == BIND_ATTEMPTS or not _lost_port(log, offset):
+                    raise
+                self._reap(component)
+                ports = [free_port() for _ in range(count)]
+        raise AssertionError("unreachable")
+
+    def _reap(self, component: str) -> None:
+        proc = self.processes.pop(component, None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        if proc is not None:
+            proc.wait(timeout=10)
 
     def _spawn(self, component: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
         log = open(self.workdir / "logs" / f"{component}.log", "ab")  # noqa: SIM115 - owned by the child
@@ -551,6 +590,15 @@ class LocalCluster(KubectlMixin):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+def _lost_port(log: Path, offset: int) -> bool:
+    """Whether the component's log, from `offset` on, says a port it was given was taken."""
+    if not log.exists():
+        return False
+    with log.open("rb") as handle:
+        handle.seek(offset)
+        return b"address already in use" in handle.read()
 
 
 @contextlib.contextmanager

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -172,18 +174,34 @@ def test_kubectl_get_apply_describe(cluster, namespace) -> None:
     assert version["serverVersion"]["gitVersion"].startswith("v1.")
 
 
-def test_two_clusters_have_separate_state(cluster_workdir: Path) -> None:
+START_ROUNDS = int(os.environ.get("APPWRAPPER_START_ROUNDS", "1"))
+"""Rounds of three control planes started at once; raise it to hunt port races."""
+
+
+def test_clusters_started_at_once_get_their_own_ports_and_state(cluster_workdir: Path) -> None:
+    """Three control planes start at the same moment, round after round: none loses a port
+    to another (testing.ports), and each keeps its own state."""
     binaries = ensure_binaries()
-    east = LocalCluster.start("east", cluster_workdir, binaries=binaries)
-    try:
-        west = LocalCluster.start("west", cluster_workdir, binaries=binaries)
+    names = ("east", "west", "north")
+    for round_ in range(START_ROUNDS):
+        with ThreadPoolExecutor(len(names)) as pool:
+            futures = [
+                pool.submit(
+                    LocalCluster.start, name, cluster_workdir / f"round-{round_}", binaries=binaries
+                )
+                for name in names
+            ]
+        started = [f.result() for f in futures if f.exception() is None]
         try:
+            assert [repr(f.exception()) for f in futures if f.exception() is not None] == []
+            east, west, north = started
             east.kubectl("create", "namespace", "only-east")
             assert east.kubectl("get", "namespace", "only-east", check=False).returncode == 0
             assert west.kubectl("get", "namespace", "only-east", check=False).returncode != 0
-            assert east.server != west.server
+            assert north.kubectl("get", "namespace", "only-east", check=False).returncode != 0
+            assert len({c.server for c in started}) == 3
         finally:
-            west.stop()
-    finally:
-        east.stop()
-    assert all(p.poll() is not None for p in [*east.processes.values(), *west.processes.values()])
+            for cluster in started:
+                cluster.stop()
+        processes = [p for c in started for p in c.processes.values()]
+        assert all(p.poll() is not None for p in processes)
