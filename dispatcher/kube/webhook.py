@@ -65,8 +65,6 @@ class ClientAuth:
         self.log = structlog.get_logger("webhook").bind(client_ca_file=ca_file)
         context.verify_mode = ssl.CERT_OPTIONAL
         self.reload()
-        if not self._cas:
-            raise ValueError(f"webhook.client_ca_file {ca_file}: no certificate in it")
 
     def reload(self) -> bool:
         """Read the file again if it changed; True when it did and was loaded. A file that
@@ -80,9 +78,13 @@ class ClientAuth:
             with open(self.ca_file, "rb") as file:
                 pem = file.read()
             cas = x509.load_pem_x509_certificates(pem)
+            if not cas:
+                raise ValueError("no certificate")
         except (OSError, ValueError) as exc:
             if not self._cas:
-                raise
+                raise ValueError(
+                    f"webhook.client_ca_file {self.ca_file}: no certificate in it ({exc})"
+                ) from exc
             self.log.warning("webhook_client_ca_unusable", error=str(exc))
             return False
         for ca in cas:
