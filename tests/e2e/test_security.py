@@ -13,10 +13,8 @@ import socket
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import pytest_asyncio
 from cryptography import x509
@@ -24,9 +22,7 @@ from cryptography import x509
 from dispatcher.app import running
 from dispatcher.config import WebhookConfig
 from dispatcher.core.admission import SIGNATURE, USER, PriorityPolicy, PriorityRule
-from dispatcher.kube.webhook import MUTATE_PATH, VALIDATE_PATH
-from dispatcher.testing import pki
-from dispatcher.testing.localcluster import WEBHOOK_CLIENT_NAME, KubectlError, free_port
+from dispatcher.testing.localcluster import KubectlError, free_port
 from dispatcher.testing.manifests import webhook_configurations
 from dispatcher.testing.waits import async_wait_until
 from tests.e2e.conftest import (
@@ -483,123 +479,3 @@ async def test_certificate_rotation_fails_no_admission(
     assert len(set(serials)) >= 3, f"the certificate was renewed {len(set(serials)) - 1} times"
     listed = await cluster.akubectl("get", "aw", "-n", namespace, "-o", "name")
     assert len(listed.stdout.split()) == applied
-
-
-# -- only the API server obtains a record (issue 23, point 1) --------------------------------
-
-
-def forged_review(namespace: str, uid: str = "forged-1") -> dict[str, Any]:
-    """What an attacker who reaches the webhook port sends: a cluster admin's userInfo."""
-    obj = appwrapper("forged", pod("forged"))
-    obj["metadata"]["namespace"] = namespace
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "workload.codeflare.dev", "version": "v1beta1", "kind": "AppWrapper"},
-            "operation": "CREATE",
-            "namespace": namespace,
-            "object": obj,
-            "userInfo": {"username": "admin", "groups": ["system:masters"]},
-        },
-    }
-
-
-async def call_webhook(
-    port: int, path: str, body: dict[str, Any], identity: tuple[Path, Path] | None = None
-) -> tuple[int, dict[str, Any]]:
-    """POST `body` to the webhook as a caller outside the API server would (trusting any
-    serving certificate), presenting the client certificate `identity` (cert, key) if any."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    if identity is not None:
-        context.load_cert_chain(*identity)
-    connector = aiohttp.TCPConnector(ssl=context)
-    async with (
-        aiohttp.ClientSession(connector=connector) as session,
-        session.post(f"https://127.0.0.1:{port}{path}", json=body) as response,
-    ):
-        return response.status, await response.json()
-
-
-async def test_a_direct_call_without_the_api_servers_certificate_gets_nothing(
-    cluster: Any,
-    namespace: str,
-    fake_nodes: Any,
-    run_dispatcher: Any,
-    secure: Secure,
-    tmp_path: Path,
-) -> None:
-    if cluster.webhook_client_ca is None:
-        pytest.skip("the API server's client certificate for webhooks is not known here")
-    await run_dispatcher(**secure.settings())
-    own_ca = pki.Issued(
-        cluster.webhook_client_ca.read_bytes(), cluster.webhook_client_ca_key.read_bytes()
-    )
-    # Named as the API server's, from another CA; and from the right CA, another name.
-    impostor = pki.issue_client(pki.make_ca("impostor"), WEBHOOK_CLIENT_NAME)
-    tenant = pki.issue_client(own_ca, "alice")
-    for path in (MUTATE_PATH, VALIDATE_PATH):
-        status, body = await call_webhook(secure.port, path, forged_review(namespace))
-        assert (status, body["message"]) == (
-            403,
-            "no client certificate: only the API server may call this webhook",
-        )
-        assert "response" not in body  # no AdmissionReview: no patch, no access answer
-        status, body = await call_webhook(
-            secure.port, path, forged_review(namespace), tenant.write(tmp_path, "tenant")
-        )
-        assert (status, body["message"]) == (
-            403,
-            "the client certificate names ['alice'], none of webhook.client_names",
-        )
-        with pytest.raises(aiohttp.ClientError):  # the handshake is cut
-            await call_webhook(
-                secure.port, path, forged_review(namespace), impostor.write(tmp_path, "impostor")
-            )
-    # The API server itself is answered: bob's apply is recorded as his.
-    await secure.apply(appwrapper("bobs", service("bobs")), user="bob")
-    annotations = (await get_aw(cluster, namespace, "bobs"))["metadata"]["annotations"]
-    assert json.loads(annotations[USER])["username"] == "bob"
-
-
-async def test_outage_a_direct_call_gets_no_record_and_nothing_is_created(
-    cluster: Any, namespace: str, fake_nodes: Any, run_dispatcher: Any, secure: Secure
-) -> None:
-    """Where the API server cannot be given a client certificate (managed clusters), the
-    registration check alone: with the webhook configurations deleted, the dispatcher signs
-    nothing for anyone, and what alice stores meanwhile is never dispatched."""
-    fake_nodes.add("n1")
-    await run_dispatcher(**secure.settings(client_ca_file=None))
-    await secure.apply(appwrapper("before", service("before")), user="bob")
-    annotations = (await get_aw(cluster, namespace, "before"))["metadata"]["annotations"]
-    assert annotations[SIGNATURE].startswith("v1:")  # signed while registered
-    secure.remove_webhook_configurations()
-
-    async def unregistered() -> bool:
-        _, body = await call_webhook(secure.port, MUTATE_PATH, forged_review(namespace))
-        return body["response"]["allowed"] is False
-
-    await async_wait_until(unregistered, timeout=10, what="the replica saw the deletion")
-    _, body = await call_webhook(secure.port, MUTATE_PATH, forged_review(namespace, "again"))
-    assert body["response"]["uid"] == "again"
-    assert "patch" not in body["response"]
-    assert body["response"]["status"]["message"] == (
-        "the dispatcher's admission webhook is not installed (its MutatingWebhookConfiguration"
-        " does not exist): it signs no creator record now"
-    )
-    # What alice can store now: a record she wrote, without a valid signature.
-    stored = appwrapper("stored", pod("stored"))
-    stored["metadata"]["annotations"] = {
-        USER: json.dumps({"username": "admin", "uid": "", "groups": ["system:masters"]}),
-        SIGNATURE: "v1:" + "0" * 64,
-    }
-    await secure.apply(stored, user="alice")
-    await wait_condition(cluster, namespace, "stored", "Failed")
-    status = (await get_aw(cluster, namespace, "stored"))["status"]
-    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
-    assert failed["reason"] == "Forbidden"
-    pods = await cluster.akubectl("get", "pod", "stored", "-n", namespace, check=False)
-    assert pods.returncode != 0  # never created
