@@ -101,7 +101,10 @@ class ClientAuth:
         "" when it is."""
         if not der:
             return "no client certificate: only the API server may call this webhook"
-        cert = x509.load_der_x509_certificate(der)
+        try:
+            cert = x509.load_der_x509_certificate(der)
+        except ValueError:  # one OpenSSL accepted but cryptography cannot read
+            return "the client certificate cannot be read"
         if not any(_issued_by(cert, ca) for ca in self._cas):
             return "the client certificate is not issued by a CA of webhook.client_ca_file"
         names = certificate_names(cert)

@@ -5,18 +5,32 @@ that counts lookups; the API server's side is tests/e2e/test_security.py."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import pytest
 
-from dispatcher.config import Config
+from dispatcher.config import Config, WebhookConfig
 from dispatcher.controller.admission import Admission, DiscoveryBounds
 from dispatcher.core.kindgroups import group_problem
 from dispatcher.kube.client import RequestStats, ResourceInfo
-from dispatcher.kube.errors import UnknownKind
-from dispatcher.kube.registration import calls_us
+from dispatcher.kube.errors import Forbidden, UnknownKind
+from dispatcher.kube.registration import MUTATING as REGISTRATION_INFO
+from dispatcher.kube.registration import Registration, calls_us
 from dispatcher.kube.webhook import MUTATE_PATH
+from dispatcher.testing.fakekube import FakeKube
 from dispatcher.testing.manifests import appwrapper, pod_template
+from dispatcher.testing.waits import async_wait_until
+from dispatcher.webhook_service import registered_only
+
+MUTATING_KIND = (
+    REGISTRATION_INFO.group_version,
+    REGISTRATION_INFO.kind,
+    REGISTRATION_INFO.plural,
+    REGISTRATION_INFO.namespaced,
+)
 
 SERVED = {
     ("v1", "Pod"): ResourceInfo("v1", "Pod", "pods", namespaced=True),
@@ -216,3 +230,91 @@ def test_registered_only_while_the_configuration_calls_this_replica(
         assert want_problem in problem
     else:
         assert problem == ""
+
+
+# -- Registration follows the configuration (watch, else polling) -----------------------------
+
+
+async def until(predicate: Callable[[], bool], what: str) -> None:
+    async def probe() -> bool:
+        return predicate()
+
+    await async_wait_until(probe, timeout=5, interval=0.005, what=what)
+
+
+def mutating(url: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "appwrapper-dispatcher"},
+        "webhooks": [{"name": "m", "clientConfig": {"url": url}}],
+    }
+
+
+def webhook_settings() -> WebhookConfig:
+    return WebhookConfig(enabled=True, extra_names=["127.0.0.1"], port=9443)
+
+
+async def follow(fake: FakeKube, registration: Registration) -> AsyncIterator[None]:
+    await registration.start(9443)
+    task = asyncio.create_task(registration.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@pytest.mark.parametrize("watch", [True, False], ids=["watched", "polled"])
+async def test_registration_follows_deletion_and_redirection(watch: bool) -> None:
+    fake = FakeKube(namespaces_must_exist=False)
+    fake.add_kind(*MUTATING_KIND, custom=False)
+    ours = f"https://127.0.0.1:9443{MUTATE_PATH}"
+    await fake.create(REGISTRATION_INFO, None, mutating(ours))
+    if not watch:  # an older install's RBAC: no list or watch
+        fake.fail_next("list", kind="MutatingWebhookConfiguration", error=Forbidden("no list"))
+    registration = Registration(fake, webhook_settings(), path=MUTATE_PATH, poll_seconds=0.01)
+    async with contextlib.asynccontextmanager(follow)(fake, registration):
+        assert registration.registered
+        await fake.delete(REGISTRATION_INFO, None, "appwrapper-dispatcher")
+        await until(lambda: not registration.registered, "deletion seen")
+        assert registration.problem == "its MutatingWebhookConfiguration does not exist"
+        await fake.create(REGISTRATION_INFO, None, mutating(f"https://10.0.0.9:9443{MUTATE_PATH}"))
+        await until(lambda: "another server" in registration.problem, "redirection seen")
+        assert not registration.registered
+        current = await fake.get(REGISTRATION_INFO, None, "appwrapper-dispatcher")
+        current["webhooks"][0]["clientConfig"]["url"] = ours
+        await fake.replace(REGISTRATION_INFO, None, "appwrapper-dispatcher", current)
+        await until(lambda: registration.registered, "back")
+    assert (fake.counts["watch"] > 0) is watch
+
+
+async def test_unregistered_mutate_signs_nothing() -> None:
+    fake = FakeKube(namespaces_must_exist=False)
+    fake.add_kind(*MUTATING_KIND, custom=False)
+    registration = Registration(fake, webhook_settings(), path=MUTATE_PATH)
+    await registration.start(9443)
+    signed: list[str] = []
+
+    async def mutate(request: Mapping[str, Any]) -> dict[str, Any]:
+        signed.append(str(request["uid"]))
+        return {"uid": request["uid"], "allowed": True, "patch": "x"}
+
+    answer = await registered_only(registration, mutate)({"uid": "u1"})
+    assert answer == {
+        "uid": "u1",
+        "allowed": False,
+        "status": {
+            "code": 403,
+            "reason": "Forbidden",
+            "message": "the dispatcher's admission webhook is not installed (its "
+            "MutatingWebhookConfiguration does not exist): it signs no creator record now",
+        },
+    }
+    assert signed == []
+    await fake.create(REGISTRATION_INFO, None, mutating(f"https://127.0.0.1:9443{MUTATE_PATH}"))
+    await registration.start(9443)
+    answer = await registered_only(registration, mutate)({"uid": "u2"})
+    assert answer["allowed"] is True
+    assert signed == ["u2"]
