@@ -1,7 +1,12 @@
 """Assembly: connect the hub and members, build the controller manager, run it. A member
 kubeconfig read from a Secret that runs credential plugins is refused here, at start.
 
-Side effects: network connections; `running` starts background tasks.
+Three sets of connections, each with its own rate limiter and connection pool, so that none
+can starve another: the controller's (`Config.qps`), the admission webhook's, opened in its
+own thread (`webhook.qps`, see webhook_service.py), and the leader-election Lease's.
+
+Side effects: network connections; `running` starts background tasks, and the webhook's
+thread.
 """
 
 from __future__ import annotations
@@ -30,39 +35,68 @@ LOCAL_MEMBER = "local"
 SECRETS = ResourceInfo("v1", "Secret", "secrets", namespaced=True)
 
 
-async def build(config: Config) -> Manager:
-    kubeconfig = config.kubeconfig or os.environ.get("KUBECONFIG") or None
-    hub = await KubeClient.connect(
-        kubeconfig=kubeconfig,
+async def connect_hub(config: Config, *, name: str, qps: float, burst: int) -> KubeClient:
+    """A new connection to the hub, with a rate limiter of its own."""
+    return await KubeClient.connect(
+        kubeconfig=config.kubeconfig or os.environ.get("KUBECONFIG") or None,
         context=config.context,
-        name="hub",
-        qps=config.qps,
-        burst=config.burst,
+        name=name,
+        qps=qps,
+        burst=burst,
     )
-    member_configs = config.members or [MemberConfig(name=LOCAL_MEMBER)]
+
+
+async def member_kubeconfigs(config: Config, hub: KubeApi) -> dict[str, dict[str, Any]]:
+    """Member name -> its kubeconfig, for the members whose kubeconfig is in a Secret."""
+    return {
+        member.name: await _kubeconfig_from_secret(
+            hub, member.kubeconfig_secret, allow_exec=config.allow_exec_kubeconfigs
+        )
+        for member in config.members
+        if member.kubeconfig_secret
+    }
+
+
+async def connect_members(
+    config: Config,
+    hub: KubeClient,
+    secrets: dict[str, dict[str, Any]],
+    *,
+    qps: float,
+    burst: int,
+) -> list[tuple[MemberConfig, KubeClient]]:
+    """Each member with its connection (`hub` itself for the hub); `secrets` holds the
+    kubeconfigs read from Secrets (`member_kubeconfigs`). A failure closes what it opened."""
+    connected: list[tuple[MemberConfig, KubeClient]] = []
+    try:
+        for member in config.members or [MemberConfig(name=LOCAL_MEMBER)]:
+            if member.kubeconfig_secret or member.kubeconfig:
+                client = await KubeClient.connect(
+                    kubeconfig_dict=secrets.get(member.name),
+                    kubeconfig=None if member.kubeconfig_secret else member.kubeconfig,
+                    context=member.context,
+                    name=member.name,
+                    qps=qps,
+                    burst=burst,
+                )
+            else:
+                client = hub
+            connected.append((member, client))
+    except BaseException:
+        for _, client in connected:
+            if client is not hub:
+                await client.close()
+        raise
+    return connected
+
+
+async def build(config: Config) -> Manager:
+    hub = await connect_hub(config, name="hub", qps=config.qps, burst=config.burst)
+    secrets = await member_kubeconfigs(config, hub)
     members = []
-    for member in member_configs:
-        if member.kubeconfig_secret:
-            kubeconfig_dict = await _kubeconfig_from_secret(
-                hub, member.kubeconfig_secret, allow_exec=config.allow_exec_kubeconfigs
-            )
-            client = await KubeClient.connect(
-                kubeconfig_dict=kubeconfig_dict,
-                context=member.context,
-                name=member.name,
-                qps=config.qps,
-                burst=config.burst,
-            )
-        elif member.kubeconfig:
-            client = await KubeClient.connect(
-                kubeconfig=member.kubeconfig,
-                context=member.context,
-                name=member.name,
-                qps=config.qps,
-                burst=config.burst,
-            )
-        else:
-            client = hub
+    for member, client in await connect_members(
+        config, hub, secrets, qps=config.qps, burst=config.burst
+    ):
         problems = [] if client is hub else mapping_problems(member.namespaces)
         if problems:
             raise ValueError(f"members[{member.name}].namespaces: {'; '.join(problems)}")
@@ -144,10 +178,32 @@ async def running(config: Config, *, ready_timeout: float = 60) -> AsyncIterator
 
 async def _start_webhook(config: Config, dispatcher: Manager) -> WebhookService | None:
     """Every replica serves the admission webhook, leader or not (the API server may call
-    any of them), from before it waits for the Lease."""
+    any of them), from before it waits for the Lease; in its own thread, on its own
+    connections (the member kubeconfigs in Secrets are read here, once more)."""
     if not config.webhook.enabled:
         return None
-    service = WebhookService(config, dispatcher)
+    qps, burst = config.webhook.qps, config.webhook.burst
+    try:
+        secrets = await member_kubeconfigs(config, dispatcher.hub)
+    except BaseException:
+        await close(dispatcher)
+        raise
+
+    async def connect() -> tuple[KubeClient, list[KubeClient]]:
+        hub = await connect_hub(config, name="webhook-hub", qps=qps, burst=burst)
+        try:
+            members = await connect_members(config, hub, secrets, qps=qps, burst=burst)
+        except BaseException:
+            await hub.close()
+            raise
+        return hub, [client for _, client in members]
+
+    def publish(keys: list[bytes]) -> None:
+        # On the controller's loop: the same keys sign records (this replica's webhook)
+        # and check them (the leader's scheduler and reconciler).
+        dispatcher.signing_keys[:] = keys
+
+    service = WebhookService(config, connect=connect, publish_keys=publish)
     try:
         await service.start()
     except BaseException:
@@ -181,9 +237,13 @@ async def serve_forever(config: Config) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     elector = None
+    lease_client = None
     if config.leader_election:
+        # Its own connection: neither the controller's bursts nor anything else waits in
+        # front of a renewal (a handful of requests every retry period: no rate limit).
+        lease_client = await connect_hub(config, name="lease", qps=0, burst=0)
         elector = LeaderElector(
-            dispatcher.hub,
+            lease_client,
             namespace=config.lease_namespace,
             name=config.lease_name,
             identity=replica_identity(),
@@ -196,8 +256,11 @@ async def serve_forever(config: Config) -> None:
         await asyncio.wait({acquiring, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():
             acquiring.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await acquiring
             if service is not None:
                 await service.stop()
+            await lease_client.close()
             await close(dispatcher)
             return
         stopper.cancel()
@@ -239,4 +302,6 @@ async def serve_forever(config: Config) -> None:
             await runner.cleanup()
         if service is not None:
             await service.stop()
+        if lease_client is not None:
+            await lease_client.close()
         await close(dispatcher)

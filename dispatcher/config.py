@@ -90,6 +90,35 @@ class WebhookConfig(BaseModel):
     ca_validity_seconds: float = Field(default=3650 * 86400, gt=0)
     rotate_when_left: float = Field(default=1 / 3, gt=0, lt=1)
     """Renew a certificate when this fraction of its validity is left."""
+    client_ca_file: str | None = None
+    """PEM bundle of the CA(s) that sign the client certificate the API server presents to
+    webhooks (its AdmissionConfiguration's kubeconfigFile). Set: an admission request from a
+    caller without a certificate from these CAs, naming one of `client_names`, is refused
+    (403; a certificate from another CA fails the TLS handshake). Re-read when it changes.
+    Unset: anyone who reaches the port is answered (a warning says so at start)."""
+    client_names: list[str] = Field(
+        default_factory=lambda: ["kube-apiserver-webhook-client"], min_length=1
+    )
+    """Accepted common names / DNS names of that client certificate."""
+    qps: float = Field(default=50.0, ge=0)
+    burst: int = Field(default=100, ge=0)
+    """The webhook's own API clients (discovery, SubjectAccessReviews, PriorityClasses, its
+    Secret): a rate limiter apart from the controller's and the Lease's."""
+    max_in_flight: int = Field(default=32, ge=1, le=1024)
+    """Admission requests handled at once; more wait (`queue_seconds`), then are refused."""
+    queue_seconds: float = Field(default=2.0, ge=0)
+    """How long a request beyond `max_in_flight` waits for its turn before it is refused
+    (with a message saying so; the API server's own webhook timeout is 10 s)."""
+    max_api_versions: int = Field(default=8, ge=1, le=100)
+    """Distinct apiVersions (API group/versions) one AppWrapper's items may name; more is
+    refused at apply with the limit named (each one may cost a discovery request)."""
+    kind_groups: dict[str, list[str]] = Field(default_factory=dict)
+    """Kind -> the API groups it may come from ("" is the core group), on top of the built-in
+    table (Pod: core, Deployment: apps, RayCluster: ray.io, ...). An item of such a kind from
+    another group is refused at apply without any discovery request. A kind in neither may
+    come from any group, as before."""
+    unserved_cache_seconds: float = Field(default=10.0, ge=0)
+    """How long "no cluster serves this apiVersion and kind" is believed by the webhook."""
 
 
 class Config(BaseModel):

@@ -157,7 +157,8 @@ async def demo(workdir: Path, keep: bool) -> int:
 
 def _with_webhook(cluster: LocalCluster) -> Config:
     """Settings with the admission webhook on, as the manifests deploy it, served on
-    127.0.0.1 (the API server runs on this machine: a URL instead of a Service)."""
+    127.0.0.1 (the API server runs on this machine: a URL instead of a Service), answering
+    only the API server's client certificate."""
     port = free_port()
     cluster.kubectl("create", "namespace", SYSTEM_NAMESPACE)
     for configuration in webhook_configurations(WEBHOOK, port):
@@ -174,6 +175,7 @@ def _with_webhook(cluster: LocalCluster) -> Config:
             extra_names=["127.0.0.1"],
             mutating_configuration=WEBHOOK,
             validating_configuration=WEBHOOK,
+            client_ca_file=str(cluster.webhook_client_ca) if cluster.webhook_client_ca else None,
         ),
     )
 

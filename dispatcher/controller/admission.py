@@ -12,7 +12,9 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +25,7 @@ from dispatcher.api.models import AppWrapper
 from dispatcher.config import Config, DeclaredPodResources
 from dispatcher.core import admission as rules
 from dispatcher.core.admission import Access, Creator
+from dispatcher.core.kindgroups import group_problem
 from dispatcher.core.validation import bounded_message
 from dispatcher.core.workloads import InvalidSpec, workload_of
 from dispatcher.kube.api import KubeApi
@@ -37,6 +40,24 @@ PRIORITY_CLASSES = ResourceInfo(
     "scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False
 )
 ANSWERS_LIMIT = 4096
+UNSERVED_LIMIT = 4096
+"""apiVersion/kind pairs remembered as served nowhere: names come from users' templates, so
+the memory they take is bounded (oldest forgotten first)."""
+
+
+@dataclass(frozen=True)
+class DiscoveryBounds:
+    """What one admission request may cost in discovery (the webhook's; the check before
+    dispatch has none: what it checks passed the webhook, and an item it left out of the
+    rights asked for would be created unchecked)."""
+
+    max_api_versions: int
+    """Distinct apiVersions of one AppWrapper's items looked up at most; more is refused."""
+    kind_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    """Kind -> groups, on top of `core.kindgroups.KNOWN_GROUPS`: other groups are refused
+    before any lookup."""
+    unserved_seconds: float = 10.0
+    """How long "no cluster serves this apiVersion and kind" is believed."""
 
 
 class AccessReviews:
@@ -90,8 +111,14 @@ class Admission:
         hub: KubeApi,
         discovery: Sequence[KubeApi] = (),
         signing_keys: Callable[[], Sequence[bytes]] = lambda: (),
+        bounds: DiscoveryBounds | None = None,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
+        self._bounds = bounds
+        self._now = now
+        self._unserved: OrderedDict[tuple[str, str], float] = OrderedDict()
+        """(apiVersion, kind) -> when no cluster served it (with `bounds` only)."""
         self._hub = hub
         # Where a wrapped kind's REST name is looked up: the hub, then the members (a CRD
         # such as RayCluster may be installed only where the pods run).
@@ -197,10 +224,20 @@ class Admission:
         needed: dict[Access, list[str]] = {}
         unknown: list[str] = []
         items = ((obj.get("spec") or {}).get("resources") or {}).get("GenericItems") or []
+        refused = self._bounded(items)
+        if refused:
+            return needed, refused
         for index, item in enumerate(items):
             template = item.get("generictemplate") or {}
             kind = str(template.get("kind") or "")
             label = f"item {index} ({kind}/{(template.get('metadata') or {}).get('name') or ''})"
+            if self._bounds is not None:
+                problem = group_problem(
+                    str(template.get("apiVersion") or ""), kind, self._bounds.kind_groups
+                )
+                if problem:
+                    unknown.append(f"{label}: {problem}")
+                    continue
             try:
                 info = await self._resource(str(template.get("apiVersion") or ""), kind, member)
             except UnknownKind as exc:
@@ -214,7 +251,36 @@ class Admission:
             needed.setdefault(access, []).append("preemptible: false")
         return needed, unknown
 
+    def _bounded(self, items: Sequence[Any]) -> list[str]:
+        """The refusal of an AppWrapper whose items name more apiVersions than one request
+        may look up (empty: within bounds, or no bounds). Counted over the items whose kind
+        and group are allowed, so the answer does not depend on what is cached."""
+        if self._bounds is None:
+            return []
+        versions = set()
+        for item in items:
+            template = (item.get("generictemplate") if isinstance(item, dict) else None) or {}
+            api_version = str(template.get("apiVersion") or "")
+            kind = str(template.get("kind") or "")
+            if not group_problem(api_version, kind, self._bounds.kind_groups):
+                versions.add(api_version)
+        limit = self._bounds.max_api_versions
+        if len(versions) <= limit:
+            return []
+        return [
+            f"the items name {len(versions)} distinct apiVersions; at most {limit} are looked "
+            "up for one AppWrapper (webhook.max_api_versions): "
+            + ", ".join(sorted(versions)[: limit + 1])
+            + ("..." if len(versions) > limit + 1 else "")
+        ]
+
     async def _resource(self, api_version: str, kind: str, member: KubeApi | None) -> ResourceInfo:
+        key = (api_version, kind)
+        if self._recently_unserved(key):
+            raise UnknownKind(
+                f"no cluster serves kind {kind!r} in {api_version!r} "
+                "(is its CustomResourceDefinition installed?)"
+            )
         clients = [*self._discovery, *([member] if member is not None else [])]
         last: UnknownKind | None = None
         for client in clients:
@@ -222,7 +288,22 @@ class Admission:
                 return await client.resource_info(api_version, kind)
             except UnknownKind as exc:
                 last = exc
+        if self._bounds is not None:
+            self._unserved[key] = self._now()
+            while len(self._unserved) > UNSERVED_LIMIT:
+                self._unserved.popitem(last=False)
         raise last or UnknownKind(f"kind {kind!r} in {api_version!r} is not served")
+
+    def _recently_unserved(self, key: tuple[str, str]) -> bool:
+        if self._bounds is None:
+            return False
+        since = self._unserved.get(key)
+        if since is None:
+            return False
+        if self._now() - since < self._bounds.unserved_seconds:
+            return True
+        del self._unserved[key]
+        return False
 
     # -- before dispatch ----------------------------------------------------------------
 

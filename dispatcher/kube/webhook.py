@@ -1,19 +1,27 @@
 """The admission webhook's HTTPS endpoint: AdmissionReview v1 in, AdmissionReview out.
 
-Side effects: listens on a TCP port with TLS. What to answer is decided by the handlers it is
-given (dispatcher.controller.admission); this module only speaks the protocol. Every replica
-serves it, leader or not: the API server may call any of them.
+Side effects: listens on a TCP port with TLS; with `ClientAuth`, reads the client CA file.
+What to answer is decided by the handlers it is given (dispatcher.controller.admission); this
+module only speaks the protocol, checks who calls (`ClientAuth`: the API server's client
+certificate) and bounds how many requests are handled at once. Every replica serves it,
+leader or not: the API server may call any of them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import structlog
 from aiohttp import web
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import NameOID
 
 MUTATE_PATH = "/mutate-appwrapper"
 VALIDATE_PATH = "/validate-appwrapper"
@@ -22,6 +30,97 @@ MAX_BODY_BYTES = 8 * 2**20
 oldObject) plus JSON overhead."""
 
 Handler = Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def certificate_names(cert: x509.Certificate) -> set[str]:
+    """The common names and DNS names a certificate is issued to."""
+    common = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    names = {str(attribute.value) for attribute in common}
+    try:
+        alternative = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return names
+    return names | set(alternative.value.get_values_for_type(x509.DNSName))
+
+
+class ClientAuth:
+    """Only a caller with a client certificate from the CAs in `ca_file`, issued to one of
+    `names`, is answered: the API server, configured to present one to webhooks.
+
+    The TLS layer asks every caller for a certificate and refuses, in the handshake, one
+    that no CA it has loaded signed (`ssl.CERT_OPTIONAL`: without one the handshake
+    succeeds, so that probes of /healthz need none, and the request is refused with 403).
+    OpenSSL can add CAs to a live context but not take one away, so `problem` checks the
+    certificate again against the file as it is now: a CA removed from the file is refused
+    from the next request on. The file must hold the CA that issued the certificate itself
+    (an intermediate, if one is used).
+    """
+
+    def __init__(self, ca_file: str, names: Collection[str], context: ssl.SSLContext) -> None:
+        self.ca_file = ca_file
+        self.names = frozenset(names)
+        self._context = context
+        self._cas: list[x509.Certificate] = []
+        self._seen: tuple[int, ...] = ()
+        self.log = structlog.get_logger("webhook").bind(client_ca_file=ca_file)
+        context.verify_mode = ssl.CERT_OPTIONAL
+        self.reload()
+
+    def reload(self) -> bool:
+        """Read the file again if it changed; True when it did and was loaded. A file that
+        cannot be read or holds no certificate leaves the CAs as they were (after the first
+        load), and says so."""
+        try:
+            stat = os.stat(self.ca_file)  # follows the symlinks a mounted Secret is made of
+            seen = (stat.st_mtime_ns, stat.st_ino, stat.st_size)
+            if seen == self._seen:
+                return False
+            with open(self.ca_file, "rb") as file:
+                pem = file.read()
+            cas = x509.load_pem_x509_certificates(pem)
+            if not cas:
+                raise ValueError("no certificate")
+        except (OSError, ValueError) as exc:
+            if not self._cas:
+                raise ValueError(
+                    f"webhook.client_ca_file {self.ca_file}: no certificate in it ({exc})"
+                ) from exc
+            self.log.warning("webhook_client_ca_unusable", error=str(exc))
+            return False
+        for ca in cas:
+            self._context.load_verify_locations(
+                cadata=ca.public_bytes(serialization.Encoding.PEM).decode()
+            )
+        self._cas = cas
+        self._seen = seen
+        self.log.info("webhook_client_ca_loaded", cas=len(cas))
+        return True
+
+    def problem(self, der: bytes | None) -> str:
+        """Why the caller whose certificate is `der` (None: it sent none) is not answered;
+        "" when it is."""
+        if not der:
+            return "no client certificate: only the API server may call this webhook"
+        try:
+            cert = x509.load_der_x509_certificate(der)
+        except ValueError:  # one OpenSSL accepted but cryptography cannot read
+            return "the client certificate cannot be read"
+        if not any(_issued_by(cert, ca) for ca in self._cas):
+            return "the client certificate is not issued by a CA of webhook.client_ca_file"
+        names = certificate_names(cert)
+        if not names & self.names:
+            return f"the client certificate names {sorted(names)}, none of webhook.client_names"
+        return ""
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    if cert.issuer != ca.subject:
+        return False
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
 
 
 def review_answer(request: Mapping[str, Any], response: dict[str, Any]) -> dict[str, Any]:
@@ -39,13 +138,40 @@ async def serve(
     ssl_context: ssl.SSLContext,
     mutate: Handler,
     validate: Handler,
+    client_auth: ClientAuth | None = None,
+    max_in_flight: int = 32,
+    queue_seconds: float = 2.0,
 ) -> tuple[web.AppRunner, int]:
     """Start serving; returns the runner (call `cleanup()` to stop) and the port bound
-    (`port` 0 picks a free one)."""
+    (`port` 0 picks a free one). With `client_auth`, only callers it accepts are answered.
+    At most `max_in_flight` reviews are read and handled at once; one that waited
+    `queue_seconds` for its turn is refused (429)."""
     log = structlog.get_logger("webhook")
+    turns = asyncio.Semaphore(max_in_flight)
 
     def endpoint(handler: Handler, what: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def answer(request: web.Request) -> web.Response:
+            if client_auth is not None:
+                refused = client_auth.problem(_peer_certificate(request))
+                if refused:
+                    log.warning("webhook_caller_refused", path=what, reason=refused)
+                    return _status(403, "Forbidden", refused)
+            try:
+                await asyncio.wait_for(turns.acquire(), queue_seconds)
+            except TimeoutError:
+                log.warning("webhook_busy", path=what, in_flight=max_in_flight)
+                return _status(
+                    429,
+                    "TooManyRequests",
+                    f"the dispatcher is answering {max_in_flight} admission requests at "
+                    "once (webhook.max_in_flight); try again",
+                )
+            try:
+                return await reply(request)
+            finally:
+                turns.release()
+
+        async def reply(request: web.Request) -> web.Response:
             try:
                 review = json.loads(await request.read())
                 inner = review["request"]
@@ -82,5 +208,27 @@ async def serve(
     await site.start()
     # The port really bound (when 0 was asked for, a free one).
     bound = int(runner.addresses[0][1]) if runner.addresses else port
-    log.info("webhook_serving", host=host, port=bound)
+    log.info("webhook_serving", host=host, port=bound, client_auth=client_auth is not None)
     return runner, bound
+
+
+def _peer_certificate(request: web.Request) -> bytes | None:
+    transport = request.transport
+    tls = transport.get_extra_info("ssl_object") if transport is not None else None
+    if not isinstance(tls, ssl.SSLObject | ssl.SSLSocket):
+        return None
+    return tls.getpeercert(binary_form=True)
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    """A refusal the API server shows as it is: a Status object (any other answer than 200
+    makes the call fail, and with failurePolicy Fail the request is refused)."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    }
+    return web.json_response(body, status=code)

@@ -3,7 +3,9 @@
 Side effects: starts and kills processes, writes files under a work directory.
 
 Each `LocalCluster` is a real control plane built from Kubernetes' own Go modules
-(see testenv/): etcd, kube-apiserver (token auth, RBAC), kube-controller-manager,
+(see testenv/): etcd, kube-apiserver (token auth, RBAC; it presents a client certificate to
+admission webhooks, configured as docs/operations.md tells operators: an
+AdmissionConfiguration naming a kubeconfig, its CA in `webhook_client_ca`), kube-controller-manager,
 kube-scheduler, KWOK (fake nodes whose pods reach Running without a kubelet) and,
 optionally, the KubeRay operator. Several clusters can run side by side; each has
 its own ports, data and kubeconfig. `ExistingCluster` wraps a kubeconfig for a
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dispatcher.testing import pki
 from dispatcher.testing.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +39,9 @@ DEFAULT_CACHE = Path(
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 BIND_ATTEMPTS = 4
 """Starts of one component, each on fresh ports, when another program took its port."""
+WEBHOOK_CLIENT_NAME = "kube-apiserver-webhook-client"
+"""The common name of the client certificate the local API server presents to webhooks
+(the default of `webhook.client_names`)."""
 
 __all__ = ["free_port"]  # re-exported: tests, the demo and benchmarks import it from here
 
@@ -233,6 +239,9 @@ class ExistingCluster(KubectlMixin):
     name: str
     kubeconfig: Path
     kubectl_path: Path | str = "kubectl"
+    webhook_client_ca: Path | None = None
+    """Not known for a cluster made elsewhere: tests that need it skip."""
+    webhook_client_ca_key: Path | None = None
 
     def stop(self) -> None:
         """Nothing to stop: the cluster is not ours."""
@@ -262,6 +271,11 @@ class LocalCluster(KubectlMixin):
     kubeconfig: Path
     kubectl_path: Path | str
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    webhook_client_ca: Path | None = None
+    """The CA (PEM) of the client certificate the API server presents to every webhook
+    (CN `WEBHOOK_CLIENT_NAME`): a dispatcher's `webhook.client_ca_file`."""
+    webhook_client_ca_key: Path | None = None
+    """Its key: tests sign certificates of their own with it (a wrong name)."""
 
     @classmethod
     def start(
@@ -370,6 +384,7 @@ class LocalCluster(KubectlMixin):
                 "--endpoint-reconciler-type=none",
                 "--max-requests-inflight=800",
                 "--max-mutating-requests-inflight=400",
+                f"--admission-control-config-file={self._webhook_client_identity()}",
                 *(self._audit_flags() if audit else []),
             ]
 
@@ -533,6 +548,15 @@ class LocalCluster(KubectlMixin):
             if time.monotonic() > deadline:
                 raise ClusterStartError(f"namespace default never appeared in {self.name}")
             time.sleep(0.2)
+
+    def _webhook_client_identity(self) -> Path:
+        """The AdmissionConfiguration that makes the API server present a client certificate
+        to admission webhooks, signed by a CA of this cluster's own; returns its path."""
+        files = pki.webhook_client_files(
+            self.workdir / "webhook-client", f"{self.name}-webhook-client-ca", WEBHOOK_CLIENT_NAME
+        )
+        self.webhook_client_ca, self.webhook_client_ca_key = files.ca, files.ca_key
+        return files.admission_config
 
     def _audit_flags(self) -> list[str]:
         """Every write, at Metadata level (who, what, when, answer), to logs/audit.log."""

@@ -56,6 +56,11 @@ class Secure:
     name: str
 
     def settings(self, **webhook: Any) -> dict[str, Any]:
+        """The dispatcher's settings: its webhook answers only the API server's client
+        certificate where the cluster presents one (a LocalCluster; a cluster made elsewhere
+        runs without, and the tests that need it skip)."""
+        client_ca = self.cluster.webhook_client_ca
+        defaults: dict[str, Any] = {"client_ca_file": str(client_ca) if client_ca else None}
         return {
             "unattributed": "refuse",
             "webhook": WebhookConfig(
@@ -66,7 +71,7 @@ class Secure:
                 extra_names=["127.0.0.1"],
                 mutating_configuration=self.name,
                 validating_configuration=self.name,
-                **webhook,
+                **{**defaults, **webhook},
             ),
         }
 
