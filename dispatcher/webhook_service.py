@@ -33,10 +33,13 @@ class WebhookService:
 
     async def start(self) -> None:
         await self.certs.start()
-        # The same key signs records (this replica's webhook) and checks them (the leader's
-        # scheduler and reconciler): every replica reads it from the one Secret.
-        self._dispatcher.signing_keys[:] = [self.certs.signing_key]
+        # The same keys sign records (this replica's webhook) and check them (the leader's
+        # scheduler and reconciler): every replica reads them from the one Secret, at each
+        # check, and every use asks for the set loaded last.
+        certs = self.certs
+        self._dispatcher.signing_keys = lambda: certs.signing_keys
         admission = self._dispatcher.admission
+        await admission.learn_identity()  # the one writer of AppWrapper status
         self._runner, self.port = await webhook.serve(
             host=self._config.webhook.host,
             port=self._config.webhook.port,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,13 +88,15 @@ class Manager:
             cold=lambda obj: phase_of_raw(obj) is Phase.FINISHED,
         )
         self.priority_classes = Informer(hub, PRIORITY_CLASSES)
-        self.signing_keys: list[bytes] = []
-        """Keys of the admission webhook's creator records (set before `run`)."""
+        self.signing_keys: Callable[[], Sequence[bytes]] = tuple
+        """Where the keys of the webhook's creator records come from, the signing one first
+        (the webhook service points it at its certificates before `run`). Asked at each
+        use, so a key reloaded from the Secret counts at once on every path."""
         self.admission = Admission(
             config=config,
             hub=hub,
             discovery=[m.client for m in members],
-            signing_keys=lambda: self.signing_keys,
+            signing_keys=lambda: self.signing_keys(),
         )
         self.models = Models(
             allowed_kinds=frozenset(config.allowed_kinds),

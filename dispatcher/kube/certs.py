@@ -98,7 +98,13 @@ class WebhookCerts:
         self.policy = certplan.CertPolicy.from_config(config, check_seconds=check_seconds)
         self.ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ssl_context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.key_policy = certplan.KeyPolicy.from_config(config)
         self.signing_key = b""
+        """The key this replica signs records with (the Secret's current one)."""
+        self.signing_keys: tuple[bytes, ...] = ()
+        """The keys records verify with: `signing_key`, then the retired ones still valid.
+        Replaced whole at each check, never changed in place: a reader holding the old
+        tuple sees one consistent set."""
         self.serving_cert = b""
         """The PEM of the certificate `ssl_context` serves."""
         self.ca_bundle = b""
@@ -131,7 +137,7 @@ class WebhookCerts:
         current = await self._read()
         if self.config.cert_dir is not None:
             secret = await self._converge(self._signing_key_only, current)
-            self.signing_key = _decode(secret).data[SIGNING_KEY]
+            self._load_keys(_decode(secret).data)
             self._reload_files(self.config.cert_dir)
             return
         # The bundle as the Secret holds it is published before planning: step 2 of a CA
@@ -140,7 +146,7 @@ class WebhookCerts:
             await self._publish(current)
         secret = await self._converge(self._settle, current)
         data = _decode(secret).data
-        self.signing_key = data[SIGNING_KEY]
+        self._load_keys(data)
         self.ca_bundle = data[CA_BUNDLE]
         # Loaded before publishing, so a configuration that cannot be updated now does not
         # keep this replica on an old certificate. Nothing is lost by the order: a serving
@@ -163,21 +169,43 @@ class WebhookCerts:
         """The state to write, or None when the Secret is fine as it is."""
         now = self.now()
         final, steps, last = certplan.settle(state, now, self.policy)
-        self._due_at = last.due_at
-        if not steps:
-            return None
-        self.log.info(
-            "webhook_certs_planned",
-            steps=[step.action.value for step in steps],
-            reasons=[step.reason for step in steps],
+        if steps:
+            self.log.info(
+                "webhook_certs_planned",
+                steps=[step.action.value for step in steps],
+                reasons=[step.reason for step in steps],
+            )
+        keys = self._signing_key_only(final)
+        wanted = keys if keys is not None else final
+        self._due_at = min(
+            last.due_at,
+            certplan.next_key_expiry(wanted.data, now, self.key_policy) if wanted else math.inf,
         )
-        return final
+        if keys is not None:
+            return keys
+        return final if steps else None
 
     def _signing_key_only(self, state: CertState | None) -> CertState | None:
-        data = certplan.plan_signing_key(state.data if state is not None else None)
+        """The state with the signing keys as `plan_signing_keys` wants them (this replica's
+        key among the retired ones if the Secret's changed), or None if they are so."""
+        data = certplan.plan_signing_keys(
+            state.data if state is not None else None,
+            held=self.signing_key,
+            now=self.now(),
+            policy=self.key_policy,
+        )
         if data is None:
             return None
+        if self.signing_key and data.get(SIGNING_KEY) != self.signing_key:
+            self.log.info("signing_key_retired", previous=len(certplan.read_previous(data)))
         return CertState(data, state.rotation_started_at if state is not None else None)
+
+    def _load_keys(self, data: Mapping[str, bytes]) -> None:
+        keys = tuple(certplan.verification_keys(data, self.now(), self.key_policy))
+        if keys and keys[0] != self.signing_key:
+            self.log.info("signing_key_loaded", keys=len(keys), first=not self.signing_key)
+        self.signing_keys = keys
+        self.signing_key = keys[0] if keys else b""
 
     async def _converge(
         self,

@@ -22,7 +22,7 @@ def failed(status: dict[str, Any]) -> dict[str, Any]:
 
 async def test_an_unattributed_appwrapper_fails_and_is_never_scheduled() -> None:
     async with fake_env(unattributed="refuse", check_at_dispatch=False) as env:
-        env.manager.signing_keys[:] = [KEY]
+        env.manager.signing_keys = lambda: [KEY]
         await env.add_node("n1", cpu="8")
         await env.apply(appwrapper("plain", job("plain", 1, {"cpu": "1"})))
         await env.reconcile("plain")
@@ -38,11 +38,11 @@ async def test_an_unattributed_appwrapper_fails_and_is_never_scheduled() -> None
 
 async def test_a_signed_record_is_dispatched() -> None:
     async with fake_env(unattributed="refuse", check_at_dispatch=False) as env:
-        env.manager.signing_keys[:] = [KEY]
+        env.manager.signing_keys = lambda: [KEY]
         await env.add_node("n1", cpu="8")
         obj = appwrapper("signed", job("signed", 1, {"cpu": "1"}))
         obj["metadata"]["namespace"] = NAMESPACE
-        patch = record_patch(operation="CREATE", obj=obj, old=None, user=Creator("bob"), key=KEY)
+        patch = record_patch(operation="CREATE", obj=obj, old=None, user=Creator("bob"), keys=[KEY])
         await env.apply(apply_patch(obj, patch))
         await env.reconcile("signed")
         await env.cycle()
