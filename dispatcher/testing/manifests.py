@@ -174,7 +174,8 @@ def webhook_configurations(
 ) -> list[dict[str, Any]]:
     """The dispatcher's mutating and validating webhook configurations, for a dispatcher
     serving on 127.0.0.1:`port` (outside the cluster: a URL, not a Service), limited to
-    `namespace` when given. The dispatcher writes their caBundle."""
+    `namespace` when given; the validating one sees status writes too, as
+    manifests/webhook.yaml's. The dispatcher writes their caBundle."""
     rules = [
         {
             "apiGroups": ["workload.codeflare.dev"],
@@ -183,6 +184,8 @@ def webhook_configurations(
             "operations": ["CREATE", "UPDATE"],
         }
     ]
+    # Status is checked, never changed: the validating webhook only.
+    status_rule = {**rules[0], "resources": ["appwrappers/status"], "operations": ["UPDATE"]}
     common: dict[str, Any] = {
         "rules": rules,
         "failurePolicy": failure_policy,
@@ -195,7 +198,7 @@ def webhook_configurations(
     made = []
     for kind, path, extra in (
         ("MutatingWebhookConfiguration", "/mutate-appwrapper", {"reinvocationPolicy": "IfNeeded"}),
-        ("ValidatingWebhookConfiguration", "/validate-appwrapper", {}),
+        ("ValidatingWebhookConfiguration", "/validate-appwrapper", {"rules": [*rules, status_rule]}),
     ):
         webhook = {
             "name": f"{path.strip('/')}.workload.codeflare.dev",
