@@ -1,7 +1,7 @@
 """The admission webhook's TLS material and the record-signing key, kept in one Secret that
 every replica shares.
 
-Side effects: reads and writes that Secret (and creates it); reads and replaces the
+Side effects: reads, watches and writes that Secret (and creates it); reads and replaces the
 `caBundle` of the dispatcher's Mutating- and ValidatingWebhookConfiguration; writes each new
 serving key pair to a private temporary directory just long enough for `ssl` to load it;
 with `cert_dir`, reads the certificate files someone else (cert-manager) keeps there.
@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import math
 import os
 import ssl
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -32,7 +34,7 @@ from dispatcher.kube import certplan
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.certplan import CA_BUNDLE, SIGNING_KEY, TLS_CERT, TLS_KEY, CertState
 from dispatcher.kube.client import ResourceInfo
-from dispatcher.kube.errors import Conflict, KubeError, NotFound
+from dispatcher.kube.errors import Conflict, Gone, KubeError, NotFound
 
 SECRETS = ResourceInfo("v1", "Secret", "secrets", namespaced=True)
 MUTATING = ResourceInfo(
@@ -52,6 +54,18 @@ MAX_ATTEMPTS = 10
 """Conflicts in a row one check accepts; each means another replica wrote, so the state is
 moving towards what we want anyway, and the next check goes on from there."""
 MIN_WAIT = 0.1
+WATCHED = ("ADDED", "MODIFIED", "DELETED")
+
+
+@dataclass(frozen=True, slots=True)
+class _InNamespace(ResourceInfo):
+    """A kind watched in one namespace: the client's watch is cluster-wide otherwise, which
+    the dispatcher may not do on Secrets (its Role names its one Secret)."""
+
+    namespace: str = ""
+
+    def path(self, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+        return ResourceInfo.path(self, namespace or self.namespace, name, sub)
 
 
 def _decode(secret: dict[str, Any]) -> CertState:
@@ -121,16 +135,50 @@ class WebhookCerts:
         await self.check()
 
     async def run(self) -> NoReturn:
-        """After `start`: check every `check_seconds`, and when something comes due, until
-        cancelled. A failed check is logged and tried again at the next."""
+        """After `start`: check every `check_seconds`, when something comes due, and as soon
+        as the Secret changes (a watch: a recreated Secret's new signing key is taken up, and
+        the old one retired, at once), until cancelled. A failed check is logged and tried
+        again at the next."""
+        changed = asyncio.Event()
+        watcher = asyncio.create_task(self._watch(changed), name="webhook-secret-watch")
+        try:
+            while True:
+                wait = min(self.check_seconds, self._due_at - self.now())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), max(wait, MIN_WAIT))
+                changed.clear()
+                try:
+                    await self.check()
+                except (KubeError, OSError) as exc:
+                    # The next check tries again; what is loaded stays served meanwhile.
+                    self.log.warning("webhook_certs_check_failed", error=str(exc))
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _watch(self, changed: asyncio.Event) -> NoReturn:
+        """Set `changed` at each change of the Secret. Only a hint: a watch that cannot be
+        made (an older Role without list and watch) leaves the periodic check."""
+        info = _InNamespace(
+            SECRETS.group_version, SECRETS.kind, SECRETS.plural, True, self.config.namespace
+        )
+        query = {"fieldSelector": f"metadata.name={self.config.secret_name}"}
         while True:
-            wait = min(self.check_seconds, self._due_at - self.now())
-            await asyncio.sleep(max(wait, MIN_WAIT))
             try:
-                await self.check()
+                # List, check, then watch from the list: nothing changed in between is missed.
+                listed = await self.client.list(info, self.config.namespace, query=query)
+                version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+                changed.set()
+                async for event in self.client.watch(info, resource_version=version, query=query):
+                    if event.get("type") in WATCHED:
+                        changed.set()
+                continue  # the server ended it (timeout): watch again
+            except Gone:
+                continue  # too old a version: list again
             except (KubeError, OSError) as exc:
-                # The next check tries again; what is loaded stays served meanwhile.
-                self.log.warning("webhook_certs_check_failed", error=str(exc))
+                self.log.debug("webhook_secret_watch_failed", error=str(exc))
+            await asyncio.sleep(self.check_seconds)
 
     async def check(self) -> None:
         """One round of what `run` does: converge the Secret, reload, republish."""

@@ -186,6 +186,7 @@ def webhook_configurations(
     ]
     # Status is checked, never changed: the validating webhook only.
     status_rule = {**rules[0], "resources": ["appwrappers/status"], "operations": ["UPDATE"]}
+    validating = {"rules": [*rules, status_rule]}
     common: dict[str, Any] = {
         "rules": rules,
         "failurePolicy": failure_policy,
@@ -198,7 +199,7 @@ def webhook_configurations(
     made = []
     for kind, path, extra in (
         ("MutatingWebhookConfiguration", "/mutate-appwrapper", {"reinvocationPolicy": "IfNeeded"}),
-        ("ValidatingWebhookConfiguration", "/validate-appwrapper", {"rules": [*rules, status_rule]}),
+        ("ValidatingWebhookConfiguration", "/validate-appwrapper", validating),
     ):
         webhook = {
             "name": f"{path.strip('/')}.workload.codeflare.dev",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ipaddress
 import ssl
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from dispatcher.kube.certplan import (
 from dispatcher.kube.certs import MUTATING, SECRETS, VALIDATING, WebhookCerts
 from dispatcher.kube.errors import Conflict
 from dispatcher.testing.fakekube import FakeKube
+from dispatcher.testing.waits import async_wait_until
 
 T0 = 1_700_000_000.0
 CONFIG = WebhookConfig(
@@ -454,3 +456,26 @@ async def test_a_recreated_secret_keeps_the_old_key_verifying_on_every_replica()
     later = WebhookCerts(fake, CONFIG, check_seconds=30)
     await later.start()
     assert later.signing_keys == (second, first)
+
+
+async def test_a_deleted_secret_is_made_anew_at_once_through_the_watch() -> None:
+    fake = fake_with_configurations()
+    certs = WebhookCerts(fake, CONFIG, check_seconds=3600)  # no periodic check in the test
+    await certs.start()
+    first = certs.signing_key
+    running = asyncio.create_task(certs.run())
+    try:
+        (secret,) = fake.objects("v1", "Secret")
+        await fake.delete(SECRETS, secret["metadata"]["namespace"], secret["metadata"]["name"])
+
+        async def retired() -> bool:
+            return len(certs.signing_keys) == 2
+
+        await async_wait_until(retired, timeout=10, what="the Secret made anew")
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+    assert certs.signing_keys == (certs.signing_key, first)
+    (secret,) = fake.objects("v1", "Secret")
+    assert base64.b64decode(secret["data"][SIGNING_KEY]) == certs.signing_key
