@@ -233,13 +233,19 @@ def test_webhook_manifests_agree_with_the_deployment_and_the_settings() -> None:
             "path": path,
             "port": port["port"],
         }, where
-        (rule,) = webhook["rules"]
+        rule, *status_rules = webhook["rules"]
         assert rule["apiGroups"] == ["workload.codeflare.dev"], where
         assert rule["apiVersions"] == ["v1beta1"], where
-        # The spec only: neither the status subresource nor a wildcard that would take it in.
+        # The spec: neither the status subresource nor a wildcard that would take it in.
         assert rule["resources"] == ["appwrappers"], where
         assert not any("/" in r or "*" in r for r in rule["resources"]), where
         assert sorted(rule["operations"]) == ["CREATE", "UPDATE"], where
+        # Status: checked (only the dispatcher writes it), never recorded or changed.
+        if kind == "ValidatingWebhookConfiguration":
+            (status,) = status_rules
+            assert status == {**rule, "resources": ["appwrappers/status"], "operations": ["UPDATE"]}
+        else:
+            assert status_rules == [], where
         assert webhook["failurePolicy"] == "Fail", where
         assert webhook["sideEffects"] == "None", where
         assert webhook["admissionReviewVersions"] == ["v1"], where
@@ -370,7 +376,13 @@ ALLOWED = [
     pytest.param(
         ["create", "subjectaccessreviews.authorization.k8s.io"], id="create-subjectaccessreviews"
     ),
+    pytest.param(
+        ["create", "selfsubjectreviews.authentication.k8s.io"], id="create-selfsubjectreviews"
+    ),
     pytest.param(["create", "secrets", "-n", SYSTEM_NAMESPACE], id="create-webhook-secret"),
+    pytest.param(
+        ["watch", f"secrets/{WEBHOOK_SECRET}", "-n", SYSTEM_NAMESPACE], id="watch-webhook-secret"
+    ),
     pytest.param(
         ["get", f"secrets/{WEBHOOK_SECRET}", "-n", SYSTEM_NAMESPACE], id="get-webhook-secret"
     ),
@@ -594,8 +606,12 @@ def test_rbac_has_no_secrets_rule_and_no_wildcards() -> None:
         for rule in webhook_role["rules"]
         if rule["resources"] == ["secrets"]
     }
-    # create cannot be limited by name; get and update are, to the dispatcher's own Secret.
-    assert secrets == {((), ("create",)), ((WEBHOOK_SECRET,), ("get", "update"))}
+    # create cannot be limited by name; get, update, list and watch (a fieldSelector on the
+    # name: its key taken up at once when it changes) are, to the dispatcher's own Secret.
+    assert secrets == {
+        ((), ("create",)),
+        ((WEBHOOK_SECRET,), ("get", "list", "update", "watch")),
+    }
     binding = one(docs, "RoleBinding", "appwrapper-dispatcher-webhook")
     assert binding["roleRef"]["name"] == "appwrapper-dispatcher-webhook"
     assert binding["subjects"] == [
