@@ -48,10 +48,12 @@ async def record_of(secure: Secure, name: str) -> dict[str, Any]:
     return dict(json.loads(annotations[USER]))
 
 
-async def edit(secure: Secure, name: str, patch: list[dict[str, Any]], *, user: str) -> None:
+async def edit(
+    secure: Secure, name: str, patch: list[dict[str, Any]], *, user: str, extra: str = ""
+) -> None:
     await secure.cluster.akubectl(
         "patch", "aw", name, "-n", secure.namespace, f"--as={user}", "--type=json",
-        "-p", json.dumps(patch),
+        "-p", json.dumps(patch), *([f"--as-user-extra={extra}"] if extra else []),
     )  # fmt: skip
 
 
@@ -101,15 +103,18 @@ async def test_an_editor_is_a_new_requester_and_inherits_nothing(
         *replace_item,
         {"op": "replace", "path": "/spec/preemptible", "value": True},
     ]
-    await edit(secure, "pinned", unpin, user="bob")
+    # With an extra (a token's scope): recorded, and sent in every SubjectAccessReview.
+    await edit(secure, "pinned", unpin, user="bob", extra="scopes.example.com=workloads")
     edited = await get_aw(cluster, namespace, "pinned")
-    assert json.loads(edited["metadata"]["annotations"][USER])["username"] == "bob"
+    bobs = json.loads(edited["metadata"]["annotations"][USER])
+    assert bobs["username"] == "bob"
+    assert bobs["extra"] == {"scopes.example.com": ["workloads"]}
     assert edited["metadata"]["annotations"][SIGNATURE] != before
     assert edited["spec"]["preemptible"] is True
     # Metadata only (a label, by alice): the record stays bob's, nothing asked.
     await cluster.akubectl("label", "aw", "pinned", "-n", namespace, "team=a", "--as=alice")
-    assert (await record_of(secure, "pinned"))["username"] == "bob"
-    # The record verifies at dispatch and bob's rights are asked: it runs, bob's Pod.
+    assert await record_of(secure, "pinned") == bobs
+    # The record verifies at dispatch and bob's rights are asked (extra included): it runs.
     await cluster.akubectl("delete", "aw", "filler", "-n", namespace, "--timeout=60s")
     await wait_condition(cluster, namespace, "pinned", "Running")
     made = await cluster.akubectl("get", "pod", "swapped", "-n", namespace, "-o", "name")
