@@ -1,7 +1,8 @@
 """The admission webhook's answers and the permission check before dispatch, with the
 requests they need: SubjectAccessReviews, discovery, PriorityClasses.
 
-Side effects: reads from and creates SubjectAccessReviews in the hub. The rules are in
+Side effects: reads from and creates SubjectAccessReviews in the hub, and one
+SelfSubjectReview (who the dispatcher is: the one writer of AppWrapper status). The rules are in
 `dispatcher.core.admission`; this module asks the API server what they need to know.
 Every replica answers the webhook (followers too), so nothing here reads the manager's
 informers: PriorityClasses are read by name, discovery is the clients' own.
@@ -115,7 +116,7 @@ class Admission:
         if not self.identity:
             review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
             answer = await self._hub.create(SELF_SUBJECT_REVIEWS, None, review)
-            username = str(((answer.get("status") or {}).get("userInfo") or {}).get("username"))
+            username = str(((answer.get("status") or {}).get("userInfo") or {}).get("username") or "")
             if not username:
                 raise KubeError("the SelfSubjectReview named no user")
             self.identity = username
