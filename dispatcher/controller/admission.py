@@ -116,7 +116,8 @@ class Admission:
         if not self.identity:
             review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
             answer = await self._hub.create(SELF_SUBJECT_REVIEWS, None, review)
-            username = str(((answer.get("status") or {}).get("userInfo") or {}).get("username") or "")
+            info = (answer.get("status") or {}).get("userInfo") or {}
+            username = str(info.get("username") or "")
             if not username:
                 raise KubeError("the SelfSubjectReview named no user")
             self.identity = username
