@@ -11,7 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dispatcher.core.admission import PriorityPolicy, StatusWriters
+from dispatcher.core.admission import PriorityPolicy
 from dispatcher.core.model import QueueMode
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
 
@@ -90,10 +90,6 @@ class WebhookConfig(BaseModel):
     ca_validity_seconds: float = Field(default=3650 * 86400, gt=0)
     rotate_when_left: float = Field(default=1 / 3, gt=0, lt=1)
     """Renew a certificate when this fraction of its validity is left."""
-    status_writers: StatusWriters = Field(default_factory=lambda: StatusWriters())
-    """Users and groups allowed, besides the dispatcher itself, to write AppWrapper status
-    (the validating webhook refuses everyone else; `system:masters` is not allowed unless
-    listed)."""
     previous_signing_keys: int = Field(default=8, ge=1, le=64)
     """How many retired record-signing keys are kept to verify records signed before a key
     changed (the Secret recreated, or its `signing.key` removed to rotate it)."""

@@ -39,7 +39,6 @@ class WebhookService:
         certs = self.certs
         self._dispatcher.signing_keys = lambda: certs.signing_keys
         admission = self._dispatcher.admission
-        await admission.learn_identity()  # the one writer of AppWrapper status
         self._runner, self.port = await webhook.serve(
             host=self._config.webhook.host,
             port=self._config.webhook.port,

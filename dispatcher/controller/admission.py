@@ -1,8 +1,7 @@
 """The admission webhook's answers and the permission check before dispatch, with the
 requests they need: SubjectAccessReviews, discovery, PriorityClasses.
 
-Side effects: reads from and creates SubjectAccessReviews in the hub, and one
-SelfSubjectReview (who the dispatcher is: the one writer of AppWrapper status). The rules are in
+Side effects: reads from and creates SubjectAccessReviews in the hub. The rules are in
 `dispatcher.core.admission`; this module asks the API server what they need to know.
 Every replica answers the webhook (followers too), so nothing here reads the manager's
 informers: PriorityClasses are read by name, discovery is the clients' own.
@@ -33,9 +32,6 @@ from dispatcher.kube.errors import KubeError, NotFound, UnknownKind
 Obj = dict[str, Any]
 SUBJECT_ACCESS_REVIEWS = ResourceInfo(
     "authorization.k8s.io/v1", "SubjectAccessReview", "subjectaccessreviews", namespaced=False
-)
-SELF_SUBJECT_REVIEWS = ResourceInfo(
-    "authentication.k8s.io/v1", "SelfSubjectReview", "selfsubjectreviews", namespaced=False
 )
 PRIORITY_CLASSES = ResourceInfo(
     "scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False
@@ -105,24 +101,7 @@ class Admission:
         self._discovery = [hub, *(c for c in discovery if c is not hub)]
         self._keys = signing_keys
         self.reviews = AccessReviews(hub, keep_seconds=config.access_review_cache_seconds)
-        self.identity = ""
-        """The user the dispatcher runs as (every replica the same ServiceAccount): the one
-        writer of AppWrapper status. Learnt by `learn_identity`."""
         self._log = structlog.get_logger("admission")
-
-    async def learn_identity(self) -> str:
-        """Ask the API server who the dispatcher is (a SelfSubjectReview, allowed to every
-        authenticated user), once."""
-        if not self.identity:
-            review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
-            answer = await self._hub.create(SELF_SUBJECT_REVIEWS, None, review)
-            info = (answer.get("status") or {}).get("userInfo") or {}
-            username = str(info.get("username") or "")
-            if not username:
-                raise KubeError("the SelfSubjectReview named no user")
-            self.identity = username
-            self._log.info("dispatcher_identity", username=username)
-        return self.identity
 
     # -- the webhook -------------------------------------------------------------------
 
@@ -134,7 +113,7 @@ class Admission:
         if not keys or request.get("operation") not in ("CREATE", "UPDATE"):
             return _response(request, allowed=True)
         if request.get("subResource"):
-            return _response(request, allowed=True)  # status: nothing to record
+            return _response(request, allowed=True)  # none is sent here: nothing to record
         patch = rules.record_patch(
             operation=str(request["operation"]),
             obj=obj,
@@ -170,15 +149,8 @@ class Admission:
         obj: Obj = request.get("object") or {}
         old: Obj | None = request.get("oldObject")
         user = Creator.from_user_info(request.get("userInfo") or {})
-        if request.get("subResource") == "status":
-            problem = rules.status_problem(
-                user,
-                dispatcher=await self.learn_identity(),
-                writers=self._config.webhook.status_writers,
-            )
-            return [problem] if problem else []
         if request.get("subResource"):
-            return []  # no other subresource is sent here
+            return []  # none is sent here (status: manifests/status-policy.yaml)
         problems: list[str] = []
         if operation == "UPDATE" and old is not None:
             problems += rules.update_problems(obj, old, user)

@@ -18,8 +18,6 @@ who may create an AppWrapper could create anything it wraps. The rules:
 - Priorities follow the namespace's `PriorityRule`; `preemptible: false` needs a verb of
   its own on appwrappers (`PriorityPolicy.nonpreemptible_verb`).
 - Nobody writes the record by hand, and a dispatched AppWrapper's items do not change.
-- Status is the dispatcher's: only its own identity and the operator's `StatusWriters` may
-  write it (`status_problem`).
 """
 
 from __future__ import annotations
@@ -376,34 +374,3 @@ def refusal(user: Creator, refused: Mapping[Access, list[str]]) -> str:
         for access, items in sorted(refused.items())
     ]
     return "; ".join(parts)
-
-
-# ------------------------------------------------------------------------------------------
-# Status
-
-
-class StatusWriters(BaseModel):
-    """Who, besides the dispatcher itself, may write AppWrapper status (operators' tools)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    users: list[str] = Field(default_factory=list)
-    groups: list[str] = Field(default_factory=list)
-    """e.g. `system:masters`, to let cluster admins edit status by hand (not by default)."""
-
-
-def status_problem(user: Creator, *, dispatcher: str, writers: StatusWriters) -> str:
-    """Why `user` may not write an AppWrapper's status ("" if they may). Status says what
-    was admitted and dispatched, and the reconciler creates what it says: written by anyone
-    else, it would skip the queue, the quotas and every check."""
-    if user.username == dispatcher or user.username in writers.users:
-        return ""
-    if set(user.groups) & set(writers.groups):
-        return ""
-    allowed = [f"the dispatcher ({dispatcher})"]
-    allowed += [f"user {name}" for name in writers.users]
-    allowed += [f"group {name}" for name in writers.groups]
-    return (
-        f"the status of an AppWrapper is written only by {', '.join(allowed)}: "
-        f"{user.username} may not write it"
-    )

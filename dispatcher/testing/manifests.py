@@ -1,8 +1,13 @@
-"""Builders of Kubernetes manifests and AppWrappers for tests, demos and benchmarks. Pure."""
+"""Builders of Kubernetes manifests and AppWrappers for tests, demos and benchmarks. Pure,
+but for `status_policy`, which reads the shipped manifest."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from dispatcher.api.constants import API_VERSION, KIND, LABEL_QUEUE
 
@@ -174,8 +179,7 @@ def webhook_configurations(
 ) -> list[dict[str, Any]]:
     """The dispatcher's mutating and validating webhook configurations, for a dispatcher
     serving on 127.0.0.1:`port` (outside the cluster: a URL, not a Service), limited to
-    `namespace` when given; the validating one sees status writes too, as
-    manifests/webhook.yaml's. The dispatcher writes their caBundle."""
+    `namespace` when given. The dispatcher writes their caBundle."""
     rules = [
         {
             "apiGroups": ["workload.codeflare.dev"],
@@ -184,9 +188,6 @@ def webhook_configurations(
             "operations": ["CREATE", "UPDATE"],
         }
     ]
-    # Status is checked, never changed: the validating webhook only.
-    status_rule = {**rules[0], "resources": ["appwrappers/status"], "operations": ["UPDATE"]}
-    validating = {"rules": [*rules, status_rule]}
     common: dict[str, Any] = {
         "rules": rules,
         "failurePolicy": failure_policy,
@@ -199,7 +200,7 @@ def webhook_configurations(
     made = []
     for kind, path, extra in (
         ("MutatingWebhookConfiguration", "/mutate-appwrapper", {"reinvocationPolicy": "IfNeeded"}),
-        ("ValidatingWebhookConfiguration", "/validate-appwrapper", validating),
+        ("ValidatingWebhookConfiguration", "/validate-appwrapper", {}),
     ):
         webhook = {
             "name": f"{path.strip('/')}.workload.codeflare.dev",
@@ -216,3 +217,17 @@ def webhook_configurations(
             }
         )
     return made
+
+
+STATUS_POLICY = Path(__file__).resolve().parents[2] / "manifests" / "status-policy.yaml"
+
+
+def status_policy(writers: list[str]) -> list[dict[str, Any]]:
+    """manifests/status-policy.yaml (the ValidatingAdmissionPolicy that lets only the
+    dispatcher write AppWrapper status, and its binding) with `writers` as its list of
+    writers: a test's dispatcher runs as the test cluster's user, not the ServiceAccount."""
+    docs = [d for d in yaml.safe_load_all(STATUS_POLICY.read_text()) if d]
+    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    (variable,) = [v for v in policy["spec"]["variables"] if v["name"] == "writers"]
+    variable["expression"] = json.dumps(writers)  # a JSON list of strings is a CEL list
+    return docs

@@ -150,6 +150,8 @@ def test_manifests_apply_with_server_side_dry_run(cluster: Any, installed: None)
         "service/appwrapper-dispatcher-webhook",
         "mutatingwebhookconfiguration.admissionregistration.k8s.io/appwrapper-dispatcher",
         "validatingwebhookconfiguration.admissionregistration.k8s.io/appwrapper-dispatcher",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/appwrapper-status-writers",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/appwrapper-status-writers",
     ):
         assert name in kustomized.stdout, kustomized.stdout
 
@@ -233,19 +235,14 @@ def test_webhook_manifests_agree_with_the_deployment_and_the_settings() -> None:
             "path": path,
             "port": port["port"],
         }, where
-        rule, *status_rules = webhook["rules"]
+        (rule,) = webhook["rules"]
         assert rule["apiGroups"] == ["workload.codeflare.dev"], where
         assert rule["apiVersions"] == ["v1beta1"], where
-        # The spec: neither the status subresource nor a wildcard that would take it in.
+        # The spec only: neither the status subresource (status-policy.yaml's) nor a
+        # wildcard that would take it in.
         assert rule["resources"] == ["appwrappers"], where
         assert not any("/" in r or "*" in r for r in rule["resources"]), where
         assert sorted(rule["operations"]) == ["CREATE", "UPDATE"], where
-        # Status: checked (only the dispatcher writes it), never recorded or changed.
-        if kind == "ValidatingWebhookConfiguration":
-            (status,) = status_rules
-            assert status == {**rule, "resources": ["appwrappers/status"], "operations": ["UPDATE"]}
-        else:
-            assert status_rules == [], where
         assert webhook["failurePolicy"] == "Fail", where
         assert webhook["sideEffects"] == "None", where
         assert webhook["admissionReviewVersions"] == ["v1"], where
@@ -375,9 +372,6 @@ ALLOWED = [
     # The admission webhook: who may create what, its own certificate Secret, its caBundle.
     pytest.param(
         ["create", "subjectaccessreviews.authorization.k8s.io"], id="create-subjectaccessreviews"
-    ),
-    pytest.param(
-        ["create", "selfsubjectreviews.authentication.k8s.io"], id="create-selfsubjectreviews"
     ),
     pytest.param(["create", "secrets", "-n", SYSTEM_NAMESPACE], id="create-webhook-secret"),
     pytest.param(
@@ -826,6 +820,8 @@ def test_webhook_runs_as_the_service_account(
         "delete", "secret", WEBHOOK_SECRET, "-n", SYSTEM_NAMESPACE, "--ignore-not-found"
     )
     register_webhook(cluster, namespace, webhook_port)
+    # The shipped status policy: the ServiceAccount's own status writes pass it.
+    cluster.kubectl("apply", "-f", str(MANIFESTS / "status-policy.yaml"))
     try:
         # unattributed as shipped (refuse): the AppWrapper runs only if the webhook saw it.
         with dispatcher_as_service_account(
@@ -843,6 +839,7 @@ def test_webhook_runs_as_the_service_account(
             assert secret.get("data"), "the webhook Secret is empty"
             run_appwrapper(cluster, running)
     finally:
+        cluster.kubectl("delete", "-f", str(MANIFESTS / "status-policy.yaml"), check=False)
         for kind in WEBHOOK_PATHS:
             cluster.kubectl(
                 "delete", kind.lower(), WEBHOOK_CONFIGURATION, "--ignore-not-found", check=False

@@ -18,13 +18,11 @@ from dispatcher.core.admission import (
     Creator,
     PriorityPolicy,
     PriorityRule,
-    StatusWriters,
     attribution,
     priority_problems,
     record_patch,
     refusal,
     sign,
-    status_problem,
     update_problems,
     wants_nonpreemptible,
 )
@@ -369,31 +367,3 @@ def test_extra_round_trips_and_old_records_read_as_they_were() -> None:
 def test_a_record_with_malformed_extra_is_no_record(extra: Any) -> None:
     text = json.dumps({"username": "x", "uid": "", "groups": [], "extra": extra})
     assert Creator.from_annotation(text) is None
-
-
-WRITERS = StatusWriters(users=["ops-bot"], groups=["status-fixers"])
-
-
-@pytest.mark.parametrize(
-    ("user", "want"),
-    [
-        pytest.param(Creator("system:serviceaccount:aw:dispatcher"), "", id="the-dispatcher"),
-        pytest.param(Creator("ops-bot"), "", id="listed-user"),
-        pytest.param(Creator("carol", groups=("status-fixers",)), "", id="listed-group"),
-        pytest.param(Creator("alice", groups=("team-a",)), "alice may not write it", id="tenant"),
-        pytest.param(
-            Creator("admin", groups=("system:masters",)), "admin may not write it", id="masters"
-        ),
-    ],
-)
-def test_status_is_the_dispatchers(user: Creator, want: str) -> None:
-    problem = status_problem(
-        user, dispatcher="system:serviceaccount:aw:dispatcher", writers=WRITERS
-    )
-    if want:
-        assert want in problem
-        assert "system:serviceaccount:aw:dispatcher" in problem
-        assert "user ops-bot" in problem
-        assert "group status-fixers" in problem
-    else:
-        assert problem == ""
