@@ -119,6 +119,12 @@ class WebhookConfig(BaseModel):
     come from any group, as before."""
     unserved_cache_seconds: float = Field(default=10.0, ge=0)
     """How long "no cluster serves this apiVersion and kind" is believed by the webhook."""
+    previous_signing_keys: int = Field(default=8, ge=1, le=64)
+    """How many retired record-signing keys are kept to verify records signed before a key
+    changed (the Secret recreated, or its `signing.key` removed to rotate it)."""
+    previous_signing_key_seconds: float = Field(default=90 * 86400, gt=0)
+    """How long a retired signing key keeps verifying: an AppWrapper signed with it and not
+    updated since ends Forbidden at its next dispatch after that."""
 
 
 class Config(BaseModel):

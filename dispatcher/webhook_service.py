@@ -124,7 +124,7 @@ class WebhookService:
         settings = self._config.webhook
         certs = self.certs = WebhookCerts(hub, settings)
         await certs.start()
-        self._hand_over([certs.signing_key])
+        self._hand_over(list(certs.signing_keys))
         client_auth = None
         if settings.client_ca_file:
             client_auth = webhook.ClientAuth(
@@ -138,13 +138,13 @@ class WebhookService:
                 fix="give the API server a client certificate for webhooks "
                 "(AdmissionConfiguration kubeConfigFile) and set webhook.client_ca_file; "
                 "where that cannot be done, let only the API server reach the port "
-                "(manifests/networkpolicy.yaml)",
+                "(manifests/network-policy/)",
             )
         admission = Admission(
             config=self._config,
             hub=hub,
             discovery=members,
-            signing_keys=lambda: [certs.signing_key],
+            signing_keys=lambda: certs.signing_keys,
             bounds=DiscoveryBounds(
                 max_api_versions=settings.max_api_versions,
                 kind_groups=settings.kind_groups,
@@ -180,7 +180,7 @@ class WebhookService:
     async def _upkeep(self, certs: WebhookCerts, client_auth: webhook.ClientAuth | None) -> None:
         while True:
             await asyncio.sleep(UPKEEP_SECONDS)
-            self._hand_over([certs.signing_key])
+            self._hand_over(list(certs.signing_keys))
             if client_auth is not None:
                 client_auth.reload()
 

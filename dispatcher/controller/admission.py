@@ -78,15 +78,18 @@ class AccessReviews:
         now = self._now()
         if cached is not None and now - cached[0] < self._keep:
             return cached[1]
-        review = {
+        spec: Obj = {
+            "user": user.username,
+            "uid": user.uid,
+            "groups": list(user.groups),
+            "resourceAttributes": access.attributes(),
+        }
+        if user.extra:  # scopes, authentication method...: an authorizer may decide on them
+            spec["extra"] = user.extra_map()
+        review: Obj = {
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SubjectAccessReview",
-            "spec": {
-                "user": user.username,
-                "uid": user.uid,
-                "groups": list(user.groups),
-                "resourceAttributes": access.attributes(),
-            },
+            "spec": spec,
         }
         answer = await self._hub.create(SUBJECT_ACCESS_REVIEWS, None, review)
         allowed = bool((answer.get("status") or {}).get("allowed"))
@@ -130,17 +133,20 @@ class Admission:
     # -- the webhook -------------------------------------------------------------------
 
     async def mutate(self, request: Mapping[str, Any]) -> Obj:
-        """Record the creator (CREATE) and sign the spec (AdmissionResponse)."""
+        """Record the requester (CREATE, a change of the spec) and sign the spec
+        (AdmissionResponse)."""
         keys = self._keys()
         obj = request.get("object") or {}
         if not keys or request.get("operation") not in ("CREATE", "UPDATE"):
             return _response(request, allowed=True)
+        if request.get("subResource"):
+            return _response(request, allowed=True)  # none is sent here: nothing to record
         patch = rules.record_patch(
             operation=str(request["operation"]),
             obj=obj,
             old=request.get("oldObject"),
             user=Creator.from_user_info(request.get("userInfo") or {}),
-            key=keys[0],
+            keys=keys,
         )
         return _response(request, allowed=True, patch=patch)
 
@@ -169,19 +175,23 @@ class Admission:
         operation = request.get("operation")
         obj: Obj = request.get("object") or {}
         old: Obj | None = request.get("oldObject")
+        user = Creator.from_user_info(request.get("userInfo") or {})
+        if request.get("subResource"):
+            return []  # none is sent here (status: manifests/status-policy.yaml)
         problems: list[str] = []
         if operation == "UPDATE" and old is not None:
-            problems += rules.update_problems(obj, old)
+            problems += rules.update_problems(obj, old, user)
             if not rules.spec_changed(obj, old):
                 return problems  # metadata only (finalizers, labels): nothing more to check
         elif operation != "CREATE":
             return problems
         namespace = str(request.get("namespace") or "")
-        user = Creator.from_user_info(request.get("userInfo") or {})
         spec_problems = await self.spec_problems(obj, namespace)
         if spec_problems:
             return problems + spec_problems
-        needed, unknown = await self._needed(obj, namespace, old=old)
+        # old=None: a change of the spec is a new request by whoever makes it; every right
+        # is theirs to have, `preemptible: false` included (the record will name them).
+        needed, unknown = await self._needed(obj, namespace, old=None)
         refused = await self.reviews.refused(user, needed)
         return problems + unknown + ([refused] if refused else [])
 

@@ -4,17 +4,20 @@ check before dispatch. Pure, no I/O.
 The dispatcher creates wrapped objects with its own rights, so without these rules anyone
 who may create an AppWrapper could create anything it wraps. The rules:
 
-- The creator is recorded at create time by the mutating webhook (annotation `USER`, the
-  user's name, uid and groups as the API server authenticated them) with an HMAC signature
-  (`SIGNATURE`) over the namespace, that record and the spec. Only the dispatcher holds the
-  key, so a record written by anyone else, or a spec edited while the webhook was absent,
-  does not verify: such an AppWrapper counts as unattributed and is refused at dispatch unless
-  the operator allows it (`Config.unattributed`).
-- Every wrapped item needs the creator's own right to create that kind in the namespace
-  (SubjectAccessReviews, asked by the shell; `accesses` says which).
+- The requester is recorded by the mutating webhook (annotation `USER`, the user's name,
+  uid, groups and, when there are any, `extra` as the API server authenticated them) with
+  an HMAC signature (`SIGNATURE`) over the namespace, that record and the spec. Only the
+  dispatcher holds the key, so a record written by anyone else, or a spec edited while the
+  webhook was absent, does not verify: such an AppWrapper counts as unattributed and is
+  refused at dispatch unless the operator allows it (`Config.unattributed`).
+- Every change of the spec is a new request: the record then names whoever made it (the
+  creator at CREATE, the editor at an UPDATE of the spec), and every right is checked for
+  that user. An update of metadata only keeps the record as it is.
+- Every wrapped item needs the recorded user's own right to create that kind in the
+  namespace (SubjectAccessReviews, asked by the shell; `accesses` says which).
 - Priorities follow the namespace's `PriorityRule`; `preemptible: false` needs a verb of
   its own on appwrappers (`PriorityPolicy.nonpreemptible_verb`).
-- The record never changes after create, and a dispatched AppWrapper's items do not change.
+- Nobody writes the record by hand, and a dispatched AppWrapper's items do not change.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from dispatcher.api.constants import GROUP
 from dispatcher.core.phase import Phase, phase_of_raw
 
 USER = f"{GROUP}/user"
-"""Annotation: the creator as JSON {"username", "uid", "groups"}."""
+"""Annotation: who created the AppWrapper or last changed its spec, as JSON {"username",
+"uid", "groups"} and "extra" (only when not empty, so records written before it existed
+read, and verify, as they were)."""
 SIGNATURE = f"{GROUP}/user-signature"
 """Annotation: "v1:" + HMAC-SHA256 (hex) of the namespace, the USER text and the spec."""
 SIGNATURE_VERSION = "v1:"
@@ -68,6 +73,26 @@ class PriorityPolicy(BaseModel):
         return self.namespaces.get(namespace, self.default)
 
 
+Extra = tuple[tuple[str, tuple[str, ...]], ...]
+"""A user's `extra` (scopes, authentication method...) as a hashable value, sorted by key."""
+
+
+def _extra_of(value: Any) -> Extra | None:
+    """`extra` as the API server writes it ({key: [values]}), sorted; None when malformed."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        return None
+    pairs: list[tuple[str, tuple[str, ...]]] = []
+    for key, values in value.items():
+        if not isinstance(key, str) or not isinstance(values, list):
+            return None
+        if not all(isinstance(v, str) for v in values):
+            return None
+        pairs.append((key, tuple(values)))
+    return tuple(sorted(pairs))
+
+
 @dataclass(frozen=True, slots=True)
 class Creator:
     """A user as the API server authenticated them."""
@@ -75,6 +100,9 @@ class Creator:
     username: str
     uid: str = ""
     groups: tuple[str, ...] = ()
+    extra: Extra = ()
+    """Sent back in every SubjectAccessReview: an authorizer (or a webhook authorizer) may
+    decide on it, e.g. a token's scopes."""
 
     @classmethod
     def from_user_info(cls, info: Mapping[str, Any]) -> Creator:
@@ -84,6 +112,9 @@ class Creator:
             username=str(info.get("username") or ""),
             uid=str(info.get("uid") or ""),
             groups=tuple(str(g) for g in groups if isinstance(g, str)),
+            # A malformed extra is left out rather than guessed at: the API server never
+            # sends one, and without it a review is only narrower.
+            extra=_extra_of(info.get("extra")) or (),
         )
 
     @classmethod
@@ -98,13 +129,29 @@ class Creator:
         groups = data.get("groups") or []
         if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
             return None
-        return cls(username=data["username"], uid=str(data.get("uid") or ""), groups=tuple(groups))
+        extra = _extra_of(data.get("extra"))
+        if extra is None:
+            return None
+        return cls(
+            username=data["username"],
+            uid=str(data.get("uid") or ""),
+            groups=tuple(groups),
+            extra=extra,
+        )
 
     def annotation(self) -> str:
-        return json.dumps(
-            {"username": self.username, "uid": self.uid, "groups": list(self.groups)},
-            separators=(",", ":"),
-        )
+        record: dict[str, Any] = {
+            "username": self.username,
+            "uid": self.uid,
+            "groups": list(self.groups),
+        }
+        if self.extra:  # only then: a record without extra reads as it always did
+            record["extra"] = self.extra_map()
+        return json.dumps(record, separators=(",", ":"))
+
+    def extra_map(self) -> dict[str, list[str]]:
+        """`extra` as a SubjectAccessReview's `spec.extra` wants it."""
+        return {key: list(values) for key, values in self.extra}
 
 
 def _canonical(value: Any) -> bytes:
@@ -171,36 +218,32 @@ def record_patch(
     obj: Mapping[str, Any],
     old: Mapping[str, Any] | None,
     user: Creator,
-    key: bytes,
+    keys: Sequence[bytes],
 ) -> list[dict[str, Any]]:
-    """JSON patch that records (CREATE) or keeps (UPDATE) the creator and signs the spec.
+    """JSON patch that records the requester and signs the spec with `keys[0]`.
 
-    On UPDATE the record is the old one, put back if the new object dropped it (`kubectl
-    replace` of a file without it must not erase it); a changed one is left for the
-    validating webhook to refuse with its reason. The spec is signed again only when the old
-    record verified: signing an unverified one would launder a record forged while the
-    webhook was absent.
+    A CREATE, and an UPDATE that changes the spec, are new requests: the record is `user`'s,
+    whatever the object carried (the validating webhook checks every right of theirs). An
+    UPDATE of metadata only keeps the old record, put back if the new object dropped it
+    (`kubectl replace` of a file without it must not erase it); a changed one is left for the
+    validating webhook to refuse with its reason. Such an update is signed again (with the
+    current key) only when the old record verified with one of `keys`: signing an unverified
+    one would launder a record forged while the webhook was absent.
     """
     meta = obj.get("metadata") or {}
     annotations = dict(meta.get("annotations") or {})
     namespace = str(meta.get("namespace") or "")
-    if operation == "CREATE":
-        record: str | None = user.annotation()
-        trusted = True
+    wanted = dict(annotations)
+    if operation == "CREATE" or spec_changed(obj, old):
+        wanted[USER] = user.annotation()
+        wanted[SIGNATURE] = sign(keys[0], namespace, wanted[USER], obj.get("spec"))
     else:
         old_annotations = ((old or {}).get("metadata") or {}).get("annotations") or {}
         record = old_annotations.get(USER)
-        trusted = (
-            old is not None
-            and isinstance(record, str)
-            and attribution(old, [key]).creator is not None
-        )
-    wanted = dict(annotations)
-    keep = operation == "CREATE" or annotations.get(USER, record) == record
-    if isinstance(record, str) and keep:
-        wanted[USER] = record
-        if trusted:
-            wanted[SIGNATURE] = sign(key, namespace, record, obj.get("spec"))
+        if isinstance(record, str) and annotations.get(USER, record) == record:
+            wanted[USER] = record
+            if old is not None and attribution(old, keys).creator is not None:
+                wanted[SIGNATURE] = sign(keys[0], namespace, record, obj.get("spec"))
     if wanted == annotations:
         return []
     if "annotations" not in meta or not isinstance(meta.get("annotations"), dict):
@@ -216,14 +259,19 @@ def record_patch(
 # The validating webhook and the check before dispatch
 
 
-def update_problems(obj: Mapping[str, Any], old: Mapping[str, Any]) -> list[str]:
-    """What an UPDATE may not do: change the creator record; change the wrapped items of an
+def update_problems(obj: Mapping[str, Any], old: Mapping[str, Any], user: Creator) -> list[str]:
+    """What an UPDATE by `user` may not do: set the record to anyone but `user` when it
+    changes the spec, or change it at all when it does not; change the wrapped items of an
     AppWrapper that is dispatched (its objects exist: they would no longer match it)."""
     problems = []
     new_record = ((obj.get("metadata") or {}).get("annotations") or {}).get(USER)
     old_record = ((old.get("metadata") or {}).get("annotations") or {}).get(USER)
-    if old_record != new_record and (old_record is not None or new_record is not None):
-        problems.append(f"annotation {USER} records who created the AppWrapper; it cannot change")
+    what = f"annotation {USER} records who created the AppWrapper or last changed its spec"
+    if spec_changed(obj, old):
+        if new_record != user.annotation():
+            problems.append(f"{what}; with this change of the spec it names {user.username}")
+    elif old_record != new_record and (old_record is not None or new_record is not None):
+        problems.append(f"{what}; it cannot change")
     if phase_of_raw(old) in (Phase.DISPATCHED, Phase.EVICTING) and _items(obj) != _items(old):
         problems.append(
             "the wrapped items cannot change while the AppWrapper is dispatched (its objects "
@@ -285,7 +333,9 @@ def _range_problems(what: str, value: int, rule: PriorityRule) -> list[str]:
 
 
 def wants_nonpreemptible(spec: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
-    """`preemptible: false` asked for now and not already granted in the old spec."""
+    """`preemptible: false` asked for now and not already granted in the old spec. The
+    webhook passes no `old`: an edit of the spec is a new request, and the right is not
+    inherited from whoever set it before."""
     if spec.get("preemptible", True) is not False:
         return False
     return old is None or (old.get("spec") or {}).get("preemptible", True) is not False

@@ -9,11 +9,20 @@ adds it to the trusted bundle (`ca.crt`) while certificates are still issued by 
 step 2, at least one check period later (every replica has republished the bundle by then),
 makes the next CA the signer and reissues the serving certificate from it. A CA leaves the
 bundle only when it has expired, and so has everything it issued.
+
+The record-signing key (`signing.key`) signs; when it changes (the Secret recreated, or the
+key removed by an operator to rotate it) every replica that held another one adds it to the
+retired keys (`signing-keys-previous`), which verify for a bounded time and number
+(`plan_signing_keys`): records signed before the change verify on every replica and after
+restarts.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
+import json
 import math
 import secrets
 from collections.abc import Iterable, Mapping
@@ -39,6 +48,9 @@ TLS_CERT = "tls.crt"
 TLS_KEY = "tls.key"
 SIGNING_KEY = "signing.key"
 SIGNING_KEY_BYTES = 32
+PREVIOUS_SIGNING_KEYS = "signing-keys-previous"
+"""Retired signing keys, JSON [{"key": base64, "retired": RFC 3339}], newest first: they
+verify records signed before the key changed, never sign."""
 ROTATION_STARTED = "workload.codeflare.dev/webhook-ca-rotation-started"
 """Annotation on the Secret: when step 1 of a CA rotation was written (RFC 3339)."""
 
@@ -425,9 +437,101 @@ def settle(
     return state, steps, Plan(Action.NOTHING, "step limit", now + policy.check_seconds)
 
 
-def plan_signing_key(data: Mapping[str, bytes] | None) -> dict[str, bytes] | None:
-    """For when certificates come from elsewhere: the data with a signing key added, or None
-    if it has one already."""
-    if data is not None and len(data.get(SIGNING_KEY, b"")) == SIGNING_KEY_BYTES:
+@dataclass(frozen=True, slots=True)
+class RetiredKey:
+    key: bytes
+    retired_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPolicy:
+    keep: int
+    """Retired keys kept at most (the newest)."""
+    keep_seconds: float
+    """How long after it was retired a key still verifies."""
+
+    @classmethod
+    def from_config(cls, config: WebhookConfig) -> KeyPolicy:
+        return cls(config.previous_signing_keys, config.previous_signing_key_seconds)
+
+
+def read_previous(data: Mapping[str, bytes]) -> list[RetiredKey]:
+    """The retired keys the Secret holds; what cannot be read is left out (and so dropped
+    at the next write)."""
+    try:
+        entries = json.loads(data.get(PREVIOUS_SIGNING_KEYS, b"[]"))
+    except ValueError:
+        return []
+    found: list[RetiredKey] = []
+    for entry in entries if isinstance(entries, list) else []:
+        try:
+            key = base64.b64decode(entry["key"], validate=True)
+            retired = datetime.fromisoformat(entry["retired"]).timestamp()
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            continue
+        if len(key) == SIGNING_KEY_BYTES:
+            found.append(RetiredKey(key, retired))
+    return found
+
+
+def write_previous(keys: Iterable[RetiredKey]) -> bytes:
+    entries = [
+        {
+            "key": base64.b64encode(k.key).decode(),
+            "retired": datetime.fromtimestamp(k.retired_at, UTC).isoformat(timespec="seconds"),
+        }
+        for k in keys
+    ]
+    return json.dumps(entries, separators=(",", ":")).encode()
+
+
+def verification_keys(data: Mapping[str, bytes], now: float, policy: KeyPolicy) -> list[bytes]:
+    """The current signing key, then the retired ones still valid, newest first."""
+    current = data.get(SIGNING_KEY, b"")
+    keys = [current] if len(current) == SIGNING_KEY_BYTES else []
+    keys += [k.key for k in _kept(read_previous(data), current, now, policy)]
+    return keys
+
+
+def _kept(
+    previous: list[RetiredKey], current: bytes, now: float, policy: KeyPolicy
+) -> list[RetiredKey]:
+    kept: list[RetiredKey] = []
+    for retired in sorted(previous, key=lambda k: k.retired_at, reverse=True):
+        if retired.key == current or any(k.key == retired.key for k in kept):
+            continue
+        if now - retired.retired_at < policy.keep_seconds:
+            kept.append(retired)
+    return kept[: policy.keep]
+
+
+def plan_signing_keys(
+    data: Mapping[str, bytes] | None, *, held: bytes, now: float, policy: KeyPolicy
+) -> dict[str, bytes] | None:
+    """The Secret's data as the signing keys want it, or None if it is so already: a
+    current key (made if missing); `held` (the key this replica signed with until now)
+    among the retired ones when it is no longer the current one; retired keys past
+    `policy`'s age or count dropped."""
+    out = dict(data or {})
+    if len(out.get(SIGNING_KEY, b"")) != SIGNING_KEY_BYTES:
+        out[SIGNING_KEY] = secrets.token_bytes(SIGNING_KEY_BYTES)
+    current = out[SIGNING_KEY]
+    previous = read_previous(out)
+    retire = len(held) == SIGNING_KEY_BYTES and held != current
+    if retire and all(k.key != held for k in previous):
+        previous.append(RetiredKey(held, now))
+    kept = _kept(previous, current, now, policy)
+    if kept:
+        out[PREVIOUS_SIGNING_KEYS] = write_previous(kept)
+    else:
+        out.pop(PREVIOUS_SIGNING_KEYS, None)
+    if data is not None and out == dict(data):
         return None
-    return {**(data or {}), SIGNING_KEY: secrets.token_bytes(SIGNING_KEY_BYTES)}
+    return out
+
+
+def next_key_expiry(data: Mapping[str, bytes], now: float, policy: KeyPolicy) -> float:
+    """When the next retired key stops verifying (and should leave the Secret)."""
+    current = data.get(SIGNING_KEY, b"")
+    kept = _kept(read_previous(data), current, now, policy)
+    return min((k.retired_at + policy.keep_seconds for k in kept), default=math.inf)

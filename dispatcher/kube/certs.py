@@ -1,7 +1,7 @@
 """The admission webhook's TLS material and the record-signing key, kept in one Secret that
 every replica shares.
 
-Side effects: reads and writes that Secret (and creates it); reads and replaces the
+Side effects: reads, watches and writes that Secret (and creates it); reads and replaces the
 `caBundle` of the dispatcher's Mutating- and ValidatingWebhookConfiguration; writes each new
 serving key pair to a private temporary directory just long enough for `ssl` to load it;
 with `cert_dir`, reads the certificate files someone else (cert-manager) keeps there.
@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import math
 import os
 import ssl
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -32,7 +34,7 @@ from dispatcher.kube import certplan
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.certplan import CA_BUNDLE, SIGNING_KEY, TLS_CERT, TLS_KEY, CertState
 from dispatcher.kube.client import ResourceInfo
-from dispatcher.kube.errors import Conflict, KubeError, NotFound
+from dispatcher.kube.errors import Conflict, Gone, KubeError, NotFound
 
 SECRETS = ResourceInfo("v1", "Secret", "secrets", namespaced=True)
 MUTATING = ResourceInfo(
@@ -52,6 +54,18 @@ MAX_ATTEMPTS = 10
 """Conflicts in a row one check accepts; each means another replica wrote, so the state is
 moving towards what we want anyway, and the next check goes on from there."""
 MIN_WAIT = 0.1
+WATCHED = ("ADDED", "MODIFIED", "DELETED")
+
+
+@dataclass(frozen=True, slots=True)
+class _InNamespace(ResourceInfo):
+    """A kind watched in one namespace: the client's watch is cluster-wide otherwise, which
+    the dispatcher may not do on Secrets (its Role names its one Secret)."""
+
+    namespace: str = ""
+
+    def path(self, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+        return ResourceInfo.path(self, namespace or self.namespace, name, sub)
 
 
 def _decode(secret: dict[str, Any]) -> CertState:
@@ -98,7 +112,13 @@ class WebhookCerts:
         self.policy = certplan.CertPolicy.from_config(config, check_seconds=check_seconds)
         self.ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ssl_context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.key_policy = certplan.KeyPolicy.from_config(config)
         self.signing_key = b""
+        """The key this replica signs records with (the Secret's current one)."""
+        self.signing_keys: tuple[bytes, ...] = ()
+        """The keys records verify with: `signing_key`, then the retired ones still valid.
+        Replaced whole at each check, never changed in place: a reader holding the old
+        tuple sees one consistent set."""
         self.serving_cert = b""
         """The PEM of the certificate `ssl_context` serves."""
         self.ca_bundle = b""
@@ -115,23 +135,57 @@ class WebhookCerts:
         await self.check()
 
     async def run(self) -> NoReturn:
-        """After `start`: check every `check_seconds`, and when something comes due, until
-        cancelled. A failed check is logged and tried again at the next."""
+        """After `start`: check every `check_seconds`, when something comes due, and as soon
+        as the Secret changes (a watch: a recreated Secret's new signing key is taken up, and
+        the old one retired, at once), until cancelled. A failed check is logged and tried
+        again at the next."""
+        changed = asyncio.Event()
+        watcher = asyncio.create_task(self._watch(changed), name="webhook-secret-watch")
+        try:
+            while True:
+                wait = min(self.check_seconds, self._due_at - self.now())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), max(wait, MIN_WAIT))
+                changed.clear()
+                try:
+                    await self.check()
+                except (KubeError, OSError) as exc:
+                    # The next check tries again; what is loaded stays served meanwhile.
+                    self.log.warning("webhook_certs_check_failed", error=str(exc))
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _watch(self, changed: asyncio.Event) -> NoReturn:
+        """Set `changed` at each change of the Secret. Only a hint: a watch that cannot be
+        made (an older Role without list and watch) leaves the periodic check."""
+        info = _InNamespace(
+            SECRETS.group_version, SECRETS.kind, SECRETS.plural, True, self.config.namespace
+        )
+        query = {"fieldSelector": f"metadata.name={self.config.secret_name}"}
         while True:
-            wait = min(self.check_seconds, self._due_at - self.now())
-            await asyncio.sleep(max(wait, MIN_WAIT))
             try:
-                await self.check()
+                # List, check, then watch from the list: nothing changed in between is missed.
+                listed = await self.client.list(info, self.config.namespace, query=query)
+                version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+                changed.set()
+                async for event in self.client.watch(info, resource_version=version, query=query):
+                    if event.get("type") in WATCHED:
+                        changed.set()
+                continue  # the server ended it (timeout): watch again
+            except Gone:
+                continue  # too old a version: list again
             except (KubeError, OSError) as exc:
-                # The next check tries again; what is loaded stays served meanwhile.
-                self.log.warning("webhook_certs_check_failed", error=str(exc))
+                self.log.debug("webhook_secret_watch_failed", error=str(exc))
+            await asyncio.sleep(self.check_seconds)
 
     async def check(self) -> None:
         """One round of what `run` does: converge the Secret, reload, republish."""
         current = await self._read()
         if self.config.cert_dir is not None:
             secret = await self._converge(self._signing_key_only, current)
-            self.signing_key = _decode(secret).data[SIGNING_KEY]
+            self._load_keys(_decode(secret).data)
             self._reload_files(self.config.cert_dir)
             return
         # The bundle as the Secret holds it is published before planning: step 2 of a CA
@@ -140,7 +194,7 @@ class WebhookCerts:
             await self._publish(current)
         secret = await self._converge(self._settle, current)
         data = _decode(secret).data
-        self.signing_key = data[SIGNING_KEY]
+        self._load_keys(data)
         self.ca_bundle = data[CA_BUNDLE]
         # Loaded before publishing, so a configuration that cannot be updated now does not
         # keep this replica on an old certificate. Nothing is lost by the order: a serving
@@ -163,21 +217,43 @@ class WebhookCerts:
         """The state to write, or None when the Secret is fine as it is."""
         now = self.now()
         final, steps, last = certplan.settle(state, now, self.policy)
-        self._due_at = last.due_at
-        if not steps:
-            return None
-        self.log.info(
-            "webhook_certs_planned",
-            steps=[step.action.value for step in steps],
-            reasons=[step.reason for step in steps],
+        if steps:
+            self.log.info(
+                "webhook_certs_planned",
+                steps=[step.action.value for step in steps],
+                reasons=[step.reason for step in steps],
+            )
+        keys = self._signing_key_only(final)
+        wanted = keys if keys is not None else final
+        self._due_at = min(
+            last.due_at,
+            certplan.next_key_expiry(wanted.data, now, self.key_policy) if wanted else math.inf,
         )
-        return final
+        if keys is not None:
+            return keys
+        return final if steps else None
 
     def _signing_key_only(self, state: CertState | None) -> CertState | None:
-        data = certplan.plan_signing_key(state.data if state is not None else None)
+        """The state with the signing keys as `plan_signing_keys` wants them (this replica's
+        key among the retired ones if the Secret's changed), or None if they are so."""
+        data = certplan.plan_signing_keys(
+            state.data if state is not None else None,
+            held=self.signing_key,
+            now=self.now(),
+            policy=self.key_policy,
+        )
         if data is None:
             return None
+        if self.signing_key and data.get(SIGNING_KEY) != self.signing_key:
+            self.log.info("signing_key_retired", previous=len(certplan.read_previous(data)))
         return CertState(data, state.rotation_started_at if state is not None else None)
+
+    def _load_keys(self, data: Mapping[str, bytes]) -> None:
+        keys = tuple(certplan.verification_keys(data, self.now(), self.key_policy))
+        if keys and keys[0] != self.signing_key:
+            self.log.info("signing_key_loaded", keys=len(keys), first=not self.signing_key)
+        self.signing_keys = keys
+        self.signing_key = keys[0] if keys else b""
 
     async def _converge(
         self,

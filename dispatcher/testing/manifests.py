@@ -1,8 +1,13 @@
-"""Builders of Kubernetes manifests and AppWrappers for tests, demos and benchmarks. Pure."""
+"""Builders of Kubernetes manifests and AppWrappers for tests, demos and benchmarks. Pure,
+but for `status_policy`, which reads the shipped manifest."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from dispatcher.api.constants import API_VERSION, KIND, LABEL_QUEUE
 
@@ -212,3 +217,17 @@ def webhook_configurations(
             }
         )
     return made
+
+
+STATUS_POLICY = Path(__file__).resolve().parents[2] / "manifests" / "status-policy.yaml"
+
+
+def status_policy(writers: list[str]) -> list[dict[str, Any]]:
+    """manifests/status-policy.yaml (the ValidatingAdmissionPolicy that lets only the
+    dispatcher write AppWrapper status, and its binding) with `writers` as its list of
+    writers: a test's dispatcher runs as the test cluster's user, not the ServiceAccount."""
+    docs = [d for d in yaml.safe_load_all(STATUS_POLICY.read_text()) if d]
+    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    (variable,) = [v for v in policy["spec"]["variables"] if v["name"] == "writers"]
+    variable["expression"] = json.dumps(writers)  # a JSON list of strings is a CEL list
+    return docs

@@ -150,6 +150,8 @@ def test_manifests_apply_with_server_side_dry_run(cluster: Any, installed: None)
         "service/appwrapper-dispatcher-webhook",
         "mutatingwebhookconfiguration.admissionregistration.k8s.io/appwrapper-dispatcher",
         "validatingwebhookconfiguration.admissionregistration.k8s.io/appwrapper-dispatcher",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/appwrapper-status-writers",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/appwrapper-status-writers",
     ):
         assert name in kustomized.stdout, kustomized.stdout
 
@@ -236,7 +238,8 @@ def test_webhook_manifests_agree_with_the_deployment_and_the_settings() -> None:
         (rule,) = webhook["rules"]
         assert rule["apiGroups"] == ["workload.codeflare.dev"], where
         assert rule["apiVersions"] == ["v1beta1"], where
-        # The spec only: neither the status subresource nor a wildcard that would take it in.
+        # The spec only: neither the status subresource (status-policy.yaml's) nor a
+        # wildcard that would take it in.
         assert rule["resources"] == ["appwrappers"], where
         assert not any("/" in r or "*" in r for r in rule["resources"]), where
         assert sorted(rule["operations"]) == ["CREATE", "UPDATE"], where
@@ -371,6 +374,9 @@ ALLOWED = [
         ["create", "subjectaccessreviews.authorization.k8s.io"], id="create-subjectaccessreviews"
     ),
     pytest.param(["create", "secrets", "-n", SYSTEM_NAMESPACE], id="create-webhook-secret"),
+    pytest.param(
+        ["watch", f"secrets/{WEBHOOK_SECRET}", "-n", SYSTEM_NAMESPACE], id="watch-webhook-secret"
+    ),
     pytest.param(
         ["get", f"secrets/{WEBHOOK_SECRET}", "-n", SYSTEM_NAMESPACE], id="get-webhook-secret"
     ),
@@ -594,8 +600,12 @@ def test_rbac_has_no_secrets_rule_and_no_wildcards() -> None:
         for rule in webhook_role["rules"]
         if rule["resources"] == ["secrets"]
     }
-    # create cannot be limited by name; get and update are, to the dispatcher's own Secret.
-    assert secrets == {((), ("create",)), ((WEBHOOK_SECRET,), ("get", "update"))}
+    # create cannot be limited by name; get, update, list and watch (a fieldSelector on the
+    # name: its key taken up at once when it changes) are, to the dispatcher's own Secret.
+    assert secrets == {
+        ((), ("create",)),
+        ((WEBHOOK_SECRET,), ("get", "list", "update", "watch")),
+    }
     binding = one(docs, "RoleBinding", "appwrapper-dispatcher-webhook")
     assert binding["roleRef"]["name"] == "appwrapper-dispatcher-webhook"
     assert binding["subjects"] == [
@@ -810,6 +820,8 @@ def test_webhook_runs_as_the_service_account(
         "delete", "secret", WEBHOOK_SECRET, "-n", SYSTEM_NAMESPACE, "--ignore-not-found"
     )
     register_webhook(cluster, namespace, webhook_port)
+    # The shipped status policy: the ServiceAccount's own status writes pass it.
+    cluster.kubectl("apply", "-f", str(MANIFESTS / "status-policy.yaml"))
     try:
         # unattributed as shipped (refuse): the AppWrapper runs only if the webhook saw it.
         with dispatcher_as_service_account(
@@ -827,6 +839,7 @@ def test_webhook_runs_as_the_service_account(
             assert secret.get("data"), "the webhook Secret is empty"
             run_appwrapper(cluster, running)
     finally:
+        cluster.kubectl("delete", "-f", str(MANIFESTS / "status-policy.yaml"), check=False)
         for kind in WEBHOOK_PATHS:
             cluster.kubectl(
                 "delete", kind.lower(), WEBHOOK_CONFIGURATION, "--ignore-not-found", check=False

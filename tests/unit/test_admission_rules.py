@@ -54,7 +54,9 @@ def apply_patch(obj: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, A
 
 
 def created(obj: dict[str, Any], user: Creator = ALICE) -> dict[str, Any]:
-    return apply_patch(obj, record_patch(operation="CREATE", obj=obj, old=None, user=user, key=KEY))
+    return apply_patch(
+        obj, record_patch(operation="CREATE", obj=obj, old=None, user=user, keys=[KEY])
+    )
 
 
 def test_create_records_the_user_and_the_record_verifies() -> None:
@@ -99,42 +101,135 @@ def test_another_key_does_not_verify() -> None:
     assert attribution(created(appwrapper()), [b"other" * 8, KEY]).creator == ALICE
 
 
-def test_update_keeps_the_record_and_signs_the_new_spec() -> None:
-    old = created(appwrapper())
+BOB = Creator("bob", "u-2", ("team-a", "system:authenticated"))
+
+
+def edited(old: dict[str, Any], change: Any, user: Creator, keys: list[bytes]) -> dict[str, Any]:
+    """`old` changed by `change(new)`, then through the mutating webhook as `user`."""
     new = copy.deepcopy(old)
-    new["spec"]["priority"] = 3
-    del new["metadata"]["annotations"][USER]  # kubectl replace of a file without it
-    patched = apply_patch(
-        new,
-        record_patch(operation="UPDATE", obj=new, old=old, user=Creator("bob"), key=KEY),
+    change(new)
+    return apply_patch(
+        new, record_patch(operation="UPDATE", obj=new, old=old, user=user, keys=keys)
     )
-    assert attribution(patched, [KEY]).creator == ALICE
+
+
+def set_priority(obj: dict[str, Any]) -> None:
+    obj["spec"]["priority"] = 3
+
+
+def drop_record_and_set_priority(obj: dict[str, Any]) -> None:
+    del obj["metadata"]["annotations"][USER]  # kubectl replace of a file without it
+    obj["spec"]["priority"] = 3
+
+
+def forge_record_and_set_priority(obj: dict[str, Any]) -> None:
+    obj["metadata"]["annotations"][USER] = Creator("admin", "", ("system:masters",)).annotation()
+    obj["spec"]["priority"] = 3
+
+
+def add_label(obj: dict[str, Any]) -> None:
+    obj["metadata"]["labels"] = {"team": "a"}
+
+
+def drop_record(obj: dict[str, Any]) -> None:
+    del obj["metadata"]["annotations"][USER]
+
+
+OLD_KEY = b"o" * 32
+
+
+@pytest.mark.parametrize(
+    ("change", "editor", "signed_with", "want_record", "want_problems"),
+    [
+        # A change of the spec is a new request: the record names whoever made it.
+        pytest.param(set_priority, BOB, KEY, BOB, [], id="editor-becomes-the-record"),
+        pytest.param(set_priority, ALICE, KEY, ALICE, [], id="creator-edits-own"),
+        pytest.param(drop_record_and_set_priority, BOB, KEY, BOB, [], id="replace-without-it"),
+        pytest.param(forge_record_and_set_priority, BOB, KEY, BOB, [], id="forged-overwritten"),
+        # Signed with a retired key: a spec change is signed with the current one.
+        pytest.param(set_priority, BOB, OLD_KEY, BOB, [], id="old-key-spec-change"),
+        # Metadata only: the record stays, signed again with the current key.
+        pytest.param(add_label, BOB, KEY, ALICE, [], id="label-keeps-record"),
+        pytest.param(add_label, BOB, OLD_KEY, ALICE, [], id="label-re-signs-old-key"),
+        pytest.param(drop_record, BOB, KEY, ALICE, [], id="metadata-replace-without-it"),
+    ],
+)
+def test_update_records_and_signs(
+    change: Any,
+    editor: Creator,
+    signed_with: bytes,
+    want_record: Creator,
+    want_problems: list[str],
+) -> None:
+    old = apply_patch(
+        appwrapper(),
+        record_patch(
+            operation="CREATE", obj=appwrapper(), old=None, user=ALICE, keys=[signed_with]
+        ),
+    )
+    new = edited(old, change, editor, [KEY, OLD_KEY])
+    assert attribution(new, [KEY]).creator == want_record  # verifies with the current key
+    assert update_problems(new, old, editor) == want_problems
 
 
 def test_update_never_signs_a_record_that_did_not_verify() -> None:
     old = appwrapper()
     old["metadata"]["annotations"] = {USER: Creator("admin").annotation()}
-    new = copy.deepcopy(old)
-    patched = apply_patch(
-        new, record_patch(operation="UPDATE", obj=new, old=old, user=ALICE, key=KEY)
-    )
+    patched = edited(old, add_label, ALICE, [KEY])
     assert attribution(patched, [KEY]).creator is None
+
+
+def test_a_spec_change_makes_an_unverified_record_the_editors() -> None:
+    """Not laundering: the validating webhook checks every right of the editor."""
+    old = appwrapper()
+    old["metadata"]["annotations"] = {USER: Creator("admin").annotation()}
+    patched = edited(old, set_priority, ALICE, [KEY])
+    assert attribution(patched, [KEY]).creator == ALICE
+
+
+@pytest.mark.parametrize(
+    ("record", "editor", "want"),
+    [
+        pytest.param(BOB, BOB, "", id="the-editor"),
+        pytest.param(ALICE, BOB, "with this change of the spec it names bob", id="the-creator"),
+        pytest.param(None, BOB, "with this change of the spec it names bob", id="none"),
+        pytest.param(
+            Creator("bob", "u-2", ("system:masters",)), BOB, "it names bob", id="more-groups"
+        ),
+    ],
+)
+def test_a_spec_change_must_record_the_editor(
+    record: Creator | None, editor: Creator, want: str
+) -> None:
+    old = created(appwrapper())
+    new = copy.deepcopy(old)
+    new["spec"]["priority"] = 3
+    if record is None:
+        del new["metadata"]["annotations"][USER]
+    else:
+        new["metadata"]["annotations"][USER] = record.annotation()
+    problems = update_problems(new, old, editor)
+    if want:
+        assert len(problems) == 1, problems
+        assert want in problems[0]
+    else:
+        assert problems == []
 
 
 def test_update_leaves_a_changed_record_for_the_validating_webhook_to_refuse() -> None:
     old = created(appwrapper())
     new = copy.deepcopy(old)
     new["metadata"]["annotations"][USER] = Creator("admin").annotation()
-    patch = record_patch(operation="UPDATE", obj=new, old=old, user=ALICE, key=KEY)
+    patch = record_patch(operation="UPDATE", obj=new, old=old, user=ALICE, keys=[KEY])
     assert all(op["path"] != "/metadata/annotations/workload.codeflare.dev~1user" for op in patch)
-    assert update_problems(apply_patch(new, patch), old)
+    assert update_problems(apply_patch(new, patch), old, ALICE)
 
 
 def test_update_of_metadata_only_needs_no_patch() -> None:
     old = created(appwrapper())
     new = copy.deepcopy(old)
     new["metadata"]["finalizers"] = ["x"]
-    assert record_patch(operation="UPDATE", obj=new, old=old, user=ALICE, key=KEY) == []
+    assert record_patch(operation="UPDATE", obj=new, old=old, user=ALICE, keys=[KEY]) == []
 
 
 @given(
@@ -164,21 +259,22 @@ def test_items_of_a_dispatched_appwrapper_cannot_change() -> None:
     new = copy.deepcopy(old)
     new["spec"]["resources"]["GenericItems"].append({"generictemplate": {"kind": "Service"}})
     assert any(
-        "cannot change while the AppWrapper is dispatched" in p for p in update_problems(new, old)
+        "cannot change while the AppWrapper is dispatched" in p
+        for p in update_problems(new, old, ALICE)
     )
     queued = copy.deepcopy(new)
     queued.pop("status")
-    assert update_problems(queued, {**old, "status": {}}) == []
+    assert update_problems(queued, {**old, "status": {}}, ALICE) == []
 
 
 def test_the_record_cannot_change() -> None:
     old = created(appwrapper())
     new = copy.deepcopy(old)
     new["metadata"]["annotations"][USER] = Creator("admin").annotation()
-    assert any("cannot change" in p for p in update_problems(new, old))
+    assert any("cannot change" in p for p in update_problems(new, old, ALICE))
     added = appwrapper()
     added["metadata"]["annotations"] = {USER: Creator("admin").annotation()}
-    assert any("cannot change" in p for p in update_problems(added, appwrapper()))
+    assert any("cannot change" in p for p in update_problems(added, appwrapper(), ALICE))
 
 
 POLICY = PriorityPolicy(
@@ -234,3 +330,40 @@ def test_refusal_names_each_right_and_its_items() -> None:
     )
     assert "item 0 (Pod/p): alice may not create pods in namespace team-a" in message
     assert "alice may not create networkpolicies.networking.k8s.io in namespace team-a" in message
+
+
+def test_extra_round_trips_and_old_records_read_as_they_were() -> None:
+    info = {
+        "username": "carol",
+        "uid": "u-3",
+        "groups": ["g"],
+        "extra": {"scopes.example.com": ["read", "write"], "authn.example.com/method": ["oidc"]},
+    }
+    carol = Creator.from_user_info(info)
+    assert carol.extra == (
+        ("authn.example.com/method", ("oidc",)),
+        ("scopes.example.com", ("read", "write")),
+    )
+    assert Creator.from_annotation(carol.annotation()) == carol
+    assert carol.extra_map() == {
+        "authn.example.com/method": ["oidc"],
+        "scopes.example.com": ["read", "write"],
+    }
+    # Without extra the record is the text it always was, so old signatures still verify.
+    assert ALICE.annotation() == (
+        '{"username":"alice","uid":"u-1","groups":["team-a","system:authenticated"]}'
+    )
+    old = created(appwrapper())
+    assert attribution(old, [KEY]).creator == ALICE
+    signed = created(appwrapper(), carol)
+    assert attribution(signed, [KEY]).creator == carol
+    assert "extra" in json.loads(signed["metadata"]["annotations"][USER])
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [pytest.param([], id="list"), pytest.param({"k": "v"}, id="not-a-list"), {"k": [1]}],
+)
+def test_a_record_with_malformed_extra_is_no_record(extra: Any) -> None:
+    text = json.dumps({"username": "x", "uid": "", "groups": [], "extra": extra})
+    assert Creator.from_annotation(text) is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ipaddress
 import ssl
 from dataclasses import dataclass
@@ -30,9 +31,10 @@ from dispatcher.kube.certplan import (
     plan,
     settle,
 )
-from dispatcher.kube.certs import MUTATING, VALIDATING, WebhookCerts
+from dispatcher.kube.certs import MUTATING, SECRETS, VALIDATING, WebhookCerts
 from dispatcher.kube.errors import Conflict
 from dispatcher.testing.fakekube import FakeKube
+from dispatcher.testing.waits import async_wait_until
 
 T0 = 1_700_000_000.0
 CONFIG = WebhookConfig(
@@ -367,3 +369,113 @@ async def test_a_replica_with_a_stale_secret_never_takes_a_new_ca_out() -> None:
     await late._publish(before)
     (validating,) = fake.objects(VALIDATING.group_version, VALIDATING.kind)
     assert [w["clientConfig"]["caBundle"] for w in validating["webhooks"]] == [two, two]
+
+
+# -- record-signing keys ------------------------------------------------------------------
+
+KEYS = certplan.KeyPolicy(keep=2, keep_seconds=1000)
+K1, K2, K3, K4 = (bytes([n]) * 32 for n in range(1, 5))
+
+
+def key_data(current: bytes | None, *previous: tuple[bytes, float]) -> dict[str, bytes]:
+    data = {} if current is None else {SIGNING_KEY: current}
+    if previous:
+        data[certplan.PREVIOUS_SIGNING_KEYS] = certplan.write_previous(
+            certplan.RetiredKey(k, t) for k, t in previous
+        )
+    return data
+
+
+@pytest.mark.parametrize(
+    ("data", "held", "want_current", "want_previous"),
+    [
+        # A replica starting fresh adds nothing of its own.
+        pytest.param(key_data(K1), b"", K1, [], id="fresh-nothing-to-do"),
+        pytest.param(key_data(K1), K1, K1, [], id="same-key"),
+        # The Secret recreated (or its key replaced): the held key is retired, not lost.
+        pytest.param(key_data(K2), K1, K2, [K1], id="changed-retires-held"),
+        pytest.param(key_data(K2, (K1, T0 - 5)), K1, K2, [K1], id="already-retired"),
+        pytest.param(key_data(None), K1, None, [K1], id="key-removed-new-one"),
+        # Bounded: by age, then by number (the newest kept).
+        pytest.param(key_data(K2, (K1, T0 - 1000)), b"", K2, [], id="too-old-dropped"),
+        pytest.param(
+            key_data(K4, (K3, T0 - 10), (K2, T0 - 20)), K1, K4, [K1, K3], id="too-many-dropped"
+        ),
+        # A key never verifies twice, nor as retired while current.
+        pytest.param(key_data(K1, (K1, T0 - 1)), b"", K1, [], id="current-not-retired"),
+    ],
+)
+def test_plan_signing_keys(
+    data: dict[str, bytes], held: bytes, want_current: bytes | None, want_previous: list[bytes]
+) -> None:
+    out = certplan.plan_signing_keys(data, held=held, now=T0, policy=KEYS)
+    result = data if out is None else out
+    if want_current is None:
+        assert len(result[SIGNING_KEY]) == 32
+        assert result[SIGNING_KEY] not in (K1, K2, K3, K4)
+    else:
+        assert result[SIGNING_KEY] == want_current
+    assert [k.key for k in certplan.read_previous(result)] == want_previous
+    keys = certplan.verification_keys(result, T0, KEYS)
+    assert keys == [result[SIGNING_KEY], *want_previous]
+    # Planned again, nothing is left to do.
+    assert certplan.plan_signing_keys(result, held=result[SIGNING_KEY], now=T0, policy=KEYS) is None
+
+
+def test_unreadable_retired_keys_are_dropped() -> None:
+    data = {SIGNING_KEY: K1, certplan.PREVIOUS_SIGNING_KEYS: b'[{"key": "!!"}, 3, "x"]'}
+    out = certplan.plan_signing_keys(data, held=K1, now=T0, policy=KEYS)
+    assert out == {SIGNING_KEY: K1}
+    assert certplan.read_previous({certplan.PREVIOUS_SIGNING_KEYS: b"not json"}) == []
+
+
+def test_a_retired_key_expires_when_due() -> None:
+    data = key_data(K2, (K1, T0))
+    assert certplan.next_key_expiry(data, T0, KEYS) == T0 + 1000
+    assert certplan.verification_keys(data, T0 + 999, KEYS) == [K2, K1]
+    assert certplan.verification_keys(data, T0 + 1000, KEYS) == [K2]
+
+
+async def test_a_recreated_secret_keeps_the_old_key_verifying_on_every_replica() -> None:
+    fake = fake_with_configurations()
+    replicas = [WebhookCerts(fake, CONFIG, check_seconds=30) for _ in range(2)]
+    for replica in replicas:
+        await replica.start()
+    first = replicas[0].signing_key
+    assert replicas[1].signing_keys == (first,)
+    (secret,) = fake.objects("v1", "Secret")
+    await fake.delete(SECRETS, secret["metadata"]["namespace"], secret["metadata"]["name"])
+    await replicas[1].check()  # makes the Secret anew, with a new key, and retires its own
+    await replicas[0].check()
+    second = replicas[0].signing_key
+    assert second != first
+    for replica in replicas:
+        assert replica.signing_key == second  # signing: the current key only
+        assert replica.signing_keys == (second, first)
+    # A replica started after that (a restart) reads both from the Secret.
+    later = WebhookCerts(fake, CONFIG, check_seconds=30)
+    await later.start()
+    assert later.signing_keys == (second, first)
+
+
+async def test_a_deleted_secret_is_made_anew_at_once_through_the_watch() -> None:
+    fake = fake_with_configurations()
+    certs = WebhookCerts(fake, CONFIG, check_seconds=3600)  # no periodic check in the test
+    await certs.start()
+    first = certs.signing_key
+    running = asyncio.create_task(certs.run())
+    try:
+        (secret,) = fake.objects("v1", "Secret")
+        await fake.delete(SECRETS, secret["metadata"]["namespace"], secret["metadata"]["name"])
+
+        async def retired() -> bool:
+            return len(certs.signing_keys) == 2
+
+        await async_wait_until(retired, timeout=10, what="the Secret made anew")
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+    assert certs.signing_keys == (certs.signing_key, first)
+    (secret,) = fake.objects("v1", "Secret")
+    assert base64.b64decode(secret["data"][SIGNING_KEY]) == certs.signing_key

@@ -42,7 +42,7 @@ async def test_a_signed_record_is_dispatched() -> None:
         await env.add_node("n1", cpu="8")
         obj = appwrapper("signed", job("signed", 1, {"cpu": "1"}))
         obj["metadata"]["namespace"] = NAMESPACE
-        patch = record_patch(operation="CREATE", obj=obj, old=None, user=Creator("bob"), key=KEY)
+        patch = record_patch(operation="CREATE", obj=obj, old=None, user=Creator("bob"), keys=[KEY])
         await env.apply(apply_patch(obj, patch))
         await env.reconcile("signed")
         await env.cycle()
