@@ -35,10 +35,13 @@ typecheck: venv
 unit: venv
 	$(VENV)/bin/pytest tests/unit -q
 
-# Everything: static checks, the control plane, then the whole suite against it.
-# pytest exit 5 (no tests collected) is a failure, not a pass.
+# Everything: static checks, the control plane, then the whole suite against it, in
+# TEST_WORKERS processes at once, each with a control plane of its own (tests of one module
+# stay in one process). Against one existing cluster (APPWRAPPER_KUBECONFIG) tests run one at a
+# time: some change what is cluster-wide. pytest exit 5 (no tests collected) is a failure.
+TEST_WORKERS ?= $(if $(APPWRAPPER_KUBECONFIG),0,2)
 test: lint typecheck testenv
-	$(VENV)/bin/pytest -q -p no:cacheprovider; rc=$$?; \
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi; exit $$rc
 
 # The main job: a local control plane with fake GPU nodes and KubeRay, the dispatcher

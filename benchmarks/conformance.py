@@ -13,6 +13,7 @@ under test run for the duration; results under benchmarks/results/.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -103,14 +104,22 @@ def build(cache: Path, *, controller_too: bool) -> tuple[Path, Path, Path]:
     home = mcad_dir(cache)
     source = home / f"src-{VERSION}"
     tests, controller = home / f"mcad-e2e-{VERSION}.test", home / f"kar-controllers-{VERSION}"
-    # A writable copy: its own go.mod must be the main module (it has replaces).
-    module_source(MODULE, VERSION, source)
-    if not tests.exists():
-        subprocess.run(["go", "test", "-c", "-o", str(tests), "./test/e2e"], check=True, cwd=source)
-    if controller_too and not controller.exists():
-        subprocess.run(
-            ["go", "build", "-o", str(controller), "./cmd/kar-controllers"], check=True, cwd=source
-        )
+    home.mkdir(parents=True, exist_ok=True)
+    # One build at a time: test processes running side by side each ask for the suite.
+    with (home / ".build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        # A writable copy: its own go.mod must be the main module (it has replaces).
+        module_source(MODULE, VERSION, source)
+        if not tests.exists():
+            subprocess.run(
+                ["go", "test", "-c", "-o", str(tests), "./test/e2e"], check=True, cwd=source
+            )
+        if controller_too and not controller.exists():
+            subprocess.run(
+                ["go", "build", "-o", str(controller), "./cmd/kar-controllers"],
+                check=True,
+                cwd=source,
+            )
     return source, tests, controller
 
 

@@ -23,7 +23,8 @@ from dispatcher.testing.localcluster import ExistingCluster, LocalCluster
 def cluster_workdir() -> Iterator[Path]:
     keep = os.environ.get("APPWRAPPER_TEST_WORKDIR")
     if keep:
-        path = Path(keep)
+        # One folder per test process (`make test` runs several, each with its own cluster).
+        path = Path(keep) / os.environ.get("PYTEST_XDIST_WORKER", "main")
         path.mkdir(parents=True, exist_ok=True)
         yield path
     else:
