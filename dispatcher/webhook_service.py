@@ -37,8 +37,8 @@ from dispatcher.kube.registration import Registration
 
 Connect = Callable[[], Awaitable[tuple[KubeClient, Sequence[KubeClient]]]]
 """Opens the webhook's own clients, in its thread: the hub's and each member's."""
-UPKEEP_SECONDS = 2.0
-"""How often the thread hands changed signing keys over and re-reads the client CA file."""
+CLIENT_CA_CHECK_SECONDS = 2.0
+"""How often the client CA file is looked at for a change."""
 
 
 class WebhookService:
@@ -64,7 +64,6 @@ class WebhookService:
         self._home: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._stop_asked = threading.Event()
-        self._handed: list[bytes] = []
         self.log = structlog.get_logger("webhook")
 
     async def start(self) -> None:
@@ -122,9 +121,8 @@ class WebhookService:
         self, hub: KubeClient, members: Sequence[KubeClient]
     ) -> tuple[Any, list[asyncio.Task[Any]]]:
         settings = self._config.webhook
-        certs = self.certs = WebhookCerts(hub, settings)
+        certs = self.certs = WebhookCerts(hub, settings, on_keys=self._hand_over)
         await certs.start()
-        self._hand_over(list(certs.signing_keys))
         client_auth = None
         if settings.client_ca_file:
             client_auth = webhook.ClientAuth(
@@ -166,7 +164,8 @@ class WebhookService:
         try:
             await registration.start(self.port)
             tasks.append(self._task(registration.run(), "webhook-registration"))
-            tasks.append(self._task(self._upkeep(certs, client_auth), "webhook-upkeep"))
+            if client_auth is not None:
+                tasks.append(self._task(_reload_forever(client_auth), "webhook-client-ca"))
         except BaseException:
             await _close(runner, tasks, [])
             raise
@@ -177,19 +176,17 @@ class WebhookService:
         task.add_done_callback(_report_stop)
         return task
 
-    async def _upkeep(self, certs: WebhookCerts, client_auth: webhook.ClientAuth | None) -> None:
-        while True:
-            await asyncio.sleep(UPKEEP_SECONDS)
-            self._hand_over(list(certs.signing_keys))
-            if client_auth is not None:
-                client_auth.reload()
+    def _hand_over(self, keys: Sequence[bytes]) -> None:
+        """Give the controller's loop the signing keys (called as they change)."""
+        if self._home is not None:
+            self._home.call_soon_threadsafe(self._publish_keys, list(keys))
 
-    def _hand_over(self, keys: list[bytes]) -> None:
-        """Give the controller's loop the signing keys, if they changed."""
-        if keys == self._handed or self._home is None:
-            return
-        self._handed = keys
-        self._home.call_soon_threadsafe(self._publish_keys, list(keys))
+
+async def _reload_forever(client_auth: webhook.ClientAuth) -> None:
+    """Take up the client CA file as it changes."""
+    while True:
+        await asyncio.sleep(CLIENT_CA_CHECK_SECONDS)
+        client_auth.reload()
 
 
 def registered_only(registration: Registration, mutate: webhook.Handler) -> webhook.Handler:

@@ -104,8 +104,12 @@ class WebhookCerts:
         *,
         now: Callable[[], float] = time.time,
         check_seconds: float = 30.0,
+        on_keys: Callable[[tuple[bytes, ...]], None] = lambda keys: None,
     ) -> None:
         self.client = client
+        self._on_keys = on_keys
+        """Told the new `signing_keys` the moment they change (the controller verifies with
+        them: a record signed with a new key must not meet an old set there)."""
         self.config = config
         self.now = now
         self.check_seconds = check_seconds
@@ -252,8 +256,11 @@ class WebhookCerts:
         keys = tuple(certplan.verification_keys(data, self.now(), self.key_policy))
         if keys and keys[0] != self.signing_key:
             self.log.info("signing_key_loaded", keys=len(keys), first=not self.signing_key)
+        changed = keys != self.signing_keys
         self.signing_keys = keys
         self.signing_key = keys[0] if keys else b""
+        if changed:
+            self._on_keys(keys)
 
     async def _converge(
         self,
