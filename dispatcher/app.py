@@ -63,7 +63,13 @@ async def build(config: Config) -> Manager:
             )
         else:
             client = hub
-        problems = [] if client is hub else mapping_problems(member.namespaces)
+        problems = (
+            []
+            if client is hub
+            else mapping_problems(
+                member.namespaces, member.wildcard_allowed, member.wildcard_reserved
+            )
+        )
         if problems:
             raise ValueError(f"members[{member.name}].namespaces: {'; '.join(problems)}")
         members.append(Member.build(member, client, is_hub=client is hub))

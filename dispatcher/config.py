@@ -53,7 +53,15 @@ class MemberConfig(BaseModel):
     namespaces: dict[str, str] = Field(default_factory=dict)
     """Hub namespace -> namespace in this member where its AppWrappers' objects go. An
     AppWrapper whose namespace is not listed never goes to this member; the key "*" maps
-    every namespace to the one of the same name. Not read for the hub itself."""
+    every namespace to the one of the same name (or to the one it names), within
+    `wildcard_allowed` and outside `wildcard_reserved`: the dispatcher refuses to start with
+    a "*" key and neither. Not read for the hub itself."""
+    wildcard_allowed: list[str] = Field(default_factory=list)
+    """Hub namespaces a "*" key of `namespaces` may take: names or glob patterns
+    (`team-*`); empty: any not reserved. kube-system, kube-public and kube-node-lease are
+    never taken by "*"; an entry naming a namespace itself is not checked."""
+    wildcard_reserved: list[str] = Field(default_factory=list)
+    """Hub namespaces a "*" key never takes: names or glob patterns (`istio-*`)."""
     create_namespaces: bool = False
     """Create a mapped namespace in this member when it is missing there (with
     `namespace_labels`); otherwise it must exist."""

@@ -337,6 +337,7 @@ class SchedulerCache:
                     reachable=snapshot.reachable,
                     admitted=tuple(admitted),
                     namespaces=member.hub_namespaces,
+                    wildcard=member.snapshot_wildcard,
                 )
             )
         return Snapshot(pending, clusters, self._claims(now), charges)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from dispatcher.api.resources import EMPTY, Resources
+from dispatcher.core.namespaces import Wildcard
 
 PODS = "pods"
 """The resource every pod asks one of (`core.podsets.pod_requests` adds it): a node's
@@ -169,12 +170,27 @@ class ClusterSnapshot:
     reachable: bool = True
     admitted: tuple[AdmittedWorkload, ...] = ()  # dispatched AppWrappers (preemption candidates)
     namespaces: frozenset[str] | None = None
-    """The hub namespaces whose AppWrappers may come here (a member's `namespaces` mapping);
-    None: every one (the hub itself, or a member that maps "*")."""
+    """The hub namespaces whose AppWrappers may come here by name (a member's `namespaces`
+    mapping); None: every one (the hub itself)."""
+    wildcard: Wildcard | None = None
+    """What a member's `"*"` key takes besides `namespaces` (None: no `"*"` key)."""
 
     def takes(self, namespace: str) -> bool:
         """Whether AppWrappers of hub namespace `namespace` may come here."""
-        return self.namespaces is None or namespace in self.namespaces
+        return not self.refusal(namespace)
+
+    def refusal(self, namespace: str) -> str:
+        """ "" when AppWrappers of hub namespace `namespace` may come here; else why not:
+        `NOT_MAPPED`, or why the `"*"` key does not take it."""
+        if self.namespaces is None or namespace in self.namespaces:
+            return ""
+        if self.wildcard is None:
+            return NOT_MAPPED
+        return self.wildcard.refusal(namespace)
+
+
+NOT_MAPPED = "not mapped"
+"""`ClusterSnapshot.refusal` of a namespace its member's mapping does not name at all."""
 
 
 LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
