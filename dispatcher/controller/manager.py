@@ -116,6 +116,7 @@ class Manager:
             current=self.status.current,
             members=self.members,
             flavors=self._flavors,
+            queues=lambda: self.quotas.tree().setup.queues,
         )
         self.waiting = WaitingWriter(
             models=self.models, status=self.status, clock=self.clock, on_conflict=self._kick
@@ -329,7 +330,8 @@ class Manager:
         if queues or locals_:
             for key in self.cache.admitted_in(queues, locals_):
                 self.queue.add(key)  # the reconciler requeues them
-        # A flavor's labels shape what dispatched ones hold: derive every standing again.
+        # A flavor's labels shape what dispatched ones hold, a queue's quotaCharge what
+        # they are charged: derive every standing again.
         self.cache.forget_standings()
         self._kick()
 

@@ -252,11 +252,20 @@ class Workload:
     queued_since: float = 0.0  # when it became head-of-line eligible (starvation guard)
     preemptible: bool = True
     queue_name: str = ""  # the AppQueue it names ("" = none; see `core.quota.resolve`)
+    charge_pod_sets: tuple[PodSet, ...] | None = None
+    """What its pod templates ask, where a declaration (custompodresources) read as written
+    asks less: quotas charge these unless the queue charges as declared. None: `pod_sets`."""
     # Its pod sets' shapes: what its fit depends on (see `PodSet.shape`).
     shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    charge_shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple([p.shape for p in self.pod_sets]))
+        shape = tuple([p.shape for p in self.pod_sets])
+        object.__setattr__(self, "shape", shape)
+        charged = self.charge_pod_sets
+        object.__setattr__(
+            self, "charge_shape", shape if charged is None else tuple([p.shape for p in charged])
+        )
 
     def with_pod_sets(self, pod_sets: tuple[PodSet, ...]) -> Workload:
         """The same workload with other pods (`dataclasses.replace` costs several times
@@ -270,6 +279,7 @@ class Workload:
             self.queued_since,
             self.preemptible,
             self.queue_name,
+            self.charge_pod_sets,
         )
 
 
