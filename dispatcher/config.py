@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dispatcher.core.admission import PriorityPolicy
 from dispatcher.core.model import QueueMode
-from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
+from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS, DEFAULT_MAX_APPWRAPPER_BYTES
 
 
 class Fit(StrEnum):
@@ -119,6 +119,13 @@ class Config(BaseModel):
     """per_node, or cluster_total as MCAD (pods may then wait Pending for a node)."""
     declared_pod_resources: DeclaredPodResources = DeclaredPodResources.AS_WRITTEN
     """How `custompodresources` is read: as written (MCAD), or never below the pod templates."""
+    max_appwrapper_bytes: int = Field(
+        default=DEFAULT_MAX_APPWRAPPER_BYTES, ge=64 * 1024, le=3 * 1024 * 1024
+    )
+    """The largest AppWrapper accepted, as JSON (all fields; not managedFields nor kubectl's
+    last-applied copy): refused at apply by the webhook; one stored anyway (no webhook) is
+    held as a stub and ends Failed. The default fits real RayClusters and PyTorchJobs
+    twenty times over (core/validation.py)."""
     fair_sharing: bool = False
     """With quotas: queues that borrow less of their cohort (by weight) are served first."""
     fair_sharing_preemption: bool = True

@@ -23,7 +23,7 @@ from dispatcher.api.models import AppWrapper
 from dispatcher.config import Config, DeclaredPodResources
 from dispatcher.core import admission as rules
 from dispatcher.core.admission import Access, Creator
-from dispatcher.core.validation import bounded_message
+from dispatcher.core.validation import bounded_message, size_problem
 from dispatcher.core.workloads import InvalidSpec, workload_of
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
@@ -160,6 +160,10 @@ class Admission:
 
     async def spec_problems(self, obj: Obj, namespace: str) -> list[str]:
         """What the dispatcher would fail the AppWrapper for, and the priority policy."""
+        # First, before the object is parsed: one past the size limit costs no more.
+        oversize = size_problem(obj, limit=self._config.max_appwrapper_bytes)
+        if oversize:
+            return [oversize]
         try:
             aw = AppWrapper.from_kube(obj)
         except ValidationError as exc:

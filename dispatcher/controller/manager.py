@@ -29,7 +29,7 @@ from dispatcher.cluster.member import Member
 from dispatcher.config import Config, DeclaredPodResources
 from dispatcher.controller.admission import Admission
 from dispatcher.controller.cache import SchedulerCache
-from dispatcher.controller.models import Models, key_of, without_bookkeeping
+from dispatcher.controller.models import Models, key_of, slimmer
 from dispatcher.controller.quotas import Quotas
 from dispatcher.controller.reconciler import Reconciler
 from dispatcher.controller.scheduler import Scheduler
@@ -80,10 +80,14 @@ class Manager:
         self.clock = clock or SystemClock()
         self.queue = WorkQueue()
         self.events = EventRecorder(hub)
+        # One larger than the limit is kept as a stub (models.py): its spec is never held.
+        slim = slimmer(config.max_appwrapper_bytes)
         self.appwrappers = Informer(
             hub,
             APPWRAPPERS,
-            transform=without_bookkeeping,
+            transform=slim,
+            # In pages of 50: objects up to etcd's 1.5 MiB each, a page is decoded whole.
+            page_size=50,
             # A finished one is read again only when it is deleted: kept as text.
             cold=lambda obj: phase_of_raw(obj) is Phase.FINISHED,
         )
@@ -109,6 +113,7 @@ class Manager:
             self.events,
             watched=lambda key: self.appwrappers.store.get(key),
             on_written=self._on_written,
+            slim=slim,
         )
         self.quotas = Quotas(hub=hub, config=config, events=self.events, clock=self.clock)
         self.cache = SchedulerCache(
