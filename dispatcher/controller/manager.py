@@ -86,8 +86,9 @@ class Manager:
             hub,
             APPWRAPPERS,
             transform=slim,
-            # In pages of 50: objects up to etcd's 1.5 MiB each, a page is decoded whole.
-            page_size=50,
+            # A page is decoded whole, and AppWrappers may weigh up to etcd's 1.5 MiB each
+            # (those above the limit are stubs only once decoded): pages of about 8 MB.
+            page_bytes=8 * 1024 * 1024,
             # A finished one is read again only when it is deleted: kept as text.
             cold=lambda obj: phase_of_raw(obj) is Phase.FINISHED,
         )
