@@ -97,7 +97,13 @@ async def build(config: Config) -> Manager:
     for member, client in await connect_members(
         config, hub, secrets, qps=config.qps, burst=config.burst
     ):
-        problems = [] if client is hub else mapping_problems(member.namespaces)
+        problems = (
+            []
+            if client is hub
+            else mapping_problems(
+                member.namespaces, member.wildcard_allowed, member.wildcard_reserved
+            )
+        )
         if problems:
             raise ValueError(f"members[{member.name}].namespaces: {'; '.join(problems)}")
         members.append(Member.build(member, client, is_hub=client is hub))

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dispatcher.core.admission import PriorityPolicy
 from dispatcher.core.model import QueueMode
-from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
+from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS, DEFAULT_MAX_APPWRAPPER_BYTES
 
 
 class Fit(StrEnum):
@@ -53,7 +53,15 @@ class MemberConfig(BaseModel):
     namespaces: dict[str, str] = Field(default_factory=dict)
     """Hub namespace -> namespace in this member where its AppWrappers' objects go. An
     AppWrapper whose namespace is not listed never goes to this member; the key "*" maps
-    every namespace to the one of the same name. Not read for the hub itself."""
+    every namespace to the one of the same name (or to the one it names), within
+    `wildcard_allowed` and outside `wildcard_reserved`: the dispatcher refuses to start with
+    a "*" key and neither. Not read for the hub itself."""
+    wildcard_allowed: list[str] = Field(default_factory=list)
+    """Hub namespaces a "*" key of `namespaces` may take: names or glob patterns
+    (`team-*`); empty: any not reserved. kube-system, kube-public and kube-node-lease are
+    never taken by "*"; an entry naming a namespace itself is not checked."""
+    wildcard_reserved: list[str] = Field(default_factory=list)
+    """Hub namespaces a "*" key never takes: names or glob patterns (`istio-*`)."""
     create_namespaces: bool = False
     """Create a mapped namespace in this member when it is missing there (with
     `namespace_labels`); otherwise it must exist."""
@@ -146,6 +154,13 @@ class Config(BaseModel):
     """per_node, or cluster_total as MCAD (pods may then wait Pending for a node)."""
     declared_pod_resources: DeclaredPodResources = DeclaredPodResources.AS_WRITTEN
     """How `custompodresources` is read: as written (MCAD), or never below the pod templates."""
+    max_appwrapper_bytes: int = Field(
+        default=DEFAULT_MAX_APPWRAPPER_BYTES, ge=64 * 1024, le=3 * 1024 * 1024
+    )
+    """The largest AppWrapper accepted, as JSON (all fields; not managedFields nor kubectl's
+    last-applied copy): refused at apply by the webhook; one stored anyway (no webhook) is
+    held as a stub and ends Failed. The default fits real RayClusters and PyTorchJobs
+    twenty times over (core/validation.py)."""
     fair_sharing: bool = False
     """With quotas: queues that borrow less of their cohort (by weight) are served first."""
     fair_sharing_preemption: bool = True

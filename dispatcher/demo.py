@@ -318,9 +318,11 @@ async def demo_members(workdir: Path, members: int, keep: bool) -> int:
                     name=n,
                     kubeconfig=str(c.kubeconfig),
                     labels={"demo": n},
-                    # Every hub namespace under its own name, made when missing; the samples'
-                    # pods set no securityContext, which `restricted` would refuse.
+                    # Every hub namespace under its own name but the platform's, made when
+                    # missing; the samples' pods set no securityContext, which `restricted`
+                    # would refuse.
                     namespaces={"*": "*"},
+                    wildcard_reserved=["*-system", "gpu-operator"],
                     create_namespaces=True,
                     namespace_labels={"pod-security.kubernetes.io/enforce": "baseline"},
                 )

@@ -85,6 +85,9 @@ class ClusterAppQueueSpec(_Model):
     flavorFungibility: FlavorFungibility = Field(default_factory=FlavorFungibility)
     fairSharing: FairSharing | None = None
     stopPolicy: str = "None"
+    quotaCharge: str = "AtLeastTemplates"
+    """AtLeastTemplates: an AppWrapper is charged at least what its pod templates ask;
+    AsDeclared: what placement reserves (`declared_pod_resources`)."""
 
 
 class ClusterAppQueue(_Model):

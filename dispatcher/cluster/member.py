@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from dispatcher.api.constants import FIELD_MANAGER, LABEL_NAME, LABEL_NAMESPACE,
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.cluster.capacity import TERMINAL_PHASES, CapacityCache, slim_metadata, slim_pod
 from dispatcher.config import MemberConfig
+from dispatcher.core.namespaces import Wildcard
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import KubeError
@@ -64,30 +65,50 @@ ANY_NAMESPACE = "*"
 
 OWNER_LABELS = (LABEL_NAME, LABEL_NAMESPACE, LABEL_UID)
 _NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_GLOB = re.compile(r"\*|\?|\[[^]]*\]")
+"""Glob syntax (fnmatch): checked as if each were one letter."""
 
 
-def mapped_namespace(mapping: Mapping[str, str], namespace: str) -> str | None:
+def mapped_namespace(
+    mapping: Mapping[str, str], namespace: str, wildcard: Wildcard | None = None
+) -> str | None:
     """The member namespace where objects of hub namespace `namespace` go, by a member's
-    `namespaces` mapping: its own entry, else the "*" entry; a value "*" keeps the name.
-    None: the mapping does not take it."""
+    `namespaces` mapping: its own entry, else the "*" entry if `wildcard` (the member's
+    `wildcard_allowed` and `wildcard_reserved`) lets it take the namespace; a value "*"
+    keeps the name. None: the mapping does not take it."""
     target = mapping.get(namespace)
-    if target is None:
+    if target is None and (wildcard or Wildcard()).takes(namespace):
         target = mapping.get(ANY_NAMESPACE)
     if target is None:
         return None
     return namespace if target == ANY_NAMESPACE else target
 
 
-def mapping_problems(mapping: Mapping[str, str]) -> list[str]:
+def mapping_problems(
+    mapping: Mapping[str, str], allowed: Sequence[str] = (), reserved: Sequence[str] = ()
+) -> list[str]:
     """What is wrong with a `namespaces` mapping: every key and value is "*" or a namespace
-    name (a DNS-1123 label)."""
+    name (a DNS-1123 label); a "*" key needs `wildcard_allowed` or `wildcard_reserved`
+    (`allowed`, `reserved`), whose patterns are namespace names with glob characters."""
     problems = []
     for text in sorted({*mapping, *mapping.values()}):
-        if text != ANY_NAMESPACE and not (
-            len(text) <= 63 and text.isascii() and _NAMESPACE_NAME.fullmatch(text)
-        ):
+        if text != ANY_NAMESPACE and not _namespace_name(text):
             problems.append(f'{text!r} is neither "*" nor a namespace name')
+    if ANY_NAMESPACE in mapping and not (allowed or reserved):
+        problems.append(
+            'the key "*" takes every hub namespace under any name a tenant chooses (one named'
+            " like a namespace only this member has, such as gpu-operator, would land pods"
+            " there): name the namespaces it may take (wildcard_allowed) or those it must"
+            " never take (wildcard_reserved)"
+        )
+    for pattern in sorted({*allowed, *reserved}):
+        if not _namespace_name(_GLOB.sub("a", pattern)):
+            problems.append(f"{pattern!r} is not a namespace name or a glob pattern of one")
     return problems
+
+
+def _namespace_name(text: str) -> bool:
+    return len(text) <= 63 and text.isascii() and bool(_NAMESPACE_NAME.fullmatch(text))
 
 
 def _finished_pod(pod: dict[str, Any]) -> bool:
@@ -111,6 +132,8 @@ class Member:
     completion (e.g. Jobs): read from here instead of one GET per object."""
     namespaces: Mapping[str, str] = field(default_factory=dict)
     """Hub namespace -> namespace here (members[].namespaces); not read for the hub."""
+    wildcard: Wildcard = field(default_factory=Wildcard)
+    """Which hub namespaces a "*" key of `namespaces` takes."""
     create_namespaces: bool = False
     namespace_labels: Mapping[str, str] = field(default_factory=dict)
 
@@ -143,6 +166,7 @@ class Member:
             capacity=capacity,
             clock=clock or SystemClock(),
             namespaces=dict(config.namespaces),
+            wildcard=Wildcard(tuple(config.wildcard_allowed), tuple(config.wildcard_reserved)),
             create_namespaces=config.create_namespaces,
             namespace_labels=dict(config.namespace_labels),
         )
@@ -152,19 +176,27 @@ class Member:
         may not come here. The hub keeps the AppWrapper's own namespace."""
         if self.is_hub:
             return namespace
-        return mapped_namespace(self.namespaces, namespace)
+        return mapped_namespace(self.namespaces, namespace, self.wildcard)
 
     @property
     def hub_namespaces(self) -> frozenset[str] | None:
-        """The hub namespaces whose AppWrappers may come here; None: every one."""
-        if self.is_hub or ANY_NAMESPACE in self.namespaces:
+        """The hub namespaces whose AppWrappers may come here by name (more with a "*"
+        key: `snapshot_wildcard`); None: every one (the hub)."""
+        if self.is_hub:
             return None
-        return frozenset(self.namespaces)
+        return frozenset(self.namespaces) - {ANY_NAMESPACE}
+
+    @property
+    def snapshot_wildcard(self) -> Wildcard | None:
+        """What a "*" key takes besides `hub_namespaces` (None: no "*" key, or the hub)."""
+        if self.is_hub or ANY_NAMESPACE not in self.namespaces:
+            return None
+        return self.wildcard
 
     @property
     def own_namespaces(self) -> tuple[str, ...] | None:
         """The namespaces here that hold AppWrappers' objects; None: any (the hub, or "*")."""
-        if self.hub_namespaces is None:
+        if self.is_hub or ANY_NAMESPACE in self.namespaces:
             return None
         return tuple(sorted({n for n in map(self.namespace_for, self.namespaces) if n}))
 

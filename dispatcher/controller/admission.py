@@ -26,7 +26,7 @@ from dispatcher.config import Config, DeclaredPodResources
 from dispatcher.core import admission as rules
 from dispatcher.core.admission import Access, Creator
 from dispatcher.core.kindgroups import group_problem
-from dispatcher.core.validation import bounded_message
+from dispatcher.core.validation import bounded_message, size_problem
 from dispatcher.core.workloads import InvalidSpec, workload_of
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
@@ -197,6 +197,10 @@ class Admission:
 
     async def spec_problems(self, obj: Obj, namespace: str) -> list[str]:
         """What the dispatcher would fail the AppWrapper for, and the priority policy."""
+        # First, before the object is parsed: one past the size limit costs no more.
+        oversize = size_problem(obj, limit=self._config.max_appwrapper_bytes)
+        if oversize:
+            return [oversize]
         try:
             aw = AppWrapper.from_kube(obj)
         except ValidationError as exc:

@@ -37,7 +37,7 @@ from dispatcher.core.model import (
 )
 from dispatcher.core.phase import SCHEDULED, Phase, phase_of_raw
 from dispatcher.core.quota.flavors import charge_of, with_flavors
-from dispatcher.core.quota.model import Charge, Flavor
+from dispatcher.core.quota.model import Charge, Flavor, QueueSpec
 from dispatcher.core.reservations import Holding, holding
 from dispatcher.core.scheduling import Claim
 from dispatcher.core.workloads import queue_name_of
@@ -180,11 +180,14 @@ class SchedulerCache:
         current: Callable[[str], Obj | None],
         members: Mapping[str, Member],
         flavors: Callable[[], Mapping[str, Flavor]] = dict,
+        queues: Callable[[], Mapping[str, QueueSpec]] = dict,
     ) -> None:
         self._models = models
         self._current = current
         self._members = members
         self._flavors = flavors
+        self._queues = queues
+        """The ClusterAppQueues: each says what it charges (`QueueSpec.charged`)."""
         self._entries: dict[str, _Entry] = {}
         self._queued: set[str] = set()
         """Keys in phase queued: with none, there is no cycle to run."""
@@ -337,6 +340,7 @@ class SchedulerCache:
                     reachable=snapshot.reachable,
                     admitted=tuple(admitted),
                     namespaces=member.hub_namespaces,
+                    wildcard=member.snapshot_wildcard,
                 )
             )
         return Snapshot(pending, clusters, self._claims(now), charges)
@@ -436,7 +440,12 @@ class SchedulerCache:
                 chosen = tuple((f.name, tuple(f.resources)) for f in admission.flavors)
                 workload = with_flavors(workload, chosen, self._flavors())
                 charge = charge_of(
-                    key, admission.clusterQueue, workload, chosen, admitted_at=dispatched
+                    key,
+                    admission.clusterQueue,
+                    workload,
+                    chosen,
+                    admitted_at=dispatched,
+                    spec=self._queues().get(admission.clusterQueue),
                 )
                 local = admission.queue
             return Standing(
@@ -461,7 +470,12 @@ class SchedulerCache:
                 if admission is not None:
                     chosen = tuple((f.name, tuple(f.resources)) for f in admission.flavors)
                     lingering = charge_of(
-                        key, admission.clusterQueue, workload, chosen, admitted_at=0.0
+                        key,
+                        admission.clusterQueue,
+                        workload,
+                        chosen,
+                        admitted_at=0.0,
+                        spec=self._queues().get(admission.clusterQueue),
                     )
                     local = admission.queue
                 # Pausing after a requeue (backoff): not pending, maybe still charged.

@@ -29,7 +29,7 @@ from dispatcher.cluster.member import Member
 from dispatcher.config import Config, DeclaredPodResources
 from dispatcher.controller.admission import Admission
 from dispatcher.controller.cache import SchedulerCache
-from dispatcher.controller.models import Models, key_of, without_bookkeeping
+from dispatcher.controller.models import Models, key_of, slimmer
 from dispatcher.controller.quotas import Quotas
 from dispatcher.controller.reconciler import Reconciler
 from dispatcher.controller.scheduler import Scheduler
@@ -80,10 +80,15 @@ class Manager:
         self.clock = clock or SystemClock()
         self.queue = WorkQueue()
         self.events = EventRecorder(hub)
+        # One larger than the limit is kept as a stub (models.py): its spec is never held.
+        slim = slimmer(config.max_appwrapper_bytes)
         self.appwrappers = Informer(
             hub,
             APPWRAPPERS,
-            transform=without_bookkeeping,
+            transform=slim,
+            # A page is decoded whole, and AppWrappers may weigh up to etcd's 1.5 MiB each
+            # (those above the limit are stubs only once decoded): pages of about 8 MB.
+            page_bytes=8 * 1024 * 1024,
             # A finished one is read again only when it is deleted: kept as text.
             cold=lambda obj: phase_of_raw(obj) is Phase.FINISHED,
         )
@@ -109,6 +114,7 @@ class Manager:
             self.events,
             watched=lambda key: self.appwrappers.store.get(key),
             on_written=self._on_written,
+            slim=slim,
         )
         self.quotas = Quotas(hub=hub, config=config, events=self.events, clock=self.clock)
         self.cache = SchedulerCache(
@@ -116,6 +122,7 @@ class Manager:
             current=self.status.current,
             members=self.members,
             flavors=self._flavors,
+            queues=lambda: self.quotas.tree().setup.queues,
         )
         self.waiting = WaitingWriter(
             models=self.models, status=self.status, clock=self.clock, on_conflict=self._kick
@@ -329,7 +336,8 @@ class Manager:
         if queues or locals_:
             for key in self.cache.admitted_in(queues, locals_):
                 self.queue.add(key)  # the reconciler requeues them
-        # A flavor's labels shape what dispatched ones hold: derive every standing again.
+        # A flavor's labels shape what dispatched ones hold, a queue's quotaCharge what
+        # they are charged: derive every standing again.
         self.cache.forget_standings()
         self._kick()
 

@@ -3,6 +3,10 @@ once per version of its object and shared by the scheduler and the reconciler.
 
 No I/O. Validating a whole AppWrapper and inferring its pod sets are the costly steps of
 reading one; a cycle over 10k queued AppWrappers must not repeat them.
+
+What is kept of each AppWrapper (`slimmer`): the object without bookkeeping, or, for one
+larger than `max_appwrapper_bytes` (stored while the webhook was absent), a stub of its
+metadata and status with a marker (`OVERSIZE`) that makes it Failed: its spec is never held.
 """
 
 from __future__ import annotations
@@ -15,12 +19,27 @@ from typing import Any
 from dispatcher.api.models import AppWrapper
 from dispatcher.core.admission import PriorityPolicy, priority_problems
 from dispatcher.core.model import Workload
+from dispatcher.core.validation import appwrapper_size, size_problem
 from dispatcher.core.workloads import InvalidSpec, queue_name_of, workload_of
 
 Obj = dict[str, Any]
 PARSED_LIMIT = 512
 """Models kept (most recently used): a model weighs about twice its object."""
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+OVERSIZE = "oversize"
+"""Top-level key of a stub (`slimmer`): why the AppWrapper is refused. No stored AppWrapper
+has it: the CRD's structural schema prunes unknown top-level fields."""
+STUB_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "finalizers",
+    "labels",
+)
 
 
 def resource_version(obj: Obj | None) -> int:
@@ -49,6 +68,37 @@ def without_bookkeeping(obj: Obj) -> Obj:
             meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
     shared: Obj = _interned(obj)
     return shared
+
+
+def slimmer(limit: int) -> Callable[[Obj], Obj]:
+    """What the watch cache and the status writer keep of an AppWrapper: the object without
+    bookkeeping, or a stub when it is larger than `limit` bytes (`appwrapper_size`)."""
+
+    def slim(obj: Obj) -> Obj:
+        if appwrapper_size(obj) <= limit:
+            return without_bookkeeping(obj)
+        return oversize_stub(obj, size_problem(obj, limit=limit))
+
+    return slim
+
+
+def oversize_stub(obj: Obj, problem: str) -> Obj:
+    """Metadata (no annotations), status unless it is itself large, an empty spec, and
+    `problem` under OVERSIZE."""
+    meta = obj.get("metadata") or {}
+    stub: Obj = {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "metadata": {key: meta[key] for key in STUB_METADATA if key in meta},
+        "spec": {},
+        OVERSIZE: problem,
+    }
+    status = obj.get("status")
+    # A status only the dispatcher writes is small; one written by someone else may not be
+    # (it is replaced by the Failed one written next).
+    if isinstance(status, dict) and appwrapper_size(status) <= 64 * 1024:
+        stub["status"] = status
+    return stub
 
 
 def _interned(value: Any) -> Any:
@@ -109,6 +159,8 @@ class Models:
         # Why each AppWrapper may not be dispatched for want of a trusted creator, read from
         # its object (the signature covers the spec as stored) when it is parsed.
         self._unattributed: dict[str, str] = {}
+        # Why each AppWrapper held as a stub (larger than the size limit) is refused.
+        self._oversize: dict[str, str] = {}
         self._parsed: dict[str, tuple[str, AppWrapper]] = {}
         self._workloads: dict[str, tuple[WorkloadStamp, Workload | InvalidSpec]] = {}
 
@@ -126,7 +178,13 @@ class Models:
             return cached[1]
         model = AppWrapper.from_kube(obj)
         self._parsed[key] = (version, model)
-        problem = self._attribution(obj)
+        oversize = obj.get(OVERSIZE)
+        if oversize:
+            self._oversize[key] = str(oversize)
+        else:
+            self._oversize.pop(key, None)
+        # A stub has no record to check: it fails for its size alone.
+        problem = "" if oversize else self._attribution(obj)
         if problem:
             self._unattributed[key] = problem
         else:
@@ -166,6 +224,9 @@ class Models:
     def workload(self, aw: AppWrapper, *, priority: int, now: datetime) -> Workload | InvalidSpec:
         """What the scheduler sees of `aw`, inferred once per (uid, generation, priority,
         requeues, queuedAt, queue label): age and queueing time come from status too."""
+        oversize = self._oversize.get(aw.key)
+        if oversize:
+            return InvalidSpec(oversize)
         status = aw.status
         stamp = (
             aw.metadata.uid or "",
@@ -193,3 +254,4 @@ class Models:
         self._parsed.pop(key, None)
         self._workloads.pop(key, None)
         self._unattributed.pop(key, None)
+        self._oversize.pop(key, None)

@@ -167,7 +167,8 @@ class Scheduler:
             else:
                 chosen = admit.assignment.flavors
                 made = with_flavors(decided, chosen, tree.setup.flavors)
-                charge = charge_of(admit.key, admit.queue, made, chosen, admitted_at=now)
+                spec = tree.setup.queues.get(admit.queue)
+                charge = charge_of(admit.key, admit.queue, made, chosen, admitted_at=now, spec=spec)
                 self._cache.assume(admit.key, made, admit.cluster, now, charge, admit.local)
                 admission = Admission(
                     queue=admit.local,

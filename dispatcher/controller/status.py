@@ -42,10 +42,13 @@ class StatusWriter:
         *,
         watched: Callable[[str], Obj | None],
         on_written: Callable[[str, Obj], None] = lambda key, obj: None,
+        slim: Callable[[Obj], Obj] = without_bookkeeping,
     ) -> None:
         self.hub = hub
         self.events = events
         self._watched = watched
+        self._slim = slim
+        """What is kept of a written object: the same as the watch cache keeps."""
         self._on_written = on_written
         self._overlay: dict[str, Obj] = {}
         self.writes: Counter[str] = Counter()
@@ -86,7 +89,7 @@ class StatusWriter:
         self.writes.pop(key, None)
 
     def _keep(self, written: Obj) -> Obj:
-        slim = without_bookkeeping(written)
+        slim = self._slim(written)
         key = key_of(slim)
         watched = self._watched(key)
         if watched is None or resource_version(watched) < resource_version(slim):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from dispatcher.api.resources import EMPTY, Resources
+from dispatcher.core.namespaces import Wildcard
 
 PODS = "pods"
 """The resource every pod asks one of (`core.podsets.pod_requests` adds it): a node's
@@ -169,12 +170,27 @@ class ClusterSnapshot:
     reachable: bool = True
     admitted: tuple[AdmittedWorkload, ...] = ()  # dispatched AppWrappers (preemption candidates)
     namespaces: frozenset[str] | None = None
-    """The hub namespaces whose AppWrappers may come here (a member's `namespaces` mapping);
-    None: every one (the hub itself, or a member that maps "*")."""
+    """The hub namespaces whose AppWrappers may come here by name (a member's `namespaces`
+    mapping); None: every one (the hub itself)."""
+    wildcard: Wildcard | None = None
+    """What a member's `"*"` key takes besides `namespaces` (None: no `"*"` key)."""
 
     def takes(self, namespace: str) -> bool:
         """Whether AppWrappers of hub namespace `namespace` may come here."""
-        return self.namespaces is None or namespace in self.namespaces
+        return not self.refusal(namespace)
+
+    def refusal(self, namespace: str) -> str:
+        """ "" when AppWrappers of hub namespace `namespace` may come here; else why not:
+        `NOT_MAPPED`, or why the `"*"` key does not take it."""
+        if self.namespaces is None or namespace in self.namespaces:
+            return ""
+        if self.wildcard is None:
+            return NOT_MAPPED
+        return self.wildcard.refusal(namespace)
+
+
+NOT_MAPPED = "not mapped"
+"""`ClusterSnapshot.refusal` of a namespace its member's mapping does not name at all."""
 
 
 LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
@@ -236,11 +252,20 @@ class Workload:
     queued_since: float = 0.0  # when it became head-of-line eligible (starvation guard)
     preemptible: bool = True
     queue_name: str = ""  # the AppQueue it names ("" = none; see `core.quota.resolve`)
+    charge_pod_sets: tuple[PodSet, ...] | None = None
+    """What its pod templates ask, where a declaration (custompodresources) read as written
+    asks less: quotas charge these unless the queue charges as declared. None: `pod_sets`."""
     # Its pod sets' shapes: what its fit depends on (see `PodSet.shape`).
     shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    charge_shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple([p.shape for p in self.pod_sets]))
+        shape = tuple([p.shape for p in self.pod_sets])
+        object.__setattr__(self, "shape", shape)
+        charged = self.charge_pod_sets
+        object.__setattr__(
+            self, "charge_shape", shape if charged is None else tuple([p.shape for p in charged])
+        )
 
     def with_pod_sets(self, pod_sets: tuple[PodSet, ...]) -> Workload:
         """The same workload with other pods (`dataclasses.replace` costs several times
@@ -254,6 +279,7 @@ class Workload:
             self.queued_since,
             self.preemptible,
             self.queue_name,
+            self.charge_pod_sets,
         )
 
 

@@ -17,19 +17,25 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from dispatcher.api.quantity import QuantityError
 from dispatcher.core.podsets import infer_pod_sets
 
 __all__ = [
     "DEFAULT_ALLOWED_KINDS",
     "DEFAULT_CLUSTER_SCOPED",
+    "DEFAULT_MAX_APPWRAPPER_BYTES",
     "MAX_ITEMS",
     "MAX_MESSAGE_CHARS",
     "MAX_TEMPLATE_BYTES",
     "MAX_TEMPLATE_DEPTH",
+    "appwrapper_size",
     "bounded_message",
     "clip",
     "identity_problems",
+    "oversize_message",
+    "size_problem",
     "template_shape",
     "validate_appwrapper",
     "validate_item",
@@ -44,6 +50,12 @@ MAX_TEMPLATE_BYTES = 256 * 1024
 """Size of one template as JSON (about; strings counted in characters). The CRD cannot bound
 it (templates preserve unknown fields, and schema size limits apply to strings, arrays and
 maps only), so validation does."""
+DEFAULT_MAX_APPWRAPPER_BYTES = 512 * 1024
+"""The whole AppWrapper as JSON (setting `max_appwrapper_bytes`). Twice the largest template
+(MAX_TEMPLATE_BYTES), twenty times a large real RayCluster or PyTorchJob (10-25 KB with its
+Services), a third of etcd's 1.5 MiB per object: the dispatcher holds every AppWrapper in
+memory, and a few dozen at etcd's limit would fill the shipped Deployment's 512Mi."""
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 MAX_MESSAGE_CHARS = 4096
 """Longest status or condition message written. Status shares etcd's 1.5 MiB object limit
 with the spec, and a message is written twice (status.message and the condition)."""
@@ -204,6 +216,71 @@ def template_shape(value: Any, *, max_depth: int, max_bytes: int) -> tuple[int, 
         if depth > max_depth or size > max_bytes:
             break
     return depth, size
+
+
+def _json_size(value: Any) -> int:
+    """Bytes of `value` as compact JSON; about, for what orjson refuses (nesting past 255
+    levels, an integer past 64 bits)."""
+    try:
+        return len(orjson.dumps(value))
+    except (orjson.JSONEncodeError, TypeError):
+        return template_shape(value, max_depth=1 << 62, max_bytes=1 << 62)[1]
+
+
+def appwrapper_size(obj: Mapping[str, Any]) -> int:
+    """Bytes of an AppWrapper as JSON, every field counted (legacy ones and status too) but
+    the copies the API server and kubectl keep beside the user's object
+    (`metadata.managedFields`, the last-applied-configuration annotation), which the
+    dispatcher drops on arrival and a user does not write."""
+    size = _json_size(obj)
+    meta = obj.get("metadata")
+    if isinstance(meta, Mapping):
+        if "managedFields" in meta:
+            size -= _json_size(meta["managedFields"]) + len('"managedFields":,')
+        annotations = meta.get("annotations")
+        if isinstance(annotations, Mapping) and LAST_APPLIED in annotations:
+            size -= _json_size(annotations[LAST_APPLIED]) + len(LAST_APPLIED) + len('"":,')
+    return max(size, 0)
+
+
+def _biggest_field(obj: Mapping[str, Any], *, depth: int = 4) -> tuple[str, int]:
+    """(path, bytes) of the largest field, followed down from the top `depth` levels:
+    `spec.resources.GenericItems[3].generictemplate`. ("", 0) for an empty object."""
+    path, size = "", 0
+    node: Any = obj
+    for _ in range(depth):
+        if isinstance(node, Mapping):
+            children = [
+                (f"{path}.{key}" if path else str(key), child)
+                for key, child in node.items()
+                if not (path == "metadata" and key == "managedFields")
+            ]
+        elif isinstance(node, list) and path:
+            children = [(f"{path}[{index}]", child) for index, child in enumerate(node)]
+        else:
+            break
+        if not children:
+            break
+        sized = [(_json_size(child), name, child) for name, child in children]
+        size, path, node = max(sized, key=lambda entry: entry[0])
+    return path, size
+
+
+def oversize_message(size: int, limit: int, field: str, field_size: int) -> str:
+    """What an AppWrapper above the size limit is told."""
+    where = f"; its largest field is {field} ({field_size:,} bytes)" if field else ""
+    return (
+        f"the AppWrapper is {size:,} bytes as JSON; at most {limit:,} are accepted"
+        f" (the dispatcher's max_appwrapper_bytes){where}"
+    )
+
+
+def size_problem(obj: Mapping[str, Any], *, limit: int) -> str:
+    """ "" when the AppWrapper (`appwrapper_size`) is at most `limit` bytes, else why not."""
+    size = appwrapper_size(obj)
+    if size <= limit:
+        return ""
+    return oversize_message(size, limit, *_biggest_field(obj))
 
 
 def clip(text: str, *, limit: int = MAX_MESSAGE_CHARS) -> str:

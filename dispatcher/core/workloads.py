@@ -58,21 +58,26 @@ def item_pod_sets(item: GenericItem, *, as_written: bool = True) -> tuple[PodSet
     cannot all be placed. An object whose pods cannot be read must declare them (an empty
     list declares none): raises QuantityError, never counts it as no pods.
     """
+    written, at_least = item_readings(item)
+    return written if as_written else at_least
+
+
+def item_readings(item: GenericItem) -> tuple[tuple[PodSet, ...], tuple[PodSet, ...]]:
+    """The item's pods read both ways (`item_pod_sets`): (as written, at least the
+    templates); the same tuple twice when the readings agree."""
     inferred = infer_pod_sets(item.generictemplate)
     if item.custompodresources is None:
         unreadable = cannot_infer(item.generictemplate)
         if unreadable is not None:
             raise QuantityError(unreadable)
-        return inferred
+        return inferred, inferred
     if not item.custompodresources:
-        return inferred
+        return inferred, inferred
     declared = pod_sets_from_custom(
         [c.model_dump(mode="json", exclude_none=True) for c in item.custompodresources]
     )
     smaller = inferred and not total_requests(inferred).fits_in(total_requests(declared))
-    if smaller and not as_written:
-        return inferred
-    return declared
+    return (declared, inferred) if smaller else (declared, declared)
 
 
 def label_requirement(where: str, expression: LabelSelectorRequirement) -> LabelRequirement:
@@ -157,14 +162,21 @@ def workload_of(
         # Items past the limits are not read further: their pod sets could be costly.
         return InvalidSpec(bounded_message(list(dict.fromkeys(errors))))
     pod_sets: list[PodSet] = []
+    # Quotas charge at least what the templates ask whatever placement reserves (a queue
+    # may opt out): kept only where the two differ.
+    charge_sets: list[PodSet] = []
     for index, item in enumerate(aw.spec.items):
         try:
-            pod_sets.extend(item_pod_sets(item, as_written=declared_as_written))
+            written, at_least = item_readings(item)
         except QuantityError as exc:
             errors.append(f"item {index}: {exc}")
+            continue
+        pod_sets.extend(written if declared_as_written else at_least)
+        charge_sets.extend(at_least)
     if errors:
         return InvalidSpec(bounded_message(list(dict.fromkeys(errors))))
     sets = tuple(pod_sets)
+    charged = tuple(charge_sets)
     if pod_count(sets) > MAX_PODS:
         # Refused here, before the scheduler adds it up or tries to place it.
         return InvalidSpec(
@@ -202,6 +214,7 @@ def workload_of(
         queued_since=queued_since,
         preemptible=aw.spec.preemptible,
         queue_name=queue_name_of(aw.metadata.labels),
+        charge_pod_sets=None if charged == sets else charged,
     )
 
 

@@ -6,7 +6,9 @@ List once (in pages), then watch from the list's resourceVersion with bookmarks;
 answers 410 Gone, relist and emit the difference, so handlers never miss a change.
 Handlers only record or enqueue (they must be quick and must not mutate objects).
 An optional `transform` slims each object on arrival and an optional `cold` test picks the
-objects kept as compact text (see `store.py`), both to bound memory.
+objects kept as compact text (see `store.py`), both to bound memory. A list page is decoded
+whole before anything is slimmed: with `page_bytes`, the pages are sized by what the last
+one weighed, so a few hundred objects at etcd's 1.5 MiB limit never arrive at once.
 
 Objects are user data: a transform or handler that fails on one of them is logged (once per
 version of that object) and the watch carries on with the raw object, since ending the
@@ -21,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import structlog
 
 from dispatcher.kube.api import KubeApi
@@ -29,6 +32,8 @@ from dispatcher.kube.errors import Forbidden, Gone, KubeError, NotFound
 from dispatcher.kube.store import ObjectStore
 
 Obj = dict[str, Any]
+FIRST_PAGE_OF_UNKNOWN_SIZE = 10
+"""With `page_bytes`: objects asked for before their size is known."""
 ABSENT_RETRY_SECONDS = 30.0
 """How often a cache of a kind that is not installed looks for it again."""
 Handler = Callable[[str, Obj | None, Obj | None], None]
@@ -55,6 +60,7 @@ class Informer:
         cold: Callable[[Obj], bool] | None = None,
         watch_timeout: int = 300,
         page_size: int = 500,
+        page_bytes: int | None = None,
         optional: bool = False,
         absent_ok: bool = False,
         monotonic: Callable[[], float] = time.monotonic,
@@ -78,6 +84,7 @@ class Informer:
         self._handlers: list[Handler] = []
         self._watch_timeout = watch_timeout
         self._page_size = page_size
+        self._page_bytes = page_bytes
         self._optional = optional
         self._absent_ok = absent_ok
         self._log = structlog.get_logger("informer").bind(cluster=client.name, resource=info.plural)
@@ -157,14 +164,19 @@ class Informer:
         kind = self.info.kind
         api_version = self.info.group_version
         token = ""
+        limit = self._page_size
+        if self._page_bytes is not None:
+            limit = min(limit, FIRST_PAGE_OF_UNKNOWN_SIZE)
         while True:
             # In pages: one answer holding 10k AppWrappers would be a body of tens of MB,
             # decoded at once, and the process's peak memory would keep its size.
-            query = {**self._query, "limit": str(self._page_size)}
+            query = {**self._query, "limit": str(limit)}
             if token:
                 query["continue"] = token
             listing = await self.client.list(self.info, query=query)
             self.last_contact = self._monotonic()
+            if self._page_bytes is not None:
+                limit = self._next_limit(listing.get("items") or [])
             for item in listing.get("items", []):
                 # Items of a list carry no kind/apiVersion; fill them so handlers see whole
                 # objects.
@@ -188,6 +200,18 @@ class Informer:
                 self._emit("DELETED", obj, None)
         self.synced.set()
         return str(listing.get("metadata", {}).get("resourceVersion", ""))
+
+    def _next_limit(self, items: list[Obj]) -> int:
+        """Objects in the next page: as many as `page_bytes` holds at this page's mean
+        size (at least one, at most `page_size`)."""
+        assert self._page_bytes is not None
+        if not items:
+            return self._page_size
+        try:
+            size = len(orjson.dumps(items))
+        except (orjson.JSONEncodeError, TypeError):  # too deep for orjson: assume the worst
+            return 1
+        return max(1, min(self._page_size, self._page_bytes * len(items) // max(size, 1)))
 
     async def _watch_from(self, version: str) -> None:
         """Apply events until the server ends the watch; `resource_version` follows them."""

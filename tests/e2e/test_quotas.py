@@ -25,6 +25,7 @@ from tests.e2e.conftest import (
 pytestmark = [pytest.mark.cluster]
 
 DEFAULT = "default-flavor"
+GPU = "nvidia.com/gpu"
 
 
 def work(name: str, cpu: str, queue: str, **kwargs: Any) -> dict[str, Any]:
@@ -478,4 +479,50 @@ async def test_a_queue_deleted_with_admitted_work_stays_until_it_finishes(
     await async_wait_until(queue_gone, timeout=30, what="queue deleted once unused")
     await wait_message(
         cluster, namespace, "late", f"points at cluster queue {cq}, which does not exist"
+    )
+
+
+async def test_an_under_declared_appwrapper_is_charged_by_its_templates(
+    cluster, namespace, fake_nodes, run_dispatcher, quotas
+):
+    """custompodresources declaring 1m CPU over a Deployment asking 8 GPUs: placement reads
+    the declaration (declared_pod_resources: as_written, the default), the queue charges
+    the templates, so a second such AppWrapper finds the GPUs taken and waits."""
+    fake_nodes.add("gpus", cpu="32", memory="64Gi", gpu=16)
+    cq = f"{namespace}-cq"
+    await apply_cluster(cluster, app_flavor(DEFAULT))
+    await apply_cluster(cluster, cluster_queue(cq, {DEFAULT: {"cpu": 8, GPU: 8}}))
+    await apply(cluster, namespace, app_queue("team", cq))
+    await run_dispatcher()
+    tiny = [{"replicas": 1, "requests": {"cpu": "1m"}}]
+    for name in ("first", "second"):
+        template = deployment(name, 1, {"cpu": "1", GPU: "8"})
+        await apply(cluster, namespace, appwrapper(name, template, queue="team", custom=tiny))
+    await wait_condition(cluster, namespace, "first", "Dispatched")
+    message = await wait_message(cluster, namespace, "second", f"queue {cq}:")
+    assert message == f"queue {cq}: needs {GPU} 8; nominal 8, in use 8, cohort can lend 0"
+    found = {
+        c["type"]: c for c in (await get_aw(cluster, namespace, "second"))["status"]["conditions"]
+    }
+    assert found["Dispatched"]["reason"] == "QuotaExceeded"
+
+    async def usage() -> list[dict[str, Any]] | None:
+        out = await cluster.akubectl("get", "caq", cq, "-o", "jsonpath={.status.flavorsUsage}")
+        found = json.loads(out.stdout or "null")
+        return found if found and found[0]["resources"][1]["total"] == "8" else None
+
+    shown = await async_wait_until(usage, timeout=15, what="the queue shows the templates' use")
+    assert shown == [
+        {
+            "name": DEFAULT,
+            "resources": [
+                {"name": "cpu", "total": "1", "borrowed": "0"},
+                {"name": GPU, "total": "8", "borrowed": "0"},
+            ],
+        }
+    ]
+    await async_holds_for(
+        lambda: not_dispatched(cluster, namespace, "second"),
+        seconds=QUIET_SECONDS,
+        what="the second under-declared AppWrapper stays queued",
     )

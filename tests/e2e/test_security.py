@@ -256,6 +256,20 @@ async def test_escalations_are_refused_at_apply(
         appwrapper("prio9", service("s4"), priority=9_000_000_000_000_000_000), user="alice"
     )
     assert "must be of type integer with format int32 in spec.priority" in message
+    # Past the whole AppWrapper's size cap, in a legacy field no schema bounds; created, not
+    # applied: kubectl apply's last-applied copy would meet the API server's 256 KiB limit
+    # on annotations first.
+    huge = appwrapper("huge", service("s5"))
+    huge["spec"]["service"] = {"spec": {"blob": ["x" * 1000] * 600}}
+    with pytest.raises(KubectlError) as caught:
+        await cluster.akubectl(
+            "create", "-n", namespace, "--as=alice", "-f", "-", input=json.dumps(huge)
+        )
+    assert "denied the request: the AppWrapper is 60" in caught.value.stderr
+    assert (
+        "bytes as JSON; at most 524,288 are accepted (the dispatcher's max_appwrapper_bytes);"
+        " its largest field is spec.service.spec.blob (60" in caught.value.stderr
+    )
     listed = await cluster.akubectl("get", "aw", "-n", namespace, "-o", "name")
     assert listed.stdout.strip() == ""  # nothing of it was stored
 

@@ -102,7 +102,11 @@ async def two_members(
         members=[
             MemberConfig(name="local"),
             MemberConfig(
-                name="remote", kubeconfig="remote", namespaces={"*": "*"}, create_namespaces=True
+                name="remote",
+                kubeconfig="remote",
+                namespaces={"*": "*"},
+                wildcard_reserved=["*-system"],
+                create_namespaces=True,
             ),
         ],
         health_port=0,

@@ -165,7 +165,11 @@ async def test_objects_go_to_the_mapped_namespace_and_pods_there_count() -> None
 async def test_create_namespaces_makes_the_member_namespace_with_its_labels(
     labels: dict[str, str] | None, want: dict[str, str]
 ) -> None:
-    settings: dict[str, Any] = {"namespaces": {"*": "*"}, "create_namespaces": True}
+    settings: dict[str, Any] = {
+        "namespaces": {"*": "*"},
+        "wildcard_allowed": ["team-*"],
+        "create_namespaces": True,
+    }
     if labels is not None:
         settings["namespace_labels"] = labels
     async with hub_and_west(**settings) as env:

@@ -115,3 +115,48 @@ async def test_a_failing_transform_or_handler_costs_one_object_not_the_watch() -
     assert informer.resource_version == "13"
     assert informer.store["ns/good"]["slim"] is True
     assert "slim" not in informer.store["ns/bad"]  # kept raw
+
+
+class PagedServer:
+    """Lists `objects` in the pages asked for (`limit`, `continue`); watches stay idle."""
+
+    name = "paged"
+
+    def __init__(self, objects: list[dict[str, Any]]) -> None:
+        self.objects = objects
+        self.limits: list[str] = []
+
+    async def list(self, info: ResourceInfo, **kwargs: Any) -> dict[str, Any]:
+        query = kwargs.get("query") or {}
+        self.limits.append(query["limit"])
+        start = int(query.get("continue") or 0)
+        end = start + int(query["limit"])
+        more = {"continue": str(end)} if end < len(self.objects) else {}
+        return {"metadata": {"resourceVersion": "10", **more}, "items": self.objects[start:end]}
+
+    async def watch(self, info: ResourceInfo, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
+        await asyncio.Event().wait()
+        yield {}
+
+
+def weighing(name: str, size: int) -> dict[str, Any]:
+    return {**configmap(name, "10"), "data": {"blob": "x" * size}}
+
+
+async def test_pages_are_sized_by_what_the_last_one_weighed() -> None:
+    """With `page_bytes`, ten objects of unknown size first, then as many as the budget
+    holds at the last page's mean size: 200 KB objects under a 1.1 MB budget come five at a
+    time; small ones in pages of `page_size`."""
+    for objects, want in (
+        ([weighing(f"big-{i}", 200_000) for i in range(30)], ["10", "5", "5", "5", "5"]),
+        ([weighing(f"small-{i}", 100) for i in range(700)], ["10", "500", "500"]),
+    ):
+        server = PagedServer(objects)
+        informer = Informer(cast(KubeClient, server), CONFIGMAPS, page_bytes=1_100_000)
+        task = asyncio.create_task(informer.run())
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 10)
+        finally:
+            task.cancel()
+        assert server.limits == want
+        assert len(informer.store) == len(objects)

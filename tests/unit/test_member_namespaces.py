@@ -5,15 +5,19 @@ member. Pure: no API server."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
+from dispatcher.app import build, close
 from dispatcher.cluster.capacity import CapacityCache
 from dispatcher.cluster.member import Member, mapped_namespace, mapping_problems
-from dispatcher.config import MemberConfig
+from dispatcher.config import Config, MemberConfig
 from dispatcher.core.model import ClusterSnapshot, Placement, QueueMode, Workload
+from dispatcher.core.namespaces import Wildcard
 from dispatcher.core.scheduling import schedule
 from dispatcher.testing.fakekube import FakeKube
 from tests.unit.builders import cluster, node, pods, res, workload
@@ -39,6 +43,53 @@ NOW = 10_000.0
 )
 def test_mapped_namespace(mapping: dict[str, str], namespace: str, want: str | None) -> None:
     assert mapped_namespace(mapping, namespace) == want
+
+
+STAR = {"*": "*"}
+TEAMS_ONLY = Wildcard(allowed=("team-*",))
+PLATFORM_RESERVED = Wildcard(reserved=("gpu-operator", "*-system"))
+
+
+@pytest.mark.parametrize(
+    ("mapping", "wildcard", "namespace", "want"),
+    [
+        pytest.param(STAR, TEAMS_ONLY, "team-a", "team-a", id="allowed-pattern"),
+        pytest.param(STAR, TEAMS_ONLY, "gpu-operator", None, id="outside-the-allowed"),
+        pytest.param(STAR, PLATFORM_RESERVED, "team-a", "team-a", id="not-reserved"),
+        pytest.param(STAR, PLATFORM_RESERVED, "gpu-operator", None, id="reserved-name"),
+        pytest.param(STAR, PLATFORM_RESERVED, "istio-system", None, id="reserved-pattern"),
+        pytest.param(
+            STAR, Wildcard(allowed=("*",)), "kube-system", None, id="system-never-by-star"
+        ),
+        pytest.param(STAR, Wildcard(allowed=("*",)), "kube-node-lease", None, id="lease-ns"),
+        pytest.param(STAR, Wildcard(allowed=("kube-*",)), "kube-public", None, id="even-allowed"),
+        pytest.param(
+            {"*": "*", "kube-system": "kube-system"},
+            TEAMS_ONLY,
+            "kube-system",
+            "kube-system",
+            id="explicit-entry-unaffected",
+        ),
+        pytest.param(
+            {"*": "*", "gpu-operator": "gpus"},
+            PLATFORM_RESERVED,
+            "gpu-operator",
+            "gpus",
+            id="explicit-entry-beats-reserved",
+        ),
+        pytest.param(
+            {"*": "shared"},
+            Wildcard(allowed=("team-*",), reserved=("team-x",)),
+            "team-x",
+            None,
+            id="reserved-wins-over-allowed",
+        ),
+    ],
+)
+def test_what_the_star_key_takes(
+    mapping: dict[str, str], wildcard: Wildcard, namespace: str, want: str | None
+) -> None:
+    assert mapped_namespace(mapping, namespace, wildcard) == want
 
 
 def member(
@@ -70,7 +121,7 @@ MEMBER_CASES = [
         frozenset({"team-a", "team-b"}),
         ("shared",),
     ),
-    MemberCase("star", False, {"*": "*", "team-b": "b"}, "team-a", None, None),
+    MemberCase("star", False, {"*": "*", "team-b": "b"}, "team-a", frozenset({"team-b"}), None),
 ]
 
 
@@ -89,10 +140,41 @@ def test_member_settings_are_carried_and_namespaces_default_to_restricted() -> N
     assert not member().create_namespaces
 
 
+STAR_REFUSED = (
+    'the key "*" takes every hub namespace under any name a tenant chooses (one named like a'
+    " namespace only this member has, such as gpu-operator, would land pods there): name the"
+    " namespaces it may take (wildcard_allowed) or those it must never take"
+    " (wildcard_reserved)"
+)
+
+
+@pytest.mark.parametrize(
+    ("mapping", "allowed", "reserved", "want"),
+    [
+        pytest.param({"*": "*", "team-a": "batch-a"}, ["team-*"], [], [], id="star-allowed"),
+        pytest.param({"*": "*"}, [], ["*-system", "gpu-operator"], [], id="star-reserved"),
+        pytest.param({"*": "*", "team-a": "batch-a"}, [], [], [STAR_REFUSED], id="star-alone"),
+        pytest.param({"*": "shared"}, [], [], [STAR_REFUSED], id="star-to-one-alone"),
+        pytest.param({"team-a": "*"}, [], [], [], id="star-value-is-explicit"),
+        pytest.param(
+            {"*": "*"},
+            ["Team_*", "team-[ab]"],
+            [],
+            ["'Team_*' is not a namespace name or a glob pattern of one"],
+            id="bad-pattern",
+        ),
+    ],
+)
+def test_a_star_key_needs_allowed_or_reserved(
+    mapping: dict[str, str], allowed: list[str], reserved: list[str], want: list[str]
+) -> None:
+    assert mapping_problems(mapping, allowed, reserved) == want
+
+
 @pytest.mark.parametrize(
     ("mapping", "want"),
     [
-        pytest.param({"*": "*", "team-a": "batch-a"}, [], id="fine"),
+        pytest.param({"team-a": "batch-a"}, [], id="fine"),
         pytest.param({"Team_A": "a"}, ["'Team_A' is neither \"*\" nor a namespace name"], id="key"),
         pytest.param(
             {"a": "b" * 64}, [f"'{'b' * 64}' is neither \"*\" nor a namespace name"], id="long"
@@ -169,9 +251,12 @@ def test_pods_count_for_their_hub_appwrapper_and_look_alikes_for_nobody() -> Non
 # -- the scheduling filter ----------------------------------------------------------------
 
 
-def cpu_cluster(name: str, cpu: int = 8, *, takes: set[str] | None = None) -> ClusterSnapshot:
+def cpu_cluster(
+    name: str, cpu: int = 8, *, takes: set[str] | None = None, star: Wildcard | None = None
+) -> ClusterSnapshot:
     snapshot = cluster(name, node(f"{name}-n1", cpu=cpu), labels={"region": name})
-    return replace(snapshot, namespaces=None if takes is None else frozenset(takes))
+    taken = None if takes is None else frozenset(takes)
+    return replace(snapshot, namespaces=taken, wildcard=star)
 
 
 def job(key: str, cpu: int = 2, **kwargs: Any) -> Workload:
@@ -260,6 +345,47 @@ CASES = [
         },
         mode=QueueMode.STRICT_FIFO,
     ),
+    Case(
+        id="star-takes-an-allowed-namespace",
+        pending=(job("team-a/x"),),
+        clusters=(cpu_cluster("west", takes=set(), star=TEAMS_ONLY),),
+        want_admits={"team-a/x": "west"},
+    ),
+    Case(
+        id="star-outside-the-allowed-says-why",
+        pending=(job("gpu-operator/x"),),
+        clusters=(cpu_cluster("west", takes=set(), star=TEAMS_ONLY),),
+        want_waits={
+            "gpu-operator/x": "cluster west: namespace gpu-operator is not mapped to it"
+            ' (members[].namespaces): "*" takes only the namespaces'
+            " members[].wildcard_allowed names"
+        },
+    ),
+    Case(
+        id="star-reserved-and-unmapped-grouped-by-reason",
+        pending=(job("istio-system/x"),),
+        clusters=(
+            cpu_cluster("east", takes={"team-a"}),
+            cpu_cluster("west", takes=set(), star=PLATFORM_RESERVED),
+            cpu_cluster("north", takes=set(), star=PLATFORM_RESERVED),
+        ),
+        want_waits={
+            "istio-system/x": "cluster east: namespace istio-system is not mapped to it"
+            " (members[].namespaces); clusters north, west: namespace istio-system is not"
+            ' mapped to them (members[].namespaces): "*" does not take it: reserved by'
+            " '*-system' (members[].wildcard_reserved)"
+        },
+    ),
+    Case(
+        id="star-never-kube-system",
+        pending=(job("kube-system/x"),),
+        clusters=(cpu_cluster("west", takes=set(), star=Wildcard(allowed=("*",))),),
+        want_waits={
+            "kube-system/x": "cluster west: namespace kube-system is not mapped to it"
+            ' (members[].namespaces): "*" never takes kube-system (a Kubernetes system'
+            " namespace)"
+        },
+    ),
 ]
 
 
@@ -275,3 +401,36 @@ def test_members_are_filtered_by_namespace(case: Case) -> None:
     )
     assert {a.key: a.cluster for a in result.admits} == case.want_admits
     assert {w.key: w.message for w in result.waits} == case.want_waits
+
+
+# -- the refusal at start -----------------------------------------------------------------
+
+
+async def test_the_dispatcher_refuses_to_start_with_a_bare_star_key(tmp_path: Path) -> None:
+    """`app.build` reads the settings before anything runs: a member mapping "*" without
+    wildcard_allowed or wildcard_reserved stops it with the member's name and the fix."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    bare = MemberConfig(name="west", kubeconfig=str(kubeconfig), namespaces={"*": "*"})
+    config = Config(kubeconfig=str(kubeconfig), members=[bare])
+    with pytest.raises(ValueError, match=r"^members\[west\]\.namespaces: ") as refused:
+        await build(config)
+    assert str(refused.value) == f"members[west].namespaces: {STAR_REFUSED}"
+    fenced = bare.model_copy(update={"wildcard_reserved": ["*-system"]})
+    manager = await build(config.model_copy(update={"members": [fenced]}))
+    try:
+        assert manager.members["west"].namespace_for("team-a") == "team-a"
+        assert manager.members["west"].namespace_for("istio-system") is None
+    finally:
+        await close(manager)

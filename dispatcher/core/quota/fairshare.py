@@ -52,13 +52,13 @@ def nominal_first(
         if queue not in left:
             left[queue] = _nominal_room(queue, ledger, specs)
         room = left[queue]
-        request = request_of(workload.pod_sets)
+        spec = specs.get(queue)
+        request = request_of(spec.charged(workload) if spec is not None else workload.pod_sets)
         if room is not None and all(request[r] <= room[r] for r in request if r in room):
             for resource in room:
                 room[resource] -= request.get(resource, 0)
             first.append(workload)
         else:
-            spec = specs.get(queue)
             if spec is not None and spec.strategy is QueueMode.STRICT_FIFO:
                 left[queue] = None
             later.append(workload)

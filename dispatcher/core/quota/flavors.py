@@ -255,12 +255,25 @@ def amounts_of(request: Mapping[str, int], chosen: Chosen) -> dict[FlavorResourc
 
 
 def charge_of(
-    key: str, queue: str, workload: Workload, chosen: Chosen, *, admitted_at: float
+    key: str,
+    queue: str,
+    workload: Workload,
+    chosen: Chosen,
+    *,
+    admitted_at: float,
+    spec: QueueSpec | None = None,
 ) -> Charge:
+    """What `workload` admitted through `queue` (`spec`, when it still exists) charges:
+    the pods the queue charges (`QueueSpec.charged`; without the spec, at least the
+    templates, the default)."""
+    if spec is not None:
+        pods = spec.charged(workload)
+    else:
+        pods = workload.charge_pod_sets or workload.pod_sets
     return Charge(
         key=key,
         queue=queue,
-        amounts=amounts_of(request_of(workload.pod_sets), chosen),
+        amounts=amounts_of(request_of(pods), chosen),
         priority=workload.priority,
         admitted_at=admitted_at,
         preemptible=workload.preemptible,

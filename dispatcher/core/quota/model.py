@@ -11,7 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from dispatcher.core.model import LabelRequirement, QueueMode, Taint, Toleration
+from dispatcher.core.model import (
+    LabelRequirement,
+    PodSet,
+    QueueMode,
+    Taint,
+    Toleration,
+    Workload,
+)
 
 FlavorResource = tuple[str, str]
 """(flavor name, resource name): the unit quota is kept in."""
@@ -68,6 +75,15 @@ class StopPolicy(StrEnum):
     HOLD_AND_DRAIN = "HoldAndDrain"  # admit nothing new and evict what runs
 
 
+class QuotaCharge(StrEnum):
+    """What a queue charges an AppWrapper it admits (`spec.quotaCharge`)."""
+
+    AT_LEAST_TEMPLATES = "AtLeastTemplates"
+    """Never less than its pod templates ask: a declaration cannot shrink the charge."""
+    AS_DECLARED = "AsDeclared"
+    """What placement reserves (`declared_pod_resources`; MCAD: as written)."""
+
+
 class WhenCanBorrow(StrEnum):
     BORROW = "Borrow"  # take the first flavor that fits, borrowing if need be
     TRY_NEXT_FLAVOR = "TryNextFlavor"  # prefer a later flavor that fits without borrowing
@@ -109,7 +125,20 @@ class QueueSpec:
     when_can_preempt: WhenCanPreempt = WhenCanPreempt.TRY_NEXT_FLAVOR
     weight: float = 1.0  # fair sharing: a higher weight is entitled to a larger share
     stop: StopPolicy = StopPolicy.NONE
+    charge: QuotaCharge = QuotaCharge.AT_LEAST_TEMPLATES
     problems: tuple[str, ...] = ()  # found while reading the object (e.g. a bad quantity)
+
+    def charged(self, workload: Workload) -> tuple[PodSet, ...]:
+        """The pods this queue charges `workload` for."""
+        if workload.charge_pod_sets is None or self.charge is QuotaCharge.AS_DECLARED:
+            return workload.pod_sets
+        return workload.charge_pod_sets
+
+    def charged_shape(self, workload: Workload) -> tuple[str, ...]:
+        """What the charge depends on (`Workload.shape` of the charged pods)."""
+        if workload.charge_pod_sets is None or self.charge is QuotaCharge.AS_DECLARED:
+            return workload.shape
+        return workload.charge_shape
 
     def quota(self, flavor: str, resource: str) -> Quota | None:
         for group in self.groups:

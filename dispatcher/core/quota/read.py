@@ -28,6 +28,7 @@ from dispatcher.core.quota.model import (
     LocalQueue,
     QueueSpec,
     Quota,
+    QuotaCharge,
     QuotaSetup,
     Reclaim,
     ResourceGroup,
@@ -141,6 +142,7 @@ def queue_of(model: ClusterAppQueue) -> QueueSpec:
         when_can_preempt=WhenCanPreempt(spec.flavorFungibility.whenCanPreempt),
         weight=_weight(spec.fairSharing, problems),
         stop=StopPolicy(spec.stopPolicy),
+        charge=QuotaCharge(spec.quotaCharge),
         problems=tuple(problems),
     )
 

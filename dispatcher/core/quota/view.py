@@ -72,7 +72,9 @@ class QuotaView:
         return self.setup.queues[queue]
 
     def candidates(self, queue: str, workload: Workload) -> list[Assignment] | QuotaRefusal:
-        key = (queue, workload.shape)
+        spec = self.spec(queue)
+        shape = spec.charged_shape(workload)
+        key = (queue, shape)
         known = self._answers.get(key)
         # Within a cycle usage only grows (victim searches work on copies), so modes only
         # fall: an answer with nothing admissible stays so for the rest of it (its figures
@@ -85,12 +87,11 @@ class QuotaView:
             if first.admissible and self._mode(queue, first) is first.mode:
                 self._answers[key] = (self.version, known[1])
                 return known[1]
-        request = self._requests.get(workload.shape)
+        pods = spec.charged(workload)
+        request = self._requests.get(shape)
         if request is None:
-            request = self._requests[workload.shape] = request_of(workload.pod_sets)
-        found = candidates(
-            self.spec(queue), workload.pod_sets, self.ledger, self.setup.flavors, request
-        )
+            request = self._requests[shape] = request_of(pods)
+        found = candidates(spec, pods, self.ledger, self.setup.flavors, request)
         self._answers[key] = (self.version, found)
         return found
 

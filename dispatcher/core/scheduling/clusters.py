@@ -16,7 +16,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from dispatcher.core.model import ClusterSnapshot, Placement, PodSet, Reservation, Workload
+from dispatcher.core.model import (
+    NOT_MAPPED,
+    ClusterSnapshot,
+    Placement,
+    PodSet,
+    Reservation,
+    Workload,
+)
 from dispatcher.core.scheduling.placement import POD, ClusterState, Gang, Placed, Refusal
 
 __all__ = ["CycleState", "Reasons", "best_fit", "scarcest_of"]
@@ -103,13 +110,20 @@ class CycleState:
         if not allowed:
             return Refusal("no member cluster matches the placement (clusterScheduling)")
         namespace = workload.key.partition("/")[0]
-        if len(allowed) == 1:
-            where, it = f"cluster {allowed[0]}", "it"
-        else:
-            where, it = f"clusters {', '.join(allowed)}", "them"
-        return Refusal(
-            f"{where}: namespace {namespace} is not mapped to {it} (members[].namespaces)"
-        )
+        # Clusters grouped by why they do not take the namespace, in the clusters' order.
+        why: dict[str, list[str]] = {}
+        for cluster in self.clusters:
+            if cluster.name in allowed:
+                why.setdefault(cluster.refusal(namespace) or NOT_MAPPED, []).append(cluster.name)
+        parts = []
+        for reason, names in why.items():
+            if len(names) == 1:
+                where, it = f"cluster {names[0]}", "it"
+            else:
+                where, it = f"clusters {', '.join(names)}", "them"
+            text = f"{where}: namespace {namespace} is not mapped to {it} (members[].namespaces)"
+            parts.append(text if reason == NOT_MAPPED else f"{text}: {reason}")
+        return Refusal("; ".join(parts))
 
     def could_ever_fit(self, gang: Gang, cluster: ClusterSnapshot) -> bool:
         """Whether it fits the cluster emptied; an unreachable cluster may (we cannot tell)."""
