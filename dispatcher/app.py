@@ -219,6 +219,35 @@ async def _start_webhook(config: Config, dispatcher: Manager) -> WebhookService 
     return service
 
 
+async def _acquire_lease(
+    config: Config, stop: asyncio.Event
+) -> tuple[LeaderElector, KubeClient] | None:
+    """The Lease taken, on a connection of its own (neither the controller's bursts nor
+    anything else waits in front of a renewal: a handful of requests every retry period, no
+    rate limit); None, the connection closed, when `stop` is set first."""
+    lease_client = await connect_hub(config, name="lease", qps=0, burst=0)
+    elector = LeaderElector(
+        lease_client,
+        namespace=config.lease_namespace,
+        name=config.lease_name,
+        identity=replica_identity(),
+        lease_duration=config.lease_duration_seconds,
+        renew_deadline=config.lease_renew_deadline_seconds,
+        retry_period=config.lease_retry_period_seconds,
+    )
+    acquiring = asyncio.create_task(elector.acquire())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({acquiring, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        acquiring.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await acquiring
+        await lease_client.close()
+        return None
+    stopper.cancel()
+    return elector, lease_client
+
+
 async def serve_forever(config: Config) -> None:
     """The `run` command: until SIGTERM/SIGINT, then drain in-flight dispatches.
 
@@ -242,34 +271,18 @@ async def serve_forever(config: Config) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    elector = None
-    lease_client = None
+    elector: LeaderElector | None = None
+    lease_client: KubeClient | None = None
     if config.leader_election:
-        # Its own connection: neither the controller's bursts nor anything else waits in
-        # front of a renewal (a handful of requests every retry period: no rate limit).
-        lease_client = await connect_hub(config, name="lease", qps=0, burst=0)
-        elector = LeaderElector(
-            lease_client,
-            namespace=config.lease_namespace,
-            name=config.lease_name,
-            identity=replica_identity(),
-            lease_duration=config.lease_duration_seconds,
-            renew_deadline=config.lease_renew_deadline_seconds,
-            retry_period=config.lease_retry_period_seconds,
-        )
-        acquiring = asyncio.create_task(elector.acquire())
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait({acquiring, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        if stop.is_set():
-            acquiring.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await acquiring
+        elected = await _acquire_lease(config, stop)
+        if elected is None:  # stopped before it led
+            if runner is not None:
+                await runner.cleanup()
             if service is not None:
                 await service.stop()
-            await lease_client.close()
             await close(dispatcher)
             return
-        stopper.cancel()
+        elector, lease_client = elected
     tasks = {
         asyncio.create_task(dispatcher.run(), name="dispatcher"),
         asyncio.create_task(stop.wait(), name="stop"),

@@ -188,6 +188,22 @@ def workload_of(
             f"schedulingSpec.minAvailable is {min_available} but the items declare only "
             f"{pod_count(sets)} pods"
         )
+    created, queued_since = _queue_times(aw, now)
+    return Workload(
+        key=aw.key,
+        priority=priority,
+        created_at=created,
+        pod_sets=sets,
+        placement=placement,
+        queued_since=queued_since,
+        preemptible=aw.spec.preemptible,
+        queue_name=queue_name_of(aw.metadata.labels),
+        charge_pod_sets=None if charged == sets else charged,
+    )
+
+
+def _queue_times(aw: AppWrapper, now: datetime) -> tuple[float, float]:
+    """When it was created (to the microsecond, for ordering) and since when it queues."""
     created = _timestamp(aw.metadata.creationTimestamp, now)
     status = aw.status
     # creationTimestamp has whole seconds only; when the dispatcher first saw it (queuedAt,
@@ -205,17 +221,7 @@ def workload_of(
         requeued = status.condition("Queueing")
         if requeued is not None and requeued.lastTransitionMicroTime:
             queued_since = max(created, _timestamp(requeued.lastTransitionMicroTime, now))
-    return Workload(
-        key=aw.key,
-        priority=priority,
-        created_at=created,
-        pod_sets=sets,
-        placement=placement,
-        queued_since=queued_since,
-        preemptible=aw.spec.preemptible,
-        queue_name=queue_name_of(aw.metadata.labels),
-        charge_pod_sets=None if charged == sets else charged,
-    )
+    return created, queued_since
 
 
 def queue_name_of(labels: Mapping[str, str] | None) -> str:

@@ -30,12 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.testing import pki
+from dispatcher.testing.binaries import (
+    DEFAULT_CACHE,
+    REPO_ROOT,
+    Binaries,
+    ClusterStartError,
+    ensure_binaries,
+)
 from dispatcher.testing.ports import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CACHE = Path(
-    os.environ.get("APPWRAPPER_CACHE_DIR", Path.home() / ".cache/appwrapper-dispatcher")
-)
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 BIND_ATTEMPTS = 4
 """Starts of one component, each on fresh ports, when another program took its port."""
@@ -43,7 +46,15 @@ WEBHOOK_CLIENT_NAME = "kube-apiserver-webhook-client"
 """The common name of the client certificate the local API server presents to webhooks
 (the default of `webhook.client_names`)."""
 
-__all__ = ["free_port"]  # re-exported: tests, the demo and benchmarks import it from here
+# Re-exported: tests, the demo and benchmarks import them from here.
+__all__ = [
+    "DEFAULT_CACHE",
+    "REPO_ROOT",
+    "Binaries",
+    "ClusterStartError",
+    "ensure_binaries",
+    "free_port",
+]
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -51,65 +62,6 @@ class KubectlError(subprocess.CalledProcessError):
 
     def __str__(self) -> str:
         return f"{' '.join(map(str, self.cmd[3:]))!r} exited {self.returncode}: {self.stderr}"
-
-
-class ClusterStartError(RuntimeError):
-    """A component did not come up; the message names it and the log to read."""
-
-
-@dataclass(frozen=True)
-class Binaries:
-    """Paths of the built control-plane binaries and the data files built beside them."""
-
-    root: Path
-
-    @property
-    def k8s(self) -> Path:
-        return self.root / "k8s"
-
-    @property
-    def kubectl(self) -> Path:
-        return self.root / "kubectl"
-
-    @property
-    def kwok(self) -> Path:
-        return self.root / "kwok"
-
-    @property
-    def kuberay(self) -> Path:
-        return self.root / "kuberay-operator"
-
-    @property
-    def kwok_stages(self) -> list[Path]:
-        # "fast" stages: nodes Ready at once, pods Running once bound, Job pods
-        # Succeeded (after an optional per-pod delay annotation), deletions honoured.
-        stages = self.root / "kwok-stages"
-        return sorted(
-            path
-            for kind in ("node", "pod")
-            for path in (stages / kind / "fast").glob("*.yaml")
-            if path.name != "kustomization.yaml"
-        )
-
-    @property
-    def kuberay_crds(self) -> Path:
-        return self.root / "kuberay-crds"
-
-
-def ensure_binaries(cache: Path = DEFAULT_CACHE) -> Binaries:
-    """Build the control plane if missing (cold: minutes; warm: a second) and return it."""
-    result = subprocess.run(
-        ["bash", str(REPO_ROOT / "testenv" / "build.sh")],
-        env={**os.environ, "APPWRAPPER_CACHE_DIR": str(cache)},
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    if result.returncode != 0:
-        raise ClusterStartError(
-            f"testenv/build.sh failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
-        )
-    return Binaries(Path(result.stdout.strip().splitlines()[-1]))
 
 
 def node_manifest(
