@@ -256,6 +256,31 @@ def issue_serving(
     )
 
 
+def issue_client(
+    ca: KeyPair, name: str, now: float, validity: float, *, dns_names: Iterable[str] = ()
+) -> KeyPair:
+    """A client certificate (extended key usage clientAuth) for common name `name` and
+    `dns_names`, signed by `ca` (what an API server presents to webhooks)."""
+    ca_cert, ca_key = ca.cert, ca.key
+    extensions: list[x509.ExtensionType] = [
+        x509.BasicConstraints(ca=False, path_length=None),
+        _key_usage(ca=False),
+        x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]),
+        x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+    ]
+    names = list(dns_names)
+    if names:
+        extensions.append(x509.SubjectAlternativeName([_san(n) for n in names]))
+    return _signed(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name[:64])]),
+        ca_cert.subject,
+        _new_key(),
+        ca_key,
+        _window(now, validity, _epoch(ca_cert.not_valid_after_utc), 1 / 3),
+        extensions,
+    )
+
+
 def read_bundle(pem: bytes) -> list[x509.Certificate]:
     """The certificates of a PEM concatenation, in order; [] if there are none."""
     if b"-----BEGIN CERTIFICATE-----" not in pem:

@@ -99,7 +99,7 @@ async def test_a_direct_call_without_the_api_servers_certificate_gets_nothing(
     if cluster.webhook_client_ca is None:
         pytest.skip("the API server's client certificate for webhooks is not known here")
     await run_dispatcher(**secure.settings())
-    own_ca = pki.Issued(
+    own_ca = pki.KeyPair(
         cluster.webhook_client_ca.read_bytes(), cluster.webhook_client_ca_key.read_bytes()
     )
     # Named as the API server's, from another CA; and from the right CA, another name.
@@ -113,7 +113,7 @@ async def test_a_direct_call_without_the_api_servers_certificate_gets_nothing(
         )
         assert "response" not in body  # no AdmissionReview: no patch, no access answer
         status, body = await call_webhook(
-            secure.port, path, forged_review(namespace), tenant.write(tmp_path, "tenant")
+            secure.port, path, forged_review(namespace), pki.write(tenant, tmp_path, "tenant")
         )
         assert (status, body["message"]) == (
             403,
@@ -121,7 +121,10 @@ async def test_a_direct_call_without_the_api_servers_certificate_gets_nothing(
         )
         with pytest.raises(aiohttp.ClientError):  # the handshake is cut
             await call_webhook(
-                secure.port, path, forged_review(namespace), impostor.write(tmp_path, "impostor")
+                secure.port,
+                path,
+                forged_review(namespace),
+                pki.write(impostor, tmp_path, "impostor"),
             )
     # The API server itself is answered: bob's apply is recorded as his.
     await secure.apply(appwrapper("bobs", service("bobs")), user="bob")

@@ -111,11 +111,11 @@ async def test_a_failing_handler_refuses_with_the_cause(
 API_SERVER = "kube-apiserver-webhook-client"
 
 
-def client_session(tmp: Path, identity: pki.Issued | None) -> aiohttp.ClientSession:
+def client_session(tmp: Path, identity: pki.KeyPair | None) -> aiohttp.ClientSession:
     """A session that trusts the webhook's CA and presents `identity` (None: nothing)."""
     context = ssl.create_default_context(cadata=SERVER_CA.cert_pem.decode())
     if identity is not None:
-        cert, key = identity.write(tmp, f"caller-{identity.cert.serial_number:x}")
+        cert, key = pki.write(identity, tmp, f"caller-{identity.cert.serial_number:x}")
         context.load_cert_chain(cert, key)
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context))
 
@@ -136,7 +136,7 @@ class Guarded:
         self.handled.append(str(request["uid"]))
         return {"uid": request["uid"], "allowed": True, "patch": "c2lnbmVk"}
 
-    async def post(self, identity: pki.Issued | None, uid: str) -> tuple[int, dict[str, Any]]:
+    async def post(self, identity: pki.KeyPair | None, uid: str) -> tuple[int, dict[str, Any]]:
         async with (
             client_session(self.tmp, identity) as session,
             session.post(self.base + webhook.MUTATE_PATH, json=review(uid)) as response,
