@@ -182,7 +182,14 @@ class Admission:
         if operation == "UPDATE" and old is not None:
             problems += rules.update_problems(obj, old, user)
             if not rules.spec_changed(obj, old):
-                return problems  # metadata only (finalizers, labels): nothing more to check
+                # Metadata only (finalizers, labels): nothing more to check, but that it does
+                # not take the AppWrapper past the size limit (one already past it, stored
+                # while the webhook was away, must still lose its finalizer).
+                limit = self._config.max_appwrapper_bytes
+                grown = size_problem(obj, limit=limit)
+                if grown and not size_problem(old, limit=limit):
+                    problems.append(grown)
+                return problems
         elif operation != "CREATE":
             return problems
         namespace = str(request.get("namespace") or "")

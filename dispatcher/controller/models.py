@@ -19,13 +19,12 @@ from typing import Any
 from dispatcher.api.models import AppWrapper
 from dispatcher.core.admission import PriorityPolicy, priority_problems
 from dispatcher.core.model import Workload
-from dispatcher.core.validation import appwrapper_size, size_problem
+from dispatcher.core.validation import LAST_APPLIED, appwrapper_size, size_problem
 from dispatcher.core.workloads import InvalidSpec, queue_name_of, workload_of
 
 Obj = dict[str, Any]
 PARSED_LIMIT = 512
 """Models kept (most recently used): a model weighs about twice its object."""
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 OVERSIZE = "oversize"
 """Top-level key of a stub (`slimmer`): why the AppWrapper is refused. No stored AppWrapper
 has it: the CRD's structural schema prunes unknown top-level fields."""

@@ -228,11 +228,15 @@ def _json_size(value: Any) -> int:
 
 
 def appwrapper_size(obj: Mapping[str, Any]) -> int:
-    """Bytes of an AppWrapper as JSON, every field counted (legacy ones and status too) but
-    the copies the API server and kubectl keep beside the user's object
+    """Bytes of an AppWrapper as JSON, every field the user writes counted (legacy ones too)
+    but the copies the API server and kubectl keep beside the user's object
     (`metadata.managedFields`, the last-applied-configuration annotation), which the
-    dispatcher drops on arrival and a user does not write."""
+    dispatcher drops on arrival, and `status`, which the dispatcher writes: its own writes
+    must never carry an AppWrapper the webhook let in past the limit (status messages are
+    bounded by MAX_MESSAGE_CHARS)."""
     size = _json_size(obj)
+    if "status" in obj:
+        size -= _json_size(obj["status"]) + len('"status":,')
     meta = obj.get("metadata")
     if isinstance(meta, Mapping):
         if "managedFields" in meta:

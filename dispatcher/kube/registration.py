@@ -23,15 +23,9 @@ import structlog
 
 from dispatcher.config import WebhookConfig
 from dispatcher.kube.api import KubeApi
-from dispatcher.kube.client import ResourceInfo
+from dispatcher.kube.certs import MUTATING
 from dispatcher.kube.errors import Forbidden, Gone, KubeError, NotFound
 
-MUTATING = ResourceInfo(
-    "admissionregistration.k8s.io/v1",
-    "MutatingWebhookConfiguration",
-    "mutatingwebhookconfigurations",
-    namespaced=False,
-)
 RETRY_SECONDS = 1.0
 WATCH_SECONDS = 300
 

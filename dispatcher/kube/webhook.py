@@ -80,17 +80,17 @@ class ClientAuth:
             cas = x509.load_pem_x509_certificates(pem)
             if not cas:
                 raise ValueError("no certificate")
-        except (OSError, ValueError) as exc:
+            for ca in cas:
+                self._context.load_verify_locations(
+                    cadata=ca.public_bytes(serialization.Encoding.PEM).decode()
+                )
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             if not self._cas:
                 raise ValueError(
                     f"webhook.client_ca_file {self.ca_file}: no certificate in it ({exc})"
                 ) from exc
             self.log.warning("webhook_client_ca_unusable", error=str(exc))
             return False
-        for ca in cas:
-            self._context.load_verify_locations(
-                cadata=ca.public_bytes(serialization.Encoding.PEM).decode()
-            )
         self._cas = cas
         self._seen = seen
         self.log.info("webhook_client_ca_loaded", cas=len(cas))

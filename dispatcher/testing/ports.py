@@ -59,7 +59,11 @@ def free_port(*, rng: random.Random | None = None) -> int:
     this process runs. Raises OSError when none could be found."""
     choose = rng or random.SystemRandom()
     ranges = candidate_ranges(ephemeral_range())
-    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    if not LOCK_DIR.exists():
+        LOCK_DIR.mkdir(parents=True, exist_ok=True)
+        # Shared by every user of the machine, like /tmp itself.
+        with contextlib.suppress(OSError):
+            LOCK_DIR.chmod(0o1777)
     for _ in range(TRIES):
         chosen = choose.choice(ranges)
         port = chosen.start + choose.randrange(len(chosen))
@@ -72,7 +76,10 @@ def free_port(*, rng: random.Random | None = None) -> int:
 
 
 def _claim(port: int) -> bool:
-    fd = os.open(LOCK_DIR / f"{port}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fd = os.open(LOCK_DIR / f"{port}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:  # another user's lock file we may not open: theirs, then
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

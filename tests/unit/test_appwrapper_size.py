@@ -103,6 +103,44 @@ def test_bookkeeping_copies_are_not_counted() -> None:
     assert size_problem(obj, limit=LIMIT) == ""
 
 
+def test_status_is_not_counted() -> None:
+    """Status is the dispatcher's: its own writes must never push past the limit an
+    AppWrapper the webhook let in just under it."""
+    obj = stuffed("spec.service", LIMIT - json_size(small()) - 200)
+    assert size_problem(obj, limit=LIMIT) == ""
+    obj["status"] = {"message": "m" * 4 * KIB, "conditions": [{"type": "Dispatched"}] * 10}
+    assert json_size(obj) > LIMIT
+    assert size_problem(obj, limit=LIMIT) == ""
+
+
+def _update(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "uid": "r1",
+        "operation": "UPDATE",
+        "namespace": "team",
+        "userInfo": {"username": "alice"},
+        "object": new,
+        "oldObject": old,
+    }
+
+
+async def test_a_metadata_update_may_not_take_it_past_the_limit() -> None:
+    config = Config(max_appwrapper_bytes=LIMIT, unattributed="allow")
+    hub = FakeKube(name="hub")
+    admission = Admission(config=config, hub=hub, discovery=[hub], signing_keys=lambda: [])
+    old = small()
+    grown = small()
+    grown["metadata"]["annotations"] = {"note": "n" * LIMIT}
+    answer = await admission.validate(_update(old, grown))
+    assert answer["allowed"] is False
+    assert "at most 65,536 are accepted" in answer["status"]["message"]
+    # One already past it (stored while the webhook was away) still loses its finalizer.
+    stored = stuffed("spec.service", 100 * KIB)
+    stored["metadata"]["finalizers"] = ["workload.codeflare.dev/finalizer"]
+    released = {**stored, "metadata": {**stored["metadata"], "finalizers": []}}
+    assert (await admission.validate(_update(stored, released)))["allowed"] is True
+
+
 def test_an_object_too_deep_for_orjson_is_still_measured() -> None:
     deep: dict[str, Any] = {"x": "y" * 70 * KIB}
     for _ in range(300):
