@@ -5,6 +5,9 @@ Three sets of connections, each with its own rate limiter and connection pool, s
 can starve another: the controller's (`Config.qps`), the admission webhook's, opened in its
 own thread (`webhook.qps`, see webhook_service.py), and the leader-election Lease's.
 
+Before anything is served, the hub's AppWrapper CRD is checked (`kube/preflight.py`): one
+this dispatcher cannot serve (another controller's) stops the start with StartRefused.
+
 Side effects: network connections; `running` starts background tasks, and the webhook's
 thread.
 """
@@ -29,6 +32,7 @@ from dispatcher.controller.manager import Manager
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import KubeClient, ResourceInfo, replica_identity
 from dispatcher.kube.leader import LeaderElector
+from dispatcher.kube.preflight import check_appwrapper_crd
 from dispatcher.webhook_service import WebhookService
 
 LOCAL_MEMBER = "local"
@@ -110,6 +114,18 @@ async def build(config: Config) -> Manager:
     return Manager(config=config, hub=hub, members=members)
 
 
+async def build_checked(config: Config) -> Manager:
+    """`build`, then the checks at start (`kube/preflight.py`): StartRefused, with every
+    connection closed, when the hub's AppWrapper CRD is not one this dispatcher serves."""
+    dispatcher = await build(config)
+    try:
+        await check_appwrapper_crd(dispatcher.hub)
+    except BaseException:
+        await close(dispatcher)
+        raise
+    return dispatcher
+
+
 async def _kubeconfig_from_secret(hub: KubeApi, ref: str, *, allow_exec: bool) -> dict[str, Any]:
     namespace, name = ref.split("/", 1)
     secret = await hub.get(SECRETS, namespace, name)
@@ -156,7 +172,7 @@ async def close(dispatcher: Manager) -> None:
 @contextlib.asynccontextmanager
 async def running(config: Config, *, ready_timeout: float = 60) -> AsyncIterator[Manager]:
     """Run a dispatcher in this event loop for the duration of the block (tests, demo)."""
-    dispatcher = await build(config)
+    dispatcher = await build_checked(config)
     service = await _start_webhook(config, dispatcher)
     task = asyncio.create_task(dispatcher.run(), name="dispatcher")
     try:
@@ -257,7 +273,7 @@ async def serve_forever(config: Config) -> None:
     follower.
     """
     log = structlog.get_logger("main")
-    dispatcher = await build(config)
+    dispatcher = await build_checked(config)
     service = await _start_webhook(config, dispatcher)
     runner = None
     if config.health_port:

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from dispatcher import __version__
 from dispatcher.config import load_config
 from dispatcher.kube.leader import LostLease
+from dispatcher.kube.preflight import StartRefused
 from dispatcher.logs import configure_logging
 
 
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve_forever(config))
     except KeyboardInterrupt:
         return 130
+    except StartRefused as exc:
+        print(f"appwrapper-dispatcher: refusing to start: {exc}", file=sys.stderr)
+        return 3
     except LostLease as exc:
         print(
             f"appwrapper-dispatcher: {exc}; exiting so a new leader can take over", file=sys.stderr

@@ -143,6 +143,9 @@ def test_manifests_apply_with_server_side_dry_run(cluster: Any, installed: None)
         "rolebinding.rbac.authorization.k8s.io/appwrapper-dispatcher-leader-election",
         "role.rbac.authorization.k8s.io/appwrapper-dispatcher-webhook",
         "rolebinding.rbac.authorization.k8s.io/appwrapper-dispatcher-webhook",
+        "clusterrole.rbac.authorization.k8s.io/appwrapper-user",
+        "clusterrole.rbac.authorization.k8s.io/appwrapper-admin",
+        "clusterrole.rbac.authorization.k8s.io/appwrapper-viewer",
         "configmap/appwrapper-dispatcher-config",
         "deployment.apps/appwrapper-dispatcher",
         "poddisruptionbudget.policy/appwrapper-dispatcher",
@@ -364,6 +367,13 @@ ALLOWED = [
     ),
     pytest.param(["watch", "namespaces"], id="watch-namespace-labels"),
     pytest.param(
+        [
+            "get",
+            "customresourcedefinitions.apiextensions.k8s.io/appwrappers.workload.codeflare.dev",
+        ],
+        id="get-appwrapper-crd",
+    ),
+    pytest.param(
         ["update", "leases.coordination.k8s.io", "-n", SYSTEM_NAMESPACE], id="update-own-lease"
     ),
     pytest.param(
@@ -405,6 +415,22 @@ DENIED = [
         ["create", "mutatingwebhookconfigurations"], id="create-mutatingwebhookconfigurations"
     ),
     pytest.param(["create", "customresourcedefinitions"], id="create-crds"),
+    # The AppWrapper CRD is read by name at start; no other CRD, and no list.
+    pytest.param(["list", "customresourcedefinitions"], id="list-crds"),
+    pytest.param(
+        [
+            "get",
+            "customresourcedefinitions.apiextensions.k8s.io/clusterappqueues.workload.codeflare.dev",
+        ],
+        id="get-another-crd",
+    ),
+    pytest.param(
+        [
+            "update",
+            "customresourcedefinitions.apiextensions.k8s.io/appwrappers.workload.codeflare.dev",
+        ],
+        id="update-appwrapper-crd",
+    ),
     pytest.param(["update", "clusterappqueues.workload.codeflare.dev"], id="change-queue-specs"),
     pytest.param(["create", "appqueues.workload.codeflare.dev", "-A"], id="create-appqueues"),
     pytest.param(["delete", "namespaces"], id="delete-namespaces"),
