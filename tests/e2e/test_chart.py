@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -343,6 +344,50 @@ def test_refused_values_name_the_key(value: str, says: str) -> None:
     result = helm("template", RELEASE, str(CHART), "--set", value, check=False)
     assert result.returncode != 0
     assert says in result.stderr
+
+
+LOOKUP = (
+    'lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" ""'
+    ' "appwrappers.workload.codeflare.dev"'
+)
+
+
+def crd(served: list[str], stored: list[str]) -> dict[str, Any]:
+    return {
+        "spec": {"versions": [{"name": name, "served": True} for name in served]},
+        "status": {"storedVersions": stored},
+    }
+
+
+@pytest.mark.parametrize(
+    ("found", "says"),
+    [
+        (crd(["v1beta1"], ["v1beta1"]), ""),
+        (crd(["v1beta2"], ["v1beta2"]), "has versions v1beta2 (served), v1beta2 (stored), no v1"),
+        (crd(["v1beta1"], ["v1beta1", "v1beta2"]), "has versions v1beta2 (stored);"),
+        (crd(["v1beta1", "v1beta2"], ["v1beta1"]), "has versions v1beta2 (served);"),
+    ],
+)
+def test_crd_check_refuses_another_controllers_crd(
+    tmp_path: Path, found: dict[str, Any], says: str
+) -> None:
+    # `helm template` cannot look into a cluster, and the shared test cluster's AppWrapper
+    # CRD must stay ours: a copy of the chart reads the CRD from a value instead.
+    copy = tmp_path / "chart"
+    shutil.copytree(CHART, copy)
+    (copy / "values.schema.json").unlink()
+    check = copy / "templates" / "crd-check.yaml"
+    assert LOOKUP in check.read_text()
+    check.write_text(check.read_text().replace(LOOKUP, ".Values.foundCrd"))
+    result = helm(
+        "template", RELEASE, str(copy), "--set-json", f"foundCrd={json.dumps(found)}", check=False
+    )
+    if says:
+        assert result.returncode != 0
+        assert says in result.stderr
+        assert "run one AppWrapper controller per cluster" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
 
 
 def test_one_replica_may_run_without_leader_election() -> None:
