@@ -85,6 +85,12 @@ CHART_VALUES: dict[str, Any] = {
     "tolerations": {"type": "array", "items": _OBJECT},
     "affinity": _described("Empty: replicas spread over nodes when possible.", _OBJECT),
     "priorityClassName": _STRING,
+    "extraVolumes": _described(
+        "More pod volumes (a client CA, members' kubeconfigs).", {"type": "array", "items": _OBJECT}
+    ),
+    "extraVolumeMounts": _described(
+        "More mounts for the dispatcher container.", {"type": "array", "items": _OBJECT}
+    ),
     "podDisruptionBudget": _closed(
         "Keeps replicas through node drains (they serve the webhook).",
         enabled={"type": "boolean"},

@@ -390,6 +390,18 @@ def test_crd_check_refuses_another_controllers_crd(
         assert result.returncode == 0, result.stderr
 
 
+def test_extra_volumes_reach_the_pods() -> None:
+    volume = {"name": "client-ca", "configMap": {"name": "apiserver-webhook-client-ca"}}
+    mount = {"name": "client-ca", "mountPath": "/etc/appwrapper-dispatcher-client-ca"}
+    argv = ["template", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE]
+    argv += ["--set-json", f"extraVolumes={json.dumps([volume])}"]
+    argv += ["--set-json", f"extraVolumeMounts={json.dumps([mount])}"]
+    docs = [doc for doc in yaml.safe_load_all(helm(*argv).stdout) if doc]
+    pod = one(docs, "Deployment", RELEASE)["spec"]["template"]["spec"]
+    assert volume in pod["volumes"]
+    assert mount in container(docs)["volumeMounts"]
+
+
 def test_one_replica_may_run_without_leader_election() -> None:
     docs = render("replicas=1", "config.leader_election=false")
     assert not settings(docs).leader_election
