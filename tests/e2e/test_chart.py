@@ -390,6 +390,43 @@ def test_crd_check_refuses_another_controllers_crd(
         assert result.returncode == 0, result.stderr
 
 
+def test_member_kubeconfig_secrets_are_readable_by_name_only() -> None:
+    members = [
+        {"name": "east", "kubeconfig_secret": "kc/east"},
+        {"name": "west", "kubeconfig_secret": "kc/west"},
+        {"name": "north", "kubeconfig_secret": "appwrapper-system/north"},
+        {"name": "hub"},
+    ]
+    argv = ["template", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE]
+    docs = [
+        doc
+        for doc in yaml.safe_load_all(
+            helm(*argv, "--set-json", f"config.members={json.dumps(members)}").stdout
+        )
+        if doc
+    ]
+    roles = {
+        d["metadata"]["namespace"]: grants(d)
+        for d in docs
+        if d["kind"] == "Role" and d["metadata"]["name"].endswith("-member-kubeconfigs")
+    }
+    assert roles == {
+        "kc": {("", "secrets", "get", "east"), ("", "secrets", "get", "west")},
+        "appwrapper-system": {("", "secrets", "get", "north")},
+    }
+    bindings = [
+        d
+        for d in docs
+        if d["kind"] == "RoleBinding" and d["metadata"]["name"].endswith("-kubeconfigs")
+    ]
+    assert {b["metadata"]["namespace"] for b in bindings} == {"kc", "appwrapper-system"}
+    for binding in bindings:
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": RELEASE, "namespace": SYSTEM_NAMESPACE}
+        ]
+    assert not [d for d in render() if d["metadata"]["name"].endswith("-member-kubeconfigs")]
+
+
 def test_extra_volumes_reach_the_pods() -> None:
     volume = {"name": "client-ca", "configMap": {"name": "apiserver-webhook-client-ca"}}
     mount = {"name": "client-ca", "mountPath": "/etc/appwrapper-dispatcher-client-ca"}
