@@ -474,21 +474,24 @@ def release(cluster: Any) -> Iterator[tuple[str, str]]:
     (release namespace, full name). Uninstalled afterwards."""
     namespace = f"t-chart-{uuid.uuid4().hex[:6]}"
     kubeconfig = ["--kubeconfig", str(cluster.kubeconfig), "-n", namespace]
-    # The quota CRDs may be there already, applied by other tests with kubectl: the release
-    # takes them over (they are kept when it is uninstalled).
-    helm(
-        "install",
-        "chart-e2e",
-        str(CHART),
-        *kubeconfig,
-        "--create-namespace",
-        "--take-ownership",
-        "--set",
-        "replicas=0",
-        "--wait",
-        "--timeout=60s",
-    )
     try:
+        # The quota CRDs may be there already, applied by other tests with kubectl: the release
+        # takes them over (they are kept when it is uninstalled).
+        installed = helm(
+            "install",
+            "chart-e2e",
+            str(CHART),
+            *kubeconfig,
+            "--create-namespace",
+            "--take-ownership",
+            "--set",
+            "replicas=0",
+            "--wait",
+            "--timeout=60s",
+        )
+        # NOTES.txt: how to check this release, by its names.
+        assert "get lease chart-e2e-appwrapper-dispatcher" in installed.stdout, installed.stdout
+        assert "bind chart-e2e-appwrapper-user" in installed.stdout, installed.stdout
         for crd in ("appwrappers", "clusterappqueues", "appqueues", "appcohorts", "appflavors"):
             wait_established(cluster, f"{crd}.workload.codeflare.dev")
         yield namespace, "chart-e2e-appwrapper-dispatcher"
