@@ -29,7 +29,10 @@ from pydantic import BaseModel
 
 from dispatcher.config import Config
 
-SCHEMA_FILE = Path("charts/appwrapper-dispatcher/values.schema.json")
+SCHEMA_FILE = (
+    Path(__file__).resolve().parents[1] / "charts/appwrapper-dispatcher/values.schema.json"
+)
+"""In the checkout this module runs from (`make venv` installs it in place)."""
 
 _STRING = {"type": "string"}
 _STRINGS = {"type": "array", "items": _STRING}
