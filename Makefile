@@ -87,5 +87,16 @@ conformance: venv testenv
 peers: venv
 	$(PY) -m benchmarks.peers build
 
+# The Helm chart with the real helm (v3, built from the Go module proxy into
+# $(CACHE_DIR)/helm by testenv/build-helm.sh, only when missing): `helm lint`, then
+# tests/e2e/test_chart.py: `helm template` against manifests/, the switches, and `helm
+# install` into the local control plane with the dispatcher run from the checkout. Not part
+# of `make test`, which skips test_chart.py while helm is not built.
+.PHONY: chart-test
+chart-test: venv testenv
+	helm="$$(bash testenv/build-helm.sh)" && \
+	  "$$helm" lint --strict charts/appwrapper-dispatcher && \
+	  APPWRAPPER_HELM="$$helm" $(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/test_chart.py
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,140 @@
+{{/*
+Names. The full name is the release name, followed by "-appwrapper-dispatcher" unless it
+contains the chart's name: `helm install appwrapper-dispatcher ...` names every object as
+manifests/ does. Cluster-scoped objects that people name (the user roles, the status policy)
+take the prefix: the full name without "-dispatcher" ("appwrapper").
+*/}}
+{{- define "awd.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "awd.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "awd.prefix" -}}
+{{- include "awd.fullname" . | trimSuffix "-dispatcher" -}}
+{{- end -}}
+
+{{- define "awd.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "awd.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "awd.labels" -}}
+{{ include "awd.selectorLabels" . }}
+app.kubernetes.io/part-of: appwrapper-dispatcher
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "awd.serviceAccountUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "awd.fullname" . }}
+{{- end -}}
+
+{{- define "awd.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The settings file: .Values.config with what must agree with the chart's own objects set by
+the chart. A value the user gave for one of those keys that differs is refused, with the key
+named, rather than silently replaced.
+*/}}
+{{- define "awd.pin" -}}
+{{- $where := index . 0 -}}
+{{- $key := index . 1 -}}
+{{- $want := index . 2 -}}
+{{- $path := index . 3 -}}
+{{- if and (hasKey $where $key) (ne (toString (index $where $key)) (toString $want)) -}}
+{{- fail (printf "config.%s is set by the chart to %v (it must agree with the chart's own objects), not %v" $path $want (index $where $key)) -}}
+{{- end -}}
+{{- $_ := set $where $key $want -}}
+{{- end -}}
+
+{{- define "awd.settings" -}}
+{{- $full := include "awd.fullname" . -}}
+{{- $cfg := deepCopy (.Values.config | default dict) -}}
+{{- $webhook := deepCopy (get $cfg "webhook" | default dict) -}}
+{{- if gt (int .Values.replicas) 1 -}}
+{{- include "awd.pin" (list $cfg "leader_election" true "leader_election") -}}
+{{- end -}}
+{{- include "awd.pin" (list $cfg "lease_namespace" .Release.Namespace "lease_namespace") -}}
+{{- include "awd.pin" (list $cfg "lease_name" $full "lease_name") -}}
+{{- include "awd.pin" (list $webhook "enabled" true "webhook.enabled") -}}
+{{- include "awd.pin" (list $webhook "namespace" .Release.Namespace "webhook.namespace") -}}
+{{- include "awd.pin" (list $webhook "service_name" (printf "%s-webhook" $full) "webhook.service_name") -}}
+{{- include "awd.pin" (list $webhook "secret_name" (printf "%s-webhook" $full) "webhook.secret_name") -}}
+{{- include "awd.pin" (list $webhook "mutating_configuration" $full "webhook.mutating_configuration") -}}
+{{- include "awd.pin" (list $webhook "validating_configuration" $full "webhook.validating_configuration") -}}
+{{- if .Values.certManager.enabled -}}
+{{- include "awd.pin" (list $webhook "cert_dir" "/etc/appwrapper-dispatcher-webhook" "webhook.cert_dir") -}}
+{{- end -}}
+{{- if not (hasKey $webhook "port") -}}
+{{- $_ := set $webhook "port" 9443 -}}
+{{- end -}}
+{{- if not (hasKey $cfg "health_port") -}}
+{{- $_ := set $cfg "health_port" 8081 -}}
+{{- end -}}
+{{- if eq (int $cfg.health_port) 0 -}}
+{{- fail "config.health_port 0 turns off /healthz, which the pods' probes and the metrics Service use: pick a port" -}}
+{{- end -}}
+{{- if eq (int $webhook.port) 0 -}}
+{{- fail "config.webhook.port 0 (any free port) cannot be named by the webhook Service: pick a port" -}}
+{{- end -}}
+{{- $_ := set $cfg "webhook" $webhook -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/*
+The rules for the wrapped kinds: one per kind of config.allowed_kinds, from
+rbac.wrappedKinds. get to adopt an object that exists already (after a restart) and to read
+completion, create to dispatch, delete on requeue, failure, preemption and AppWrapper
+deletion; list and watch for the kinds whose completion is watched. Never update or patch.
+*/}}
+{{- define "awd.wrappedRules" -}}
+{{- $table := .Values.rbac.wrappedKinds | default dict -}}
+{{- $kinds := .Values.config.allowed_kinds | default list -}}
+{{- if not $kinds -}}
+{{- fail "config.allowed_kinds is empty: list the kinds AppWrappers may wrap (the chart's values.yaml has the default list)" -}}
+{{- end -}}
+{{- range $kind := $kinds | uniq | sortAlpha }}
+{{- $entry := get $table $kind -}}
+{{- if not $entry -}}
+{{- fail (printf "config.allowed_kinds names %s, which rbac.wrappedKinds does not place: add rbac.wrappedKinds.%s with its apiGroups and resources (and watch: true if it reports completion)" $kind $kind) -}}
+{{- end }}
+# {{ $kind }}
+- apiGroups: {{ toJson $entry.apiGroups }}
+  resources: {{ toJson $entry.resources }}
+  verbs: {{ if $entry.watch }}["get", "list", "watch", "create", "delete"]{{ else }}["get", "create", "delete"]{{ end }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A list of strings as CEL string literals, comma-separated. Usernames are refused unless they
+are plain (letters, digits and -_.:@), so no quote can end a literal early.
+*/}}
+{{- define "awd.celStrings" -}}
+{{- $out := list -}}
+{{- range . -}}
+{{- if not (regexMatch "^[A-Za-z0-9:@._-]+$" .) -}}
+{{- fail (printf "statusPolicy.extraWriters: %q is not a plain username (letters, digits and -_.:@)" .) -}}
+{{- end -}}
+{{- $out = append $out (printf "'%s'" .) -}}
+{{- end -}}
+{{- join ", " $out -}}
+{{- end -}}
