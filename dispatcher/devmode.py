@@ -110,16 +110,19 @@ def probe_configuration(port: int, token: str) -> dict[str, Any]:
     }
 
 
-async def probe_loopback(client: KubeClient, port: int, *, seconds: float = PROBE_SECONDS) -> Probe:
+async def probe_loopback(
+    client: KubeClient, port: int, *, seconds: float = PROBE_SECONDS, listen_on: str = "127.0.0.1"
+) -> Probe:
     """Whether the API server behind `client` can open a connection to this machine's
-    127.0.0.1:`port` (nothing else listens there meanwhile)."""
+    127.0.0.1:`port` (the probe listens there meanwhile: on `listen_on`, which only a test
+    changes, to play an API server that cannot reach it)."""
     reached = asyncio.Event()
 
     async def accepted(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         reached.set()
         writer.close()  # the TLS handshake fails; the probe's policy ignores that
 
-    server = await asyncio.start_server(accepted, "127.0.0.1", port)
+    server = await asyncio.start_server(accepted, listen_on, port)
     token = secrets.token_hex(8)
     configuration = probe_configuration(port, token)
     name = configuration["metadata"]["name"]
@@ -188,21 +191,21 @@ def announcement(config: Config, probe: Probe) -> list[str]:
     ]
     if probe.reached:
         lines += [
-            f"- admission webhook: https://127.0.0.1:{probe.port}, registered as the Mutating-"
-            f" and ValidatingWebhookConfiguration {DEV_NAME} (failurePolicy: Fail; removed",
-            "  when this stops; after a kill -9, remove them yourself:",
-            f"  kubectl delete mutatingwebhookconfiguration,validatingwebhookconfiguration"
-            f" {DEV_NAME})",
-            f"- its CA, certificate and record-signing key: Secret {SECRET_NAMESPACE}/{DEV_NAME}"
-            " (kept, so the next --dev run verifies",
-            f"  today's records; kubectl -n {SECRET_NAMESPACE} delete secret {DEV_NAME})",
-            f"- unattributed: {config.unattributed}; who created each AppWrapper is recorded"
-            " and their rights are checked.",
+            f"- admission webhook: served on https://127.0.0.1:{probe.port}, registered as the",
+            f"  Mutating- and ValidatingWebhookConfiguration {DEV_NAME} (failurePolicy: Fail),",
+            "  removed when this stops; after a kill -9, remove them yourself:",
+            "  kubectl delete mutatingwebhookconfiguration,validatingwebhookconfiguration"
+            f" {DEV_NAME}",
+            f"- its CA, certificate and record-signing key: Secret {SECRET_NAMESPACE}/{DEV_NAME},",
+            "  kept so that the next --dev run verifies this one's records",
+            f"  (kubectl -n {SECRET_NAMESPACE} delete secret {DEV_NAME})",
+            f"- unattributed: {config.unattributed}: who created each AppWrapper is recorded and"
+            " their rights checked",
         ]
         if not config.webhook.client_ca_file:
             lines.append(
                 "- the webhook answers any process of this machine that calls its port"
-                " (webhook.client_ca_file unset)."
+                " (webhook.client_ca_file unset)"
             )
     else:
         lines += [

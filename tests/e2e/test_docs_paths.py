@@ -32,7 +32,14 @@ import pytest
 import pytest_asyncio
 
 from dispatcher.core.admission import SIGNATURE, USER
-from dispatcher.devmode import DEV_NAME, INSTALLED_NAME, SECRET_NAMESPACE
+from dispatcher.devmode import (
+    DEV_NAME,
+    INSTALLED_NAME,
+    SECRET_NAMESPACE,
+    free_loopback_port,
+    probe_loopback,
+)
+from dispatcher.kube.client import KubeClient
 from dispatcher.testing.docblocks import Block, blocks, without_comment
 from dispatcher.testing.localcluster import LocalCluster
 from dispatcher.testing.waits import async_wait_until
@@ -244,9 +251,7 @@ async def test_readme_trial_on_an_existing_cluster(
         assert aw["status"]["state"] == "Completed"
         annotations = aw["metadata"].get("annotations") or {}
         if reaches_loopback(cluster):
-            assert f"registered as the Mutating- and ValidatingWebhookConfiguration {DEV_NAME}" in (
-                log
-            ), log
+            assert f"ValidatingWebhookConfiguration {DEV_NAME} (failurePolicy: Fail)" in log, log
             assert "NO ADMISSION WEBHOOK" not in log
             assert USER in annotations, annotations
             assert SIGNATURE in annotations, annotations
@@ -348,3 +353,33 @@ async def test_manifests_install_commands(shell: Shell) -> None:
         "customresourcedefinition.apiextensions.k8s.io/appwrappers.workload.codeflare.dev"
         in (outputs["kubectl apply -f crds/"])
     )
+
+
+@pytest.mark.parametrize(
+    ("listen_on", "want_reached"),
+    [
+        pytest.param("127.0.0.1", True, id="api-server-on-this-machine"),
+        # 127.0.0.2 is this machine too, but not the address the probe sends the API server
+        # to: a connection there is refused, as it is inside kind's container.
+        pytest.param("127.0.0.2", False, id="api-server-elsewhere"),
+    ],
+)
+async def test_dev_probe_tells_whether_the_api_server_reaches_this_machine(
+    cluster: Any, listen_on: str, want_reached: bool
+) -> None:
+    if not reaches_loopback(cluster):
+        pytest.skip("the API server of this cluster runs elsewhere: both would be unreached")
+    client = await KubeClient.connect(kubeconfig=str(cluster.kubeconfig), name="probe-test")
+    try:
+        probe = await probe_loopback(client, free_loopback_port(), listen_on=listen_on, seconds=2)
+    finally:
+        await client.close()
+    assert probe.reached is want_reached
+    assert probe.problem == (
+        "" if want_reached else f"no call reached 127.0.0.1:{probe.port} within 2s"
+    )
+    leftover = await cluster.akubectl(
+        "get", "validatingwebhookconfiguration", f"{DEV_NAME}-probe", "--ignore-not-found",
+        "-o", "name",
+    )  # fmt: skip
+    assert leftover.stdout.strip() == ""
