@@ -14,12 +14,17 @@ kubeconfig's user. Either way it says so, loudly, before it starts.
 
 It refuses to start where the manifests' webhook configurations (`appwrapper-dispatcher`)
 exist: a dispatcher is installed there, and a second one would count capacity without the
-first one's reservations. Its own configurations (`appwrapper-dispatcher-dev`) are removed
-when it stops; its Secret (`default/appwrapper-dispatcher-dev`: CA, serving certificate,
-record-signing key) is kept, so records signed in one trial verify in the next.
+first one's reservations. What it made is removed when it stops: its webhook configurations
+(`appwrapper-dispatcher-dev`) and its Secret (`default/appwrapper-dispatcher-dev`: CA,
+serving certificate, record-signing key). A record signed in one run so never verifies in
+another: a record some local process obtained from the port (it answers any caller on this
+machine) cannot be stored on an AppWrapper between runs, while no webhook overwrites it, and
+be honoured by the next run. An AppWrapper still queued at the stop ends `Forbidden` in the
+next run: apply it again.
 
 Side effects: a TCP listener on 127.0.0.1 for the probe; creates and deletes webhook
-configurations in the hub; dry-run creates of a ConfigMap; prints to stderr; then `run`.
+configurations in the hub, and deletes its Secret at the end; dry-run creates of a
+ConfigMap; prints to stderr; then `run`.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import structlog
 
 from dispatcher.app import connect_hub, serve_forever
 from dispatcher.config import Config
-from dispatcher.kube.certs import MUTATING, VALIDATING
+from dispatcher.kube.certs import MUTATING, SECRETS, VALIDATING
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import KubeError, NotFound
 from dispatcher.kube.preflight import StartRefused
@@ -195,10 +200,10 @@ def announcement(config: Config, probe: Probe) -> list[str]:
             f"  Mutating- and ValidatingWebhookConfiguration {DEV_NAME} (failurePolicy: Fail),",
             "  removed when this stops; after a kill -9, remove them yourself:",
             "  kubectl delete mutatingwebhookconfiguration,validatingwebhookconfiguration"
-            f" {DEV_NAME}",
+            f" {DEV_NAME}; kubectl -n {SECRET_NAMESPACE} delete secret {DEV_NAME}",
             f"- its CA, certificate and record-signing key: Secret {SECRET_NAMESPACE}/{DEV_NAME},",
-            "  kept so that the next --dev run verifies this one's records",
-            f"  (kubectl -n {SECRET_NAMESPACE} delete secret {DEV_NAME})",
+            "  deleted when this stops (AppWrappers still queued then are refused by the next",
+            "  run: they carry a record it cannot verify)",
             f"- unattributed: {config.unattributed}: who created each AppWrapper is recorded and"
             " their rights checked",
         ]
@@ -259,13 +264,23 @@ async def _register(client: KubeClient, port: int) -> list[str]:
 
 
 async def _unregister(client: KubeClient, say: Say) -> None:
-    for info in (MUTATING, VALIDATING):
+    """Remove what --dev made: its webhook configurations, then its Secret."""
+    left = []
+    for info, namespace in ((MUTATING, None), (VALIDATING, None), (SECRETS, SECRET_NAMESPACE)):
         try:
-            await client.delete(info, None, DEV_NAME)
+            await client.delete(info, namespace, DEV_NAME)
         except (KubeError, OSError) as exc:
-            say(f"--dev: could not remove {info.kind} {DEV_NAME}: {exc}; remove it yourself")
-            continue
-    say(f"--dev: removed the webhook configurations {DEV_NAME}")
+            left.append(
+                f"{info.kind.lower()} {DEV_NAME}" + (f" -n {namespace}" if namespace else "")
+            )
+            say(f"--dev: could not remove {info.kind} {DEV_NAME}: {exc}")
+    if left:
+        say(f"--dev: remove them yourself: {'; '.join(f'kubectl delete {x}' for x in left)}")
+    else:
+        say(
+            f"--dev: removed the webhook configurations {DEV_NAME} and the Secret"
+            f" {SECRET_NAMESPACE}/{DEV_NAME}"
+        )
 
 
 async def serve_dev(config: Config, *, say: Say = _stderr) -> None:
@@ -281,6 +296,8 @@ async def serve_dev(config: Config, *, say: Say = _stderr) -> None:
         notes: list[str] = []
         if probe.reached:
             registered = True
+            # A Secret left by a killed run goes too: records verify within one run only.
+            await client.delete(SECRETS, SECRET_NAMESPACE, DEV_NAME)
             notes = await _register(client, probe.port)
         lines = announcement(running, probe)
         for line in [*lines[:-1], *notes, lines[-1]]:

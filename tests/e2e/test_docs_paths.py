@@ -268,8 +268,12 @@ async def test_readme_trial_on_an_existing_cluster(
     code, log = await shell.stop()
     assert code == 0, log
     if reaches_loopback(cluster):
-        assert f"removed the webhook configurations {DEV_NAME}" in log
+        assert f"removed the webhook configurations {DEV_NAME} and the Secret" in log
     assert await dev_configurations(cluster) == []
+    secret = await cluster.akubectl(
+        "get", "secret", DEV_NAME, "-n", SECRET_NAMESPACE, "--ignore-not-found", "-o", "name"
+    )
+    assert secret.stdout.strip() == ""
 
 
 async def test_operations_trial_starts_and_stops_clean(shell: Shell, cluster: Any) -> None:
