@@ -1,5 +1,6 @@
-"""Command line: `appwrapper-dispatcher run [--config FILE] [flags]`. Side effects: runs the
-dispatcher until stopped."""
+"""Command line: `appwrapper-dispatcher run [--config FILE] [--dev] [flags]`. Side effects:
+runs the dispatcher until stopped (with --dev, see devmode.py, after registering its webhook
+on 127.0.0.1 for the run)."""
 
 from __future__ import annotations
 
@@ -43,13 +44,22 @@ def parser() -> argparse.ArgumentParser:
         dest="webhook_cert_dir",
         help="serve the webhook with tls.crt/tls.key from this directory (cert-manager)",
     )
+    run.add_argument(
+        "--dev",
+        action="store_true",
+        help="for trying it out from this machine: serve the webhook on 127.0.0.1 and register "
+        "it while running, or, where the API server cannot reach this machine, dispatch "
+        "unattributed AppWrappers with this kubeconfig's rights (it says which)",
+    )
     return root
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     overrides: dict[str, Any] = {
-        k: v for k, v in vars(args).items() if k not in ("command", "config", "webhook_cert_dir")
+        k: v
+        for k, v in vars(args).items()
+        if k not in ("command", "config", "webhook_cert_dir", "dev")
     }
     try:
         config = load_config(args.config, overrides)
@@ -60,10 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"appwrapper-dispatcher: bad configuration: {exc}", file=sys.stderr)
         return 2
     configure_logging(level=config.log_level, fmt=config.log_format)
-    from dispatcher.app import serve_forever  # deferred: keeps --help fast
+    # deferred: keeps --help fast
+    from dispatcher.app import serve_forever
+    from dispatcher.devmode import serve_dev
 
     try:
-        asyncio.run(serve_forever(config))
+        asyncio.run(serve_dev(config) if args.dev else serve_forever(config))
     except KeyboardInterrupt:
         return 130
     except StartRefused as exc:

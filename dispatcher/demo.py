@@ -21,9 +21,9 @@ import yaml
 
 from dispatcher.app import running
 from dispatcher.config import Config, MemberConfig, WebhookConfig
+from dispatcher.kube.registration import webhook_configurations
 from dispatcher.logs import configure_logging
 from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
-from dispatcher.testing.manifests import webhook_configurations
 
 SAMPLES = [
     "ray-glue-1.yaml",

@@ -25,6 +25,7 @@ from dispatcher.config import WebhookConfig
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.certs import MUTATING
 from dispatcher.kube.errors import Forbidden, Gone, KubeError, NotFound
+from dispatcher.kube.webhook import MUTATE_PATH, VALIDATE_PATH
 
 RETRY_SECONDS = 1.0
 WATCH_SECONDS = 300
@@ -162,3 +163,48 @@ class Registration:
                 await self._read()
             except (KubeError, OSError) as exc:
                 self.log.warning("webhook_registration_read_failed", error=str(exc)[:200])
+
+
+def webhook_configurations(
+    name: str, port: int, *, namespace: str | None = None, failure_policy: str = "Fail"
+) -> list[dict[str, Any]]:
+    """The dispatcher's mutating and validating webhook configurations, for a dispatcher
+    serving on 127.0.0.1:`port` (outside the cluster: a URL, not a Service), limited to
+    `namespace` when given. The dispatcher writes their caBundle."""
+    rules = [
+        {
+            "apiGroups": ["workload.codeflare.dev"],
+            "apiVersions": ["v1beta1"],
+            "resources": ["appwrappers"],
+            "operations": ["CREATE", "UPDATE"],
+        }
+    ]
+    common: dict[str, Any] = {
+        "rules": rules,
+        "failurePolicy": failure_policy,
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": 10,
+    }
+    if namespace is not None:
+        common["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    made = []
+    for kind, path, extra in (
+        ("MutatingWebhookConfiguration", MUTATE_PATH, {"reinvocationPolicy": "IfNeeded"}),
+        ("ValidatingWebhookConfiguration", VALIDATE_PATH, {}),
+    ):
+        webhook = {
+            "name": f"{path.strip('/')}.workload.codeflare.dev",
+            "clientConfig": {"url": f"https://127.0.0.1:{port}{path}"},
+            **common,
+            **extra,
+        }
+        made.append(
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": kind,
+                "metadata": {"name": name},
+                "webhooks": [webhook],
+            }
+        )
+    return made

@@ -11,6 +11,9 @@ import yaml
 
 from dispatcher.api.constants import API_VERSION, KIND, LABEL_QUEUE
 
+# The webhook configurations are built at run time too (`run --dev`); kept importable here.
+from dispatcher.kube.registration import webhook_configurations as webhook_configurations
+
 
 def appwrapper(
     name: str,
@@ -172,51 +175,6 @@ def service(name: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"selector": {"app": name}, "ports": [{"port": 80}]},
     }
-
-
-def webhook_configurations(
-    name: str, port: int, *, namespace: str | None = None, failure_policy: str = "Fail"
-) -> list[dict[str, Any]]:
-    """The dispatcher's mutating and validating webhook configurations, for a dispatcher
-    serving on 127.0.0.1:`port` (outside the cluster: a URL, not a Service), limited to
-    `namespace` when given. The dispatcher writes their caBundle."""
-    rules = [
-        {
-            "apiGroups": ["workload.codeflare.dev"],
-            "apiVersions": ["v1beta1"],
-            "resources": ["appwrappers"],
-            "operations": ["CREATE", "UPDATE"],
-        }
-    ]
-    common: dict[str, Any] = {
-        "rules": rules,
-        "failurePolicy": failure_policy,
-        "sideEffects": "None",
-        "admissionReviewVersions": ["v1"],
-        "timeoutSeconds": 10,
-    }
-    if namespace is not None:
-        common["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-    made = []
-    for kind, path, extra in (
-        ("MutatingWebhookConfiguration", "/mutate-appwrapper", {"reinvocationPolicy": "IfNeeded"}),
-        ("ValidatingWebhookConfiguration", "/validate-appwrapper", {}),
-    ):
-        webhook = {
-            "name": f"{path.strip('/')}.workload.codeflare.dev",
-            "clientConfig": {"url": f"https://127.0.0.1:{port}{path}"},
-            **common,
-            **extra,
-        }
-        made.append(
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": kind,
-                "metadata": {"name": name},
-                "webhooks": [webhook],
-            }
-        )
-    return made
 
 
 STATUS_POLICY = Path(__file__).resolve().parents[2] / "manifests" / "status-policy.yaml"
