@@ -31,8 +31,13 @@ COPY requirements/image.txt /tmp/image.txt
 RUN pip install --no-cache-dir --require-hashes --only-binary :all: -r /tmp/image.txt \
     && rm /tmp/image.txt
 COPY --from=wheel /wheels /tmp/wheels
+# Then every module of the package imported once, so that a dependency the lock lacks fails
+# the build, not the pod.
 RUN pip install --no-cache-dir --no-deps /tmp/wheels/*.whl \
     && rm -rf /tmp/wheels \
+    && python -c "import importlib, pkgutil, dispatcher; [importlib.import_module(m.name) \
+       for m in pkgutil.walk_packages(dispatcher.__path__, 'dispatcher.') \
+       if m.name != 'dispatcher.__main__']" \
     && appwrapper-dispatcher --version \
     && useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin dispatcher
 USER 65532

@@ -23,6 +23,7 @@ from tests.unit.test_runtime_imports import PACKAGE_DIR, left_out, module_name
 
 ROOT = PACKAGE_DIR.parent
 LOCK = ROOT / "requirements" / "image.txt"
+AGAIN = "regenerate requirements/image.txt with the pip-compile command at its top"
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
 
 
@@ -86,7 +87,7 @@ def test_the_lock_names_every_runtime_dependency_of_setup_cfg_at_an_allowed_vers
         if canonicalize_name(req.name) not in pins
         or not req.specifier.contains(pins[canonicalize_name(req.name)][0], prereleases=True)
     }
-    assert wrong == {}
+    assert wrong == {}, AGAIN
 
 
 def test_the_lock_holds_every_dependency_of_what_it_locks() -> None:
@@ -113,7 +114,7 @@ def test_the_lock_holds_every_dependency_of_what_it_locks() -> None:
                 if dep not in pins:
                     missing.add(f"{dep} (needed by {name})")
                 todo.append(dep)
-    assert missing == set()
+    assert missing == set(), AGAIN
 
 
 def third_party_imports() -> dict[str, str]:
@@ -148,7 +149,7 @@ def test_every_module_the_runtime_imports_comes_from_a_locked_distribution() -> 
         for top, module in imports.items()
         if not any(canonicalize_name(dist) in pins for dist in owners.get(top, []))
     }
-    assert unlocked == {}
+    assert unlocked == {}, "add the distribution to setup.cfg install_requires, then " + AGAIN
 
 
 def test_the_dockerfile_installs_the_lock_and_leaves_testing_and_the_demo_out() -> None:
