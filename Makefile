@@ -5,8 +5,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CACHE_DIR ?= $(HOME)/.cache/appwrapper-dispatcher
 export APPWRAPPER_CACHE_DIR := $(CACHE_DIR)
+# The release, written once: setup.cfg `version` (dispatcher.__version__ reads it back from the
+# installed package); the image is tagged with it.
+VERSION ?= $(shell sed -n 's/^version *= *//p' setup.cfg)
+IMAGE ?= appwrapper-dispatcher:$(VERSION)
 
-.PHONY: all venv testenv lint typecheck unit test demo demo-multi bench conformance clean
+.PHONY: all venv testenv lint typecheck unit test demo demo-multi bench conformance image clean
 
 all: test
 
@@ -97,6 +101,35 @@ chart-test: venv testenv
 	helm="$$(bash testenv/build-helm.sh)" && \
 	  "$$helm" lint --strict charts/appwrapper-dispatcher && \
 	  APPWRAPPER_HELM="$$helm" $(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/test_chart.py
+
+# The image (Dockerfile) tagged $(IMAGE), with the first builder found: CONTAINER_BUILDER if
+# set, else docker (if its daemon answers), podman, buildah. None: says so and fails. Push it
+# where the nodes pull from and name it in the manifests (manifests/README.md, "The image").
+CONTAINER_BUILDER ?=
+image:
+	@builder='$(CONTAINER_BUILDER)'; \
+	if [ -z "$$builder" ]; then \
+	  if command -v docker >/dev/null && docker info >/dev/null 2>&1; then builder=docker; \
+	  elif command -v podman >/dev/null; then builder=podman; \
+	  elif command -v buildah >/dev/null; then builder=buildah; \
+	  elif command -v docker >/dev/null; then \
+	    echo "make image: docker is installed but its daemon does not answer (docker info failed)," \
+	      "and neither podman nor buildah is installed: start the daemon, or install podman" \
+	      "or buildah (CONTAINER_BUILDER=podman|buildah to choose one)" >&2; exit 1; \
+	  else \
+	    echo "make image: no container builder: install docker, podman or buildah" \
+	      "(CONTAINER_BUILDER=docker|podman|buildah to choose one); the dispatcher itself" \
+	      "runs without an image: .venv/bin/appwrapper-dispatcher run (README.md)" >&2; exit 1; \
+	  fi; \
+	fi; \
+	case "$$builder" in \
+	  docker|podman) build="$$builder build" ;; \
+	  buildah) build="buildah build" ;; \
+	  *) echo "make image: CONTAINER_BUILDER=$$builder: not docker, podman or buildah" >&2; exit 1 ;; \
+	esac; \
+	command -v "$$builder" >/dev/null || { echo "make image: $$builder is not installed" >&2; exit 1; }; \
+	echo "$$build --build-arg VERSION=$(VERSION) -t $(IMAGE) ."; \
+	$$build --build-arg VERSION=$(VERSION) -t $(IMAGE) . && echo "built $(IMAGE)"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

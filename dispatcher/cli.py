@@ -24,7 +24,7 @@ def parser() -> argparse.ArgumentParser:
         prog="appwrapper-dispatcher",
         description="Gang dispatch of AppWrappers onto Kubernetes clusters.",
     )
-    root.add_argument("--version", action="version", version=__version__)
+    root.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = root.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the dispatcher until SIGTERM")
     run.add_argument("--config", type=Path, help="YAML settings file (see docs/operations.md)")
