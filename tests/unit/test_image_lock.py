@@ -13,7 +13,7 @@ import ast
 import configparser
 import re
 import sys
-from importlib.metadata import PackageNotFoundError, packages_distributions, requires
+from importlib.metadata import PackageNotFoundError, packages_distributions, requires, version
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -93,7 +93,9 @@ def test_the_lock_names_every_runtime_dependency_of_setup_cfg_at_an_allowed_vers
 def test_the_lock_holds_every_dependency_of_what_it_locks() -> None:
     # pip --require-hashes refuses to install a dependency the file does not name, so the lock
     # must be closed; read from the installed distributions' metadata (this interpreter is the
-    # image's Python on Linux, so markers evaluate as there).
+    # image's Python on Linux, so markers evaluate as there). Only where the installed version
+    # is the locked one: `make venv` takes the newest each dependency allows, whose own
+    # dependencies may differ from the locked version's, and the lock is judged on its own.
     pins = lock()
     missing: set[str] = set()
     seen: set[str] = set()
@@ -104,6 +106,8 @@ def test_the_lock_holds_every_dependency_of_what_it_locks() -> None:
             continue
         seen.add(name)
         try:
+            if name in pins and version(name) != pins[name][0]:
+                continue  # another version installed: its requirements say nothing of the lock
             reqs = [Requirement(text) for text in requires(name) or []]
         except PackageNotFoundError:
             missing.add(f"{name} (not installed here: make venv)")
