@@ -66,6 +66,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.webhook_cert_dir:
             webhook = config.webhook.model_copy(update={"cert_dir": args.webhook_cert_dir})
             config = config.model_copy(update={"webhook": webhook})
+        missing = [
+            f"{what} {path}: no such file"
+            for what, path in [
+                ("kubeconfig", config.kubeconfig),
+                *((f"members[{m.name}].kubeconfig", m.kubeconfig) for m in config.members),
+            ]
+            if path and not Path(path).expanduser().is_file()
+        ]
+        if missing:
+            raise ValueError("; ".join(missing))
     except (ValidationError, ValueError, OSError) as exc:
         print(f"appwrapper-dispatcher: bad configuration: {exc}", file=sys.stderr)
         return 2
