@@ -23,6 +23,9 @@ from tests.e2e.conftest import wait_established
 
 pytestmark = pytest.mark.cluster
 
+# Not "appwrappers"/"AppWrapper": kubectl resolves a plural or kind name across every group,
+# and the other tests of this process say `kubectl get aw` and `appwrappers`.
+KIND, PLURAL = "PreflightWrapper", "preflightwrappers"
 SCHEMA = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
 
 
@@ -31,10 +34,10 @@ def theirs_crd(group: str, versions: list[tuple[str, bool, bool]]) -> dict[str, 
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"appwrappers.{group}"},
+        "metadata": {"name": f"{PLURAL}.{group}"},
         "spec": {
             "group": group,
-            "names": {"kind": "AppWrapper", "plural": "appwrappers", "singular": "appwrapper"},
+            "names": {"kind": KIND, "plural": PLURAL, "singular": PLURAL[:-1]},
             "scope": "Namespaced",
             "versions": [
                 {"name": name, "served": served, "storage": storage, "schema": SCHEMA}
@@ -60,14 +63,14 @@ async def test_a_crd_that_stores_v1beta2_stops_the_start(
     await check_appwrapper_crd(client)
 
     group = f"preflight-{uuid.uuid4().hex[:6]}.example.com"
-    name = f"appwrappers.{group}"
+    name = f"{PLURAL}.{group}"
     try:
         # As the AppWrapper v1beta2 controller installs it, with one object stored.
         cluster.kubectl(
             "apply", "-f", "-", input=json.dumps(theirs_crd(group, [("v1beta2", True, True)]))
         )
         wait_established(cluster, name)
-        theirs = {"apiVersion": f"{group}/v1beta2", "kind": "AppWrapper", "metadata": {"name": "x"}}
+        theirs = {"apiVersion": f"{group}/v1beta2", "kind": KIND, "metadata": {"name": "x"}}
         cluster.kubectl("apply", "-n", "default", "-f", "-", input=json.dumps(theirs))
         with pytest.raises(StartRefused) as refused:
             await check_appwrapper_crd(client, name=name)
