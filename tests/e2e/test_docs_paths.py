@@ -46,7 +46,7 @@ from dispatcher.testing.waits import async_wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 DOC_FILES = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
-DOC_FILES += ["manifests/README.md"]
+DOC_FILES += ["manifests/README.md", "charts/appwrapper-dispatcher/README.md"]
 
 README_TRIAL = ("README.md", "Using an existing cluster instead of the local control plane")
 OPERATIONS_TRIAL = ("docs/operations.md", "Two ways to run it")
@@ -68,9 +68,15 @@ PLACEHOLDER = "names placeholders (NS, NAME) for the reader to fill in"
 NOT_RUN = {
     "make demo": "the demo starts a control plane of its own, for minutes (make demo)",
     "make test": "the whole suite; this test is part of it",
-    "docker build -t registry.example.com/appwrapper-dispatcher:v0.1.0 .": "no container "
-    "builder on the test machine",
-    "docker push registry.example.com/appwrapper-dispatcher:v0.1.0": "no registry to push to",
+    "make image IMAGE=registry.example.com/appwrapper-dispatcher:0.1.0": "no container "
+    "builder on the test machine, and the base image's registry is out of its reach "
+    "(tests/unit/test_image_lock.py and test_runtime_imports.py check what the image holds)",
+    "docker push registry.example.com/appwrapper-dispatcher:0.1.0": "no registry to push to",
+    "helm install appwrapper-dispatcher charts/appwrapper-dispatcher   --namespace "
+    "appwrapper-system --create-namespace --set "
+    "image.repository=registry.example.com/appwrapper-dispatcher --set image.tag=0.1.0": "helm "
+    "is a tool users run, built and used by make chart-test, whose tests/e2e/test_chart.py "
+    "installs the chart this way (replicas 0: no image can be pulled here)",
     "cd /etc/kubernetes/pki": "kubeadm's control-plane node only; the local control plane "
     "makes the same client certificate itself (dispatcher/testing/pki.py)",
     "openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=webhook-client-ca "
