@@ -38,7 +38,12 @@ from dispatcher.core.admission import USER
 from dispatcher.testing.localcluster import LocalCluster, free_port
 from dispatcher.testing.waits import wait_until
 from tests.e2e.conftest import wait_established
-from tests.e2e.test_manifests import DispatcherProcess, http_get, port_open
+from tests.e2e.test_manifests import (
+    DispatcherProcess,
+    http_get,
+    port_open,
+    service_account_kubeconfig,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "appwrapper-dispatcher"
@@ -447,27 +452,6 @@ def test_one_replica_may_run_without_leader_election() -> None:
 # -- installed into the local control plane -----------------------------------------------
 
 
-def service_account_kubeconfig(cluster: Any, namespace: str, account: str, path: Path) -> Path:
-    """A kubeconfig for the same server that authenticates as `account` of `namespace`."""
-    token = cluster.kubectl(
-        "create", "token", account, "-n", namespace, "--duration=1h"
-    ).stdout.strip()
-    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
-    current = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])
-    server = next(c for c in admin["clusters"] if c["name"] == current["context"]["cluster"])
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "hub", "cluster": server["cluster"]}],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": "hub", "context": {"cluster": "hub", "user": account}}],
-        "current-context": "hub",
-    }
-    path.write_text(json.dumps(config))
-    path.chmod(0o600)
-    return path
-
-
 @pytest.fixture
 def release(cluster: Any) -> Iterator[tuple[str, str]]:
     """The chart installed as release `chart-e2e` in a namespace of its own, replicas 0;
@@ -562,7 +546,9 @@ def test_installed_chart_runs_the_sample(
     config["webhook"].update(host="127.0.0.1", port=webhook_port, extra_names=["127.0.0.1"])
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(config))
-    kubeconfig = service_account_kubeconfig(cluster, system, full, tmp_path / "sa-kubeconfig")
+    kubeconfig = service_account_kubeconfig(
+        cluster, tmp_path / "sa-kubeconfig", namespace=system, account=full
+    )
 
     send_webhook_here(cluster, full, webhook_port, work)
     cluster.kubectl("create", "namespace", work)

@@ -642,10 +642,17 @@ def test_rbac_has_no_secrets_rule_and_no_wildcards() -> None:
 # -- (c) the real dispatcher runs with exactly these permissions ---------------------------
 
 
-def service_account_kubeconfig(cluster: Any, path: Path) -> Path:
-    """A kubeconfig for the same server that authenticates as the dispatcher's ServiceAccount."""
+def service_account_kubeconfig(
+    cluster: Any,
+    path: Path,
+    *,
+    namespace: str = SYSTEM_NAMESPACE,
+    account: str = SERVICE_ACCOUNT,
+) -> Path:
+    """A kubeconfig for the same server that authenticates as ServiceAccount `account` of
+    `namespace` (the dispatcher's, unless told otherwise)."""
     token = cluster.kubectl(
-        "create", "token", SERVICE_ACCOUNT, "-n", SYSTEM_NAMESPACE, "--duration=1h"
+        "create", "token", account, "-n", namespace, "--duration=1h"
     ).stdout.strip()
     admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
     current = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])
@@ -654,8 +661,8 @@ def service_account_kubeconfig(cluster: Any, path: Path) -> Path:
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "hub", "cluster": server["cluster"]}],
-        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
-        "contexts": [{"name": "hub", "context": {"cluster": "hub", "user": SERVICE_ACCOUNT}}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "hub", "context": {"cluster": "hub", "user": account}}],
         "current-context": "hub",
     }
     path.write_text(json.dumps(config))
