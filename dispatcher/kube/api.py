@@ -71,6 +71,7 @@ class KubeApi(Protocol):
         resource_version: str,
         timeout_seconds: int = 300,
         query: Mapping[str, str] | None = None,
+        namespace: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]: ...
 
 

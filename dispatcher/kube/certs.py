@@ -22,7 +22,6 @@ import ssl
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -55,17 +54,6 @@ MAX_ATTEMPTS = 10
 moving towards what we want anyway, and the next check goes on from there."""
 MIN_WAIT = 0.1
 WATCHED = ("ADDED", "MODIFIED", "DELETED")
-
-
-@dataclass(frozen=True, slots=True)
-class _InNamespace(ResourceInfo):
-    """A kind watched in one namespace: the client's watch is cluster-wide otherwise, which
-    the dispatcher may not do on Secrets (its Role names its one Secret)."""
-
-    namespace: str = ""
-
-    def path(self, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
-        return ResourceInfo.path(self, namespace or self.namespace, name, sub)
 
 
 def _decode(secret: dict[str, Any]) -> CertState:
@@ -164,17 +152,17 @@ class WebhookCerts:
     async def _watch(self, changed: asyncio.Event) -> NoReturn:
         """Set `changed` at each change of the Secret. Only a hint: a watch that cannot be
         made (an older Role without list and watch) leaves the periodic check."""
-        info = _InNamespace(
-            SECRETS.group_version, SECRETS.kind, SECRETS.plural, True, self.config.namespace
-        )
+        namespace = self.config.namespace
         query = {"fieldSelector": f"metadata.name={self.config.secret_name}"}
         while True:
             try:
                 # List, check, then watch from the list: nothing changed in between is missed.
-                listed = await self.client.list(info, self.config.namespace, query=query)
+                listed = await self.client.list(SECRETS, namespace, query=query)
                 version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
                 changed.set()
-                async for event in self.client.watch(info, resource_version=version, query=query):
+                async for event in self.client.watch(
+                    SECRETS, resource_version=version, query=query, namespace=namespace
+                ):
                     if event.get("type") in WATCHED:
                         changed.set()
                 continue  # the server ended it (timeout): watch again

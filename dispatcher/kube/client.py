@@ -553,8 +553,10 @@ class KubeClient:
         resource_version: str,
         timeout_seconds: int = 300,
         query: Mapping[str, str] | None = None,
+        namespace: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
-        """Yield watch events from `resource_version` with bookmarks until the server closes.
+        """Yield watch events from `resource_version` with bookmarks until the server closes;
+        cluster-wide, or in `namespace` (where a Role allows no more).
 
         Raises Gone (410) when the version is too old, so the caller relists.
         """
@@ -568,7 +570,9 @@ class KubeClient:
         # No total timeout: the server ends the watch after timeoutSeconds. A read
         # inactivity limit catches a silently dead connection.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30)
-        response = await self._send("GET", info.path(), query=params, timeout=timeout, watch=True)
+        response = await self._send(
+            "GET", info.path(namespace), query=params, timeout=timeout, watch=True
+        )
         try:
             if response.status != 200:
                 data = await response.read()

@@ -351,10 +351,16 @@ class FakeKube:
         resource_version: str,
         timeout_seconds: int = 300,
         query: Mapping[str, str] | None = None,
+        namespace: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
-        """Cluster-wide, like KubeClient.watch (whose path carries no namespace)."""
-        spec = await self._request("watch", "GET", info, None, None, watch=True)
-        selected = selector_of(query)
+        """Cluster-wide, or in `namespace`, like KubeClient.watch."""
+        spec = await self._request("watch", "GET", info, namespace, None, watch=True)
+        labels_and_fields = selector_of(query)
+
+        def selected(obj: dict[str, Any]) -> bool:
+            within = not namespace or (obj.get("metadata") or {}).get("namespace") == namespace
+            return within and labels_and_fields(obj)
+
         deadline = self.now() + timeout_seconds
         start = int(resource_version or 0)
         if start and start < self._compacted:
