@@ -6,7 +6,9 @@ why the second waits."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,6 +24,8 @@ from tests.e2e.test_quotas import get_table, one_queue, wait_message, work
 pytestmark = [pytest.mark.cluster]
 
 P = "appwrapper_dispatcher"
+DASHBOARD = Path(__file__).parents[2] / "manifests" / "grafana" / "dispatcher-dashboard.json"
+QUERIED = re.compile(r"\b(?:appwrapper_dispatcher|process|python)_[a-z_]+\b")
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -37,6 +41,19 @@ def priority_class(cluster: Any, namespace: str) -> Iterator[str]:
     cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
     yield name
     cluster.kubectl("delete", "priorityclass", name, "--ignore-not-found", check=False)
+
+
+SUFFIXES = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"], "info": ["_info"]}
+
+
+def exported_names(text: str) -> set[str]:
+    """The series names a scrape declares, those with no series yet included (a counter by
+    reason has none until the first eviction)."""
+    return {
+        family.name + suffix
+        for family in text_string_to_metric_families(text)
+        for suffix in SUFFIXES.get(family.type, [""])
+    }
 
 
 async def scrape(port: int) -> tuple[str, Samples]:
@@ -137,6 +154,8 @@ async def test_a_job_through_a_queue_is_counted_and_shown(
         assert value(samples, f"{P}_api_requests_total", **status_write) >= 1
         latency = {"verb": "PUT", "resource": "appwrappers/status"}
         assert value(samples, f"{P}_api_request_duration_seconds_count", **latency) >= 1
+        # Every series the Grafana dashboard queries is one this scrape has.
+        assert dashboard_metrics() - exported_names(text) == set()
         # The names before Kueue's stay for one release.
         assert value(samples, f"{P}_queue_pending", queue=cq) == 1
         aw = await get_aw(cluster, namespace, "batch")
@@ -147,3 +166,13 @@ async def test_a_job_through_a_queue_is_counted_and_shown(
 
 def _cpu(cq: str) -> dict[str, str]:
     return {"cohort": "", "cluster_queue": cq, "flavor": "default-flavor", "resource": "cpu"}
+
+
+def dashboard_metrics() -> set[str]:
+    """Every metric name the dashboard's panels query (and its variables read)."""
+    board = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for panel in board["panels"] for t in panel["targets"]]
+    exprs += [v["query"] for v in board["templating"]["list"] if v["type"] == "query"]
+    names = {name for expr in exprs for name in QUERIED.findall(expr)}
+    assert len(names) >= 15, names  # the parse found the queries
+    return names
