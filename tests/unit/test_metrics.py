@@ -1,4 +1,5 @@
-"""The pending status rule (core.pending) and the client's request stats."""
+"""The pending status rule (core.pending), the client's request stats, and the recorder
+as the controller drives it on the in-memory API server."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import pytest
 from dispatcher.api.models import Reason
 from dispatcher.core.pending import PendingStatus, pending_status
 from dispatcher.kube.client import RequestStats
+from dispatcher.testing.fakeenv import fake_env
+from dispatcher.testing.manifests import appwrapper, deployment
+from tests.unit.test_controller_preemption import fill_with_low
 
 ACTIVE, INADMISSIBLE = PendingStatus.ACTIVE, PendingStatus.INADMISSIBLE
 
@@ -52,3 +56,33 @@ def test_request_stats_count_codes_and_time_answers() -> None:
     assert samples[(f"{name}_bucket", "PUT", "0.025")] == 1
     assert samples[(f"{name}_bucket", "PUT", "0.05")] == 2
     assert samples[(f"{name}_bucket", "WATCH", "+Inf")] == 1
+
+
+async def test_the_recorder_counts_admissions_running_preemptions_and_evictions() -> None:
+    async with fake_env() as env:
+        await env.add_node("n1", cpu="4")
+        pods = await fill_with_low(env, ["low-a", "low-b"])  # dispatched, pods made
+        await env.set_pod_phase(pods["low-a"], "Running")
+        await env.caught_up()
+        await env.reconcile("low-a")  # Running: low-b's pods never ran
+        await env.apply(appwrapper("high", deployment("high", 1, {"cpu": "2"}), priority=10))
+        await env.reconcile("high")
+        await env.cycle()
+        await env.reconcile("low-b")  # the victim: its objects go, it is requeued
+        await env.remove_pods(pods["low-b"])
+        await env.cycle()
+
+        registry = env.manager.recorder.registry
+
+        def sample(name: str, **labels: str) -> float | None:
+            return registry.get_sample_value(f"appwrapper_dispatcher_{name}", labels)
+
+        unqueued = {"cluster_queue": "", "priority_class": ""}
+        assert sample("admitted_workloads_total", **unqueued) == 3
+        assert sample("admission_wait_time_seconds_count", **unqueued) == 3
+        assert sample("admitted_until_ready_wait_time_seconds_count", **unqueued) == 1
+        reason = "PreemptedByHigherPriority"
+        assert sample("preempted_workloads_total", preempting_cluster_queue="", reason=reason) == 1
+        assert sample("evicted_workloads_total", cluster_queue="", reason="Preempted") == 1
+        assert sample("admission_attempts_total", result="success") == 3
+        assert sample("admission_attempt_duration_seconds_count", result="success") == 3
