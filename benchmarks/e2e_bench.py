@@ -167,9 +167,9 @@ def scrape(port: int) -> dict[str, float]:
         if line.startswith("appwrapper_dispatcher_api_requests_total{"):
             labels, value = line.split("{", 1)[1].split("} ")
             parts = dict(p.split("=") for p in labels.split(","))
-            counts[f"{parts['verb'].strip(chr(34))} {parts['resource'].strip(chr(34))}"] = float(
-                value
-            )
+            # Summed over the `code` label: one count per verb and resource.
+            key = f"{parts['verb'].strip(chr(34))} {parts['resource'].strip(chr(34))}"
+            counts[key] = counts.get(key, 0) + float(value)
     return counts
 
 

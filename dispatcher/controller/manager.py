@@ -45,6 +45,7 @@ from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import Conflict, KubeError, NotFound
 from dispatcher.kube.events import EventRecorder
 from dispatcher.kube.informer import Informer
+from dispatcher.metrics import ManagerCollector, Recorder
 
 Obj = dict[str, Any]
 PRIORITY_CLASSES = ResourceInfo(
@@ -80,6 +81,7 @@ class Manager:
         self.clock = clock or SystemClock()
         self.queue = WorkQueue()
         self.events = EventRecorder(hub)
+        self.recorder = Recorder()
         # One larger than the limit is kept as a stub (models.py): its spec is never held.
         slim = slimmer(config.max_appwrapper_bytes)
         self.appwrappers = Informer(
@@ -137,6 +139,7 @@ class Manager:
             clock=self.clock,
             wrote=self.queue.add,
             quota_tree=self.quotas.tree,
+            recorder=self.recorder,
         )
         self.reconciler = Reconciler(
             config=config,
@@ -149,6 +152,7 @@ class Manager:
             wake_owner=self._wake_owner,
             quotas=self.quotas,
             admission=self.admission,
+            recorder=self.recorder,
         )
         self.upkeep = Upkeep(
             members=self.members,
@@ -176,6 +180,7 @@ class Manager:
         for member in members:
             member.capacity.on_change = self._on_capacity
             member.pods.add_handler(self._on_pod)
+        self.recorder.registry.register(ManagerCollector(self))
 
     @property
     def cycles(self) -> int:
@@ -194,6 +199,7 @@ class Manager:
         if self.fenced:
             raise RuntimeError("a fenced manager does not run again")
         self._running = asyncio.current_task()
+        self.recorder.leading(True)  # only the Lease holder runs its manager
         async with asyncio.TaskGroup() as group:
             self._group = group
             self._child(self.appwrappers.run(), "appwrappers")
@@ -276,6 +282,7 @@ class Manager:
             return
         self.fenced = True
         self.ready.clear()
+        self.recorder.leading(False)
         self.status.fence()
         self.events.fence()
         self.scheduler.fence()

@@ -101,6 +101,8 @@ class Quotas:
         self._usage: Usage = lambda: ([], [], {}, set())
         self.summaries: dict[str, QueueSummary] = {}
         """Each cluster queue as its status was last computed (metrics read it)."""
+        self.local_summaries: dict[str, QueueSummary] = {}
+        """Each AppQueue ("namespace/name") as its status was last computed (metrics)."""
         self._log = structlog.get_logger("quotas")
         for informer in [*self.informers.values(), self.namespaces]:
             informer.add_handler(self._on_change)
@@ -210,7 +212,7 @@ class Quotas:
             return
         charges, pending, local_of, releasing = self._usage()
         queues, locals_ = summarize(tree, charges, pending, local_of, releasing)
-        self.summaries = queues
+        self.summaries, self.local_summaries = queues, locals_
         now = datetime.fromtimestamp(self._clock.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for name, summary in queues.items():
             await self._write("ClusterAppQueue", None, name, summary, now)

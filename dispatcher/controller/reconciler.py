@@ -55,6 +55,7 @@ from dispatcher.core.model import Workload, pod_count
 from dispatcher.core.phase import Phase, phase_of
 from dispatcher.core.workloads import InvalidSpec
 from dispatcher.kube.errors import KubeError
+from dispatcher.metrics.recorder import Recorder
 
 Obj = dict[str, Any]
 C = cond.C
@@ -112,8 +113,10 @@ class Reconciler:
         wake_owner: Callable[[str, Obj | None, Obj | None], None],
         quotas: QuotaLookup | None = None,
         admission: Admission | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self._config = config
+        self._recorder = recorder or Recorder()
         self._admission = admission
         self._quotas = quotas or NO_QUOTAS
         self._models = models
@@ -286,6 +289,7 @@ class Reconciler:
             preempted_by=preempted_by,
         )
         await self._status.write(obj, status, [transition])
+        self._recorder.evicted(status, reason.value)
         self.forget(aw.key)
         self._log.info(
             "requeued",
@@ -504,6 +508,8 @@ class Reconciler:
         if transition is not None:
             await self._status.write(obj, status, [transition])
             self._counts_written[key] = now
+            if not progress.reached_running and status.is_true(C.RUNNING):  # Running at last
+                self._recorder.running(aw, status, _seconds_since(status.lastDispatchedAt, now))
             if verdict.verdict is Verdict.FAILED:
                 return await self._after_terminal(aw, status)  # give the capacity back
             return _soonest(poll, recheck)

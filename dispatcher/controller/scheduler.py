@@ -50,6 +50,7 @@ from dispatcher.core.scheduling import (
 )
 from dispatcher.core.scheduling.pooled import anywhere, pooled
 from dispatcher.kube.errors import Conflict, KubeError, NotFound
+from dispatcher.metrics.recorder import Recorder
 
 BATCH_SECONDS = 0.005
 EVICT_ATTEMPTS = 5
@@ -70,8 +71,10 @@ class Scheduler:
         clock: Clock,
         wrote: Callable[[str], None],
         quota_tree: Callable[[], QuotaTree] | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self._config = config
+        self._recorder = recorder or Recorder()
         self._quota_tree = quota_tree
         self._cache = cache
         self._models = models
@@ -146,6 +149,7 @@ class Scheduler:
         # The spec as written is what an admission records (and checks is still current).
         self._apply(result, snapshot.pending, now, tree)
         self._cycle_seconds = time.perf_counter() - started
+        self._recorder.cycle(self._cycle_seconds, admitted=bool(result.admits), waits=result.waits)
         self._log.debug(
             "cycle",
             cycle=self.cycles,
@@ -201,6 +205,7 @@ class Scheduler:
             for victim in victims:
                 self._cache.start(victim)
                 reason, message = self._why_evicted(victim, preempt, preemptor)
+                self._recorder.preempted(preempt.queue, reason.value)
                 self._spawn(self._evict(victim, preempt.key, message, reason), f"evict-{victim}")
 
     def _why_evicted(
@@ -268,6 +273,7 @@ class Scheduler:
                     )
                 )
                 await self._status.write(obj, status, transitions)
+                self._recorder.admitted(aw, status, self._clock.time() - decided.queued_since)
                 log.info("dispatched", priority=status.priority)
                 self._wrote(key)
         except Conflict:

@@ -22,7 +22,7 @@ import time
 import urllib.request
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -30,6 +30,7 @@ import aiohttp
 import orjson
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
+from prometheus_client import Histogram
 
 from dispatcher import __version__
 from dispatcher.kube.errors import (
@@ -61,6 +62,8 @@ _GROUP_VERSION = re.compile(
     r"(([a-z0-9]([-a-z0-9]*[a-z0-9])?)(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?v[0-9]+((alpha|beta)[0-9]+)?"
 )
 _KIND = re.compile(r"[A-Z][A-Za-z0-9]*")
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+"""Seconds (client-go's rest_client_request_duration_seconds buckets, less the longest)."""
 
 
 DEEP_DECODE_LIMIT = 11_000
@@ -194,13 +197,33 @@ class RateLimiter:
 
 @dataclass
 class RequestStats:
-    """Requests made, by verb and resource; read by benchmarks and metrics."""
+    """Requests made, by verb and resource; read by benchmarks and metrics. `answered`
+    adds, per request, the HTTP code ("<error>" when none came) and the seconds until the
+    answer's headers (for a watch: until it opened), as client-go's rest_client metrics."""
 
     counts: dict[str, int]
+    codes: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    latency: Histogram = field(
+        default_factory=lambda: Histogram(
+            "appwrapper_dispatcher_api_request_duration_seconds",
+            "Seconds from sending a request to the hub until its answer's headers.",
+            ["verb", "resource"],
+            buckets=LATENCY_BUCKETS,
+            registry=None,  # the manager's collector yields it with its own registry's
+        )
+    )
 
     def record(self, method: str, path: str, watch: bool = False) -> None:
         key = f"{'WATCH' if watch else method} {_resource_of(path)}"
         self.counts[key] = self.counts.get(key, 0) + 1
+
+    def answered(
+        self, method: str, path: str, code: int | None, seconds: float, watch: bool = False
+    ) -> None:
+        verb, resource = "WATCH" if watch else method, _resource_of(path)
+        key = (verb, resource, "<error>" if code is None else str(code))
+        self.codes[key] = self.codes.get(key, 0) + 1
+        self.latency.labels(verb, resource).observe(seconds)
 
 
 def _resource_of(path: str) -> str:
@@ -345,6 +368,7 @@ class KubeClient:
         # body with the slower json module and rebuild its settings on every request).
         rest = self._api.rest_client
         limit = timeout if timeout is not None else self._timeout
+        started = time.monotonic()
         try:
             response: aiohttp.ClientResponse = await rest.pool_manager.request(
                 method,
@@ -358,7 +382,9 @@ class KubeClient:
                 **self._session_settings,
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            self.stats.answered(method, path, None, time.monotonic() - started, watch)
             raise Unreachable(f"{self.name or self._host}: {exc!r}") from exc
+        self.stats.answered(method, path, response.status, time.monotonic() - started, watch)
         return response
 
     async def _read(self, response: aiohttp.ClientResponse) -> bytes:

@@ -36,9 +36,19 @@ async def test_kubectl_get_describe_wait(cluster, namespace, fake_nodes, run_dis
 
     table = (await cluster.akubectl("get", "aw", "-n", namespace)).stdout
     header, *rows = table.strip().splitlines()
-    assert header.split() == ["NAME", "STATE", "STAGE", "CLUSTER", "PRIORITY", "AGE"]
+    assert header.split() == [
+        "NAME",
+        "STATE",
+        "STAGE",
+        "APPQUEUE",
+        "REASON",
+        "CLUSTER",
+        "PRIORITY",
+        "AGE",
+    ]
+    # It asks for no queue: its APPQUEUE cell is blank, and a whitespace split skips it.
     web = next(r.split() for r in rows if r.startswith("web"))
-    assert web[1:5] == ["Running", "Running", "local", "7"]
+    assert web[1:6] == ["Running", "Running", "AppWrapperRunnable", "local", "7"]
 
     async def too_big_waits() -> bool:
         described = (await cluster.akubectl("describe", "aw", "too-big", "-n", namespace)).stdout

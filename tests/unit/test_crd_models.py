@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dispatcher.api.constants import LABEL_QUEUE
 from dispatcher.api.models import API_VERSION, KIND, AppWrapper
 from dispatcher.api.resources import Resources
 from dispatcher.core.podsets import infer_pod_sets
@@ -150,9 +151,29 @@ def test_crd_is_small_enough_for_client_side_apply() -> None:
 
 def test_printer_columns_point_at_real_fields() -> None:
     columns = {c["name"]: c for c in crd_version()["additionalPrinterColumns"]}
-    assert list(columns) == ["State", "Stage", "Cluster", "Priority", "Requeues", "Queue", "Age"]
+    assert list(columns) == [
+        "State",
+        "Stage",
+        "AppQueue",
+        "Reason",
+        "Cluster",
+        "Priority",
+        "Requeues",
+        "ClusterQueue",
+        "Age",
+    ]
     assert columns["Requeues"].get("priority") == 1
-    assert columns["Queue"].get("priority") == 1
+    assert columns["ClusterQueue"].get("priority") == 1
+    # The label the dispatcher reads first (core.workloads.queue_name_of), dots escaped.
+    assert columns["AppQueue"]["jsonPath"] == (
+        ".metadata.labels." + LABEL_QUEUE.replace(".", "\\.")
+    )
+    reason = columns.pop("Reason")["jsonPath"]
+    assert reason == '.status.conditions[?(@.type=="Dispatched")].reason'
+    assert (
+        "reason"
+        in crd_root()["properties"]["status"]["properties"]["conditions"]["items"]["properties"]
+    )
     assert columns["Age"] == {
         "name": "Age",
         "type": "date",

@@ -1,0 +1,242 @@
+"""What /metrics reads at scrape time: the manager's counters and its queues' gauges.
+
+No I/O of its own. The counters are ones the controller keeps anyway; the gauges are read
+from the queues' last computed status and from the scheduler cache's pending work (the
+`status` label from the last cycle's waits, see `core.pending`). Histograms are not here:
+the recorder observes them where the fact is known.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dispatcher.core.pending import PendingStatus, pending_status
+from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
+from dispatcher.metrics.recorder import PREFIX
+
+if TYPE_CHECKING:
+    from dispatcher.controller.manager import Manager
+
+RESOURCE_LABELS = ["cohort", "cluster_queue", "flavor", "resource"]
+DEPRECATED = "Deprecated, removed in the next release: read {}. "
+
+
+class ManagerCollector(Collector):
+    def __init__(self, manager: Manager) -> None:
+        self._manager = manager
+
+    def describe(self) -> list[Metric]:
+        # Registered while the manager is still being built: nothing to read yet.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        manager = self._manager
+        states = GaugeMetricFamily(
+            f"{PREFIX}_appwrappers", "AppWrappers by status.state.", labels=["state"]
+        )
+        for state, count in sorted((+manager.states).items()):
+            states.add_metric([state], count)
+        yield states
+        yield CounterMetricFamily(
+            f"{PREFIX}_cycles", "Scheduling cycles run.", value=manager.cycles
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_preemptions",
+            "AppWrappers chosen as preemption victims.",
+            value=manager.preemptions,
+        )
+        yield from _api_metrics(manager)
+        yield from _queue_metrics(manager)
+        yield from _pending_metrics(manager)
+        yield from _deprecated_queue_metrics(manager)
+        finished = manager.finished
+        yield CounterMetricFamily(
+            f"{PREFIX}_lifecycles",
+            "AppWrappers that finished (Completed or Failed); the hop counters sum over them.",
+            value=finished["count"],
+        )
+        for hop, what in (
+            ("reconciles", "Reconciles"),
+            ("cycles", "Scheduling cycles that decided about it"),
+            ("writes", "Status writes"),
+        ):
+            yield CounterMetricFamily(
+                f"{PREFIX}_lifecycle_{hop}",
+                f"{what} per AppWrapper, summed over the AppWrappers that finished.",
+                value=finished[hop],
+            )
+
+
+def _api_metrics(manager: Manager) -> Iterator[Metric]:
+    stats = manager.hub.stats
+    requests = CounterMetricFamily(
+        f"{PREFIX}_api_requests",
+        "API requests made to the hub, by verb, resource and HTTP code (<error>: no answer).",
+        labels=["verb", "resource", "code"],
+    )
+    for (verb, resource, code), count in sorted(stats.codes.items()):
+        requests.add_metric([verb, resource, code], count)
+    yield requests
+    yield from stats.latency.collect()
+
+
+def _queue_metrics(manager: Manager) -> Iterator[Metric]:
+    """Per cluster queue and AppQueue, as their status last showed them; quotas as set."""
+    tree = manager.quotas.tree()
+    queues = tree.setup.queues
+    gauges = {
+        name: GaugeMetricFamily(f"{PREFIX}_{name}", text, labels=["cluster_queue"])
+        for name, text in (
+            ("admitted_active_workloads", "AppWrappers admitted (Dispatched) holding quota."),
+            (
+                "reserving_active_workloads",
+                "AppWrappers holding quota: admitted, and requeued ones whose pods still run.",
+            ),
+        )
+    }
+    by_status = GaugeMetricFamily(
+        f"{PREFIX}_cluster_queue_status",
+        "1 for the cluster queue's status: active (can admit) or pending (inactive, stopped).",
+        labels=["cluster_queue", "status"],
+    )
+    usage, borrowed = (
+        GaugeMetricFamily(f"{PREFIX}_cluster_queue_resource_{name}", text, labels=RESOURCE_LABELS)
+        for name, text in (
+            ("usage", "Quota in use (in units of the resource: cores, bytes, devices)."),
+            ("borrowed", "The part of the usage above the nominal quota, borrowed."),
+        )
+    )
+    for queue, summary in sorted(manager.quotas.summaries.items()):
+        spec = queues.get(queue)
+        cohort = (spec.cohort if spec else None) or ""
+        gauges["admitted_active_workloads"].add_metric([queue], summary.admitted)
+        gauges["reserving_active_workloads"].add_metric([queue], summary.reserving)
+        for status in ("active", "pending"):
+            by_status.add_metric(
+                [queue, status], 1 if (status == "active") == summary.active else 0
+            )
+        for (flavor, resource), amount in sorted(summary.usage.items()):
+            usage.add_metric([cohort, queue, flavor, resource], amount / 1000)
+            lent = summary.borrowed.get((flavor, resource), 0)
+            borrowed.add_metric([cohort, queue, flavor, resource], lent / 1000)
+    yield from gauges.values()
+    yield by_status
+    yield usage
+    yield borrowed
+    limits = {
+        name: GaugeMetricFamily(f"{PREFIX}_cluster_queue_{name}", text, labels=RESOURCE_LABELS)
+        for name, text in (
+            ("nominal_quota", "The cluster queue's nominal quota per flavor and resource."),
+            ("borrowing_limit", "How much more it may borrow (absent: no limit)."),
+            ("lending_limit", "How much of its quota it may lend (absent: all of it)."),
+        )
+    }
+    for queue, spec in sorted(queues.items()):
+        for group in spec.groups:
+            for quotas in group.flavors:
+                for resource, quota in sorted(quotas.quotas.items()):
+                    labels = [spec.cohort or "", queue, quotas.flavor, resource]
+                    limits["nominal_quota"].add_metric(labels, quota.nominal / 1000)
+                    if quota.borrowing_limit is not None:
+                        limits["borrowing_limit"].add_metric(labels, quota.borrowing_limit / 1000)
+                    if quota.lending_limit is not None:
+                        limits["lending_limit"].add_metric(labels, quota.lending_limit / 1000)
+    yield from limits.values()
+    local = GaugeMetricFamily(
+        f"{PREFIX}_local_queue_admitted_active_workloads",
+        "AppWrappers admitted through the AppQueue and holding quota.",
+        labels=["name", "namespace"],
+    )
+    for key, summary in sorted(manager.quotas.local_summaries.items()):
+        namespace, _, name = key.partition("/")
+        local.add_metric([name, namespace], summary.admitted)
+    yield local
+
+
+def _pending_metrics(manager: Manager) -> Iterator[Metric]:
+    """Queued AppWrappers per cluster queue ("" without queues) and AppQueue, by status."""
+    _, pending, _, _ = manager.cache.quota_usage(manager.clock.time())
+    tree = manager.quotas.tree()
+    waits = manager.recorder.waits
+    queued: Counter[tuple[str, str]] = Counter()
+    local: Counter[tuple[str, str]] = Counter()
+    for workload in pending:
+        wait = waits.get(workload.key)
+        status = pending_status(wait.reason, wait.message) if wait else PendingStatus.ACTIVE
+        namespace = workload.key.partition("/")[0]
+        found = resolve(namespace, workload.queue_name, tree.setup, tree)
+        if isinstance(found, Queued | QueueProblem):
+            queued[(found.queue, status)] += 1
+            if found.local:
+                local[(found.local, status)] += 1
+        else:
+            queued[("", status)] += 1
+    every = (PendingStatus.ACTIVE, PendingStatus.INADMISSIBLE)
+    family = GaugeMetricFamily(
+        f"{PREFIX}_pending_workloads",
+        "Queued AppWrappers per cluster queue: active (could be admitted when room frees) or"
+        " inadmissible (waits for quota, its queue, or a matching cluster).",
+        labels=["cluster_queue", "status"],
+    )
+    for queue in sorted({q for q, _ in queued} | set(manager.quotas.summaries)):
+        for status in every:
+            family.add_metric([queue, status], queued[(queue, status)])
+    yield family
+    family = GaugeMetricFamily(
+        f"{PREFIX}_local_queue_pending_workloads",
+        "Queued AppWrappers per AppQueue, by the same status.",
+        labels=["name", "namespace", "status"],
+    )
+    for key in sorted({k for k, _ in local} | set(manager.quotas.local_summaries)):
+        namespace, _, name = key.partition("/")
+        for status in every:
+            family.add_metric([name, namespace, status], local[(key, status)])
+    yield family
+
+
+def _deprecated_queue_metrics(manager: Manager) -> Iterator[Metric]:
+    """The names before Kueue's, label `queue`: kept one release so alerts keep firing."""
+    summaries = manager.quotas.summaries
+    families = {
+        name: GaugeMetricFamily(
+            f"{PREFIX}_queue_{name}", DEPRECATED.format(instead) + text, labels=["queue"]
+        )
+        for name, instead, text in (
+            ("pending", "pending_workloads", "AppWrappers waiting in the cluster queue."),
+            ("admitted", "admitted_active_workloads", "AppWrappers admitted in the queue."),
+            ("active", "cluster_queue_status", "1 when the cluster queue can admit."),
+        )
+    }
+    usage, borrowed = (
+        GaugeMetricFamily(
+            f"{PREFIX}_queue_{name}",
+            DEPRECATED.format(f"cluster_queue_resource_{name}") + text,
+            labels=["queue", "flavor", "resource"],
+        )
+        for name, text in (("usage", "Quota in use."), ("borrowed", "Quota borrowed."))
+    )
+    for queue, summary in sorted(summaries.items()):
+        families["pending"].add_metric([queue], summary.pending)
+        families["admitted"].add_metric([queue], summary.admitted)
+        families["active"].add_metric([queue], 1 if summary.active else 0)
+        for (flavor, resource), amount in sorted(summary.usage.items()):
+            usage.add_metric([queue, flavor, resource], amount / 1000)
+            borrowed.add_metric(
+                [queue, flavor, resource], summary.borrowed.get((flavor, resource), 0) / 1000
+            )
+    yield from families.values()
+    yield usage
+    yield borrowed
+    preemptions = CounterMetricFamily(
+        f"{PREFIX}_queue_preemptions",
+        DEPRECATED.format("preempted_workloads_total") + "Victims chosen for the queue.",
+        labels=["queue"],
+    )
+    for queue, count in sorted(manager.scheduler.preemptions_by_queue.items()):
+        preemptions.add_metric([queue], count)
+    yield preemptions
