@@ -25,13 +25,19 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from dispatcher.api.models import Admission, AppWrapperStatus, FlavorAssignment, Reason
+from dispatcher.api.models import (
+    Admission,
+    AppWrapper,
+    AppWrapperStatus,
+    FlavorAssignment,
+    Reason,
+)
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config, Fit
 from dispatcher.controller.cache import SchedulerCache
 from dispatcher.controller.models import Models
-from dispatcher.controller.status import APPWRAPPERS, StatusWriter
+from dispatcher.controller.status import Change, StatusWriter
 from dispatcher.controller.waiting import WaitingWriter
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
@@ -49,12 +55,10 @@ from dispatcher.core.scheduling import (
     schedule,
 )
 from dispatcher.core.scheduling.pooled import anywhere, pooled
-from dispatcher.kube.errors import Conflict, KubeError, NotFound
+from dispatcher.kube.errors import Conflict, KubeError
 from dispatcher.metrics.recorder import Recorder
 
 BATCH_SECONDS = 0.005
-EVICT_ATTEMPTS = 5
-"""Writes of one eviction before it is left to the next cycle (each after a Conflict)."""
 BATCH_MAX_SECONDS = 0.25
 
 
@@ -240,42 +244,47 @@ class Scheduler:
         """The admission is one status write: Dispatched to `cluster` (and Init/Queueing
         when this is its first decision), for the spec `decided` was fitted from."""
         log = self._log.bind(appwrapper=key, cluster=cluster)
+
+        def dispatch(obj: dict[str, Any]) -> Change | None:
+            aw = self._models.parse(obj)
+            status = (aw.status or AppWrapperStatus()).editable_copy()
+            new = cond.is_new(status)
+            if not (new or cond.is_queued(status)) or aw.metadata.deletionTimestamp:
+                return None
+            moment = datetime.fromtimestamp(self._clock.time(), UTC)
+            current = self._models.workload(aw, priority=decided.priority, now=moment)
+            if not isinstance(current, Workload) or (current.pod_sets, current.placement) != (
+                decided.pod_sets,
+                decided.placement,
+            ):
+                # Edited since the cycle fitted it: the objects recorded with this write
+                # would be ones nobody fitted. The next cycle decides on the new spec.
+                log.info("spec_changed_before_admission")
+                return None
+            transitions: list[Transition | None] = []
+            if new:
+                priority, _ = self._models.priority(aw)
+                transitions.append(cond.initialize(status, priority=priority, now=moment))
+            # The objects are recorded with the dispatch: the reconciler creates these
+            # only, and cleanup deletes these, whatever the spec is edited to later.
+            objects = [item.ref() for item in aw.spec.items]
+            transitions.append(
+                cond.mark_dispatched(
+                    status, cluster=cluster, now=moment, objects=objects, admission=admission
+                )
+            )
+            made.append((aw, status))
+            return Change(status, transitions)
+
+        made: list[tuple[AppWrapper, AppWrapperStatus]] = []
         try:
             async with self._slots:
-                obj = self._status.current(key)
-                if obj is None:
-                    return
-                aw = self._models.parse(obj)
-                status = (aw.status or AppWrapperStatus()).editable_copy()
-                new = cond.is_new(status)
-                if not (new or cond.is_queued(status)) or aw.metadata.deletionTimestamp:
-                    return
-                moment = datetime.fromtimestamp(self._clock.time(), UTC)
-                current = self._models.workload(aw, priority=decided.priority, now=moment)
-                if not isinstance(current, Workload) or (current.pod_sets, current.placement) != (
-                    decided.pod_sets,
-                    decided.placement,
-                ):
-                    # Edited since the cycle fitted it: the objects recorded with this write
-                    # would be ones nobody fitted. The next cycle decides on the new spec.
-                    log.info("spec_changed_before_admission")
-                    return
-                transitions: list[Transition | None] = []
-                if new:
-                    priority, _ = self._models.priority(aw)
-                    transitions.append(cond.initialize(status, priority=priority, now=moment))
-                # The objects are recorded with the dispatch: the reconciler creates these
-                # only, and cleanup deletes these, whatever the spec is edited to later.
-                objects = [item.ref() for item in aw.spec.items]
-                transitions.append(
-                    cond.mark_dispatched(
-                        status, cluster=cluster, now=moment, objects=objects, admission=admission
-                    )
-                )
-                await self._status.write(obj, status, transitions)
-                self._recorder.admitted(aw, status, self._clock.time() - decided.queued_since)
-                log.info("dispatched", priority=status.priority)
-                self._wrote(key)
+                written = await self._status.update(key, dispatch)
+                if written is not None:
+                    aw, status = made[-1]
+                    self._recorder.admitted(aw, status, self._clock.time() - decided.queued_since)
+                    log.info("dispatched", priority=status.priority)
+                    self._wrote(key)
         except Conflict:
             log.debug("dispatch_conflict")
         except (KubeError, ValidationError) as exc:
@@ -288,45 +297,30 @@ class Scheduler:
         """The eviction is one status write on the victim: Preempted, by whom.
 
         A Conflict means only that something else wrote the victim meanwhile (its pod
-        counts, most often): the write is made again on the newest object, as long as the
+        counts, most often): the update is made again on the newest object, as long as the
         victim is still dispatched. Dropping it would leave the preemptor with part of the
         room it was promised, waiting for a victim nobody evicts."""
+
+        def preempt(obj: dict[str, Any]) -> Change | None:
+            aw = self._models.parse(obj)
+            status = (aw.status or AppWrapperStatus()).editable_copy()
+            if not cond.is_dispatched(status) or status.is_true(cond.C.PREEMPTED):
+                return None
+            moment = datetime.fromtimestamp(self._clock.time(), UTC)
+            transition = cond.mark_preempting(
+                status, by=preemptor, message=message, now=moment, reason=reason
+            )
+            return Change(status, [transition])
+
         try:
-            obj = self._status.current(key)
-            for attempt in range(EVICT_ATTEMPTS):
-                if obj is None:
-                    return
-                try:
-                    await self._mark_preempted(obj, key, preemptor, message, reason)
-                    return
-                except Conflict:
-                    if attempt + 1 == EVICT_ATTEMPTS:
-                        raise
-                namespace, _, name = key.partition("/")
-                try:
-                    obj = await self._status.hub.get(APPWRAPPERS, namespace, name)
-                except NotFound:
-                    return
+            if await self._status.update(key, preempt) is not None:
+                self._log.info("preempted", appwrapper=key, preemptor=preemptor, reason=message)
+                self._wrote(key)
         except (KubeError, ValidationError) as exc:
             self._log.warning("preemption_failed", appwrapper=key, error=str(exc)[:300])
         finally:
             self._cache.finish(key)
             self.kick()
-
-    async def _mark_preempted(
-        self, obj: dict[str, Any], key: str, preemptor: str, message: str, reason: Reason
-    ) -> None:
-        aw = self._models.parse(obj)
-        status = (aw.status or AppWrapperStatus()).editable_copy()
-        if not cond.is_dispatched(status) or status.is_true(cond.C.PREEMPTED):
-            return
-        moment = datetime.fromtimestamp(self._clock.time(), UTC)
-        transition = cond.mark_preempting(
-            status, by=preemptor, message=message, now=moment, reason=reason
-        )
-        await self._status.write(obj, status, [transition])
-        self._log.info("preempted", appwrapper=key, preemptor=preemptor, reason=message)
-        self._wrote(key)
 
     def fence(self) -> None:
         """Cancel every admission and eviction in flight (the Lease is lost)."""

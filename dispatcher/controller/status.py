@@ -2,17 +2,26 @@
 
 Side effects: writes to the hub API server; queues Events.
 
-Every write carries the resourceVersion it was decided on, so two writers (two replicas, a
-stale cache) cannot both succeed: the loser gets Conflict and decides again from fresh data.
-Each write posts one Event telling what changed. What a write returns is kept as an overlay
-until the watch shows that version or a newer one, so the scheduler and the reconciler read
-their own writes at once instead of deciding again on the older object.
+One status-update path for every writer (scheduler, waiting writer, reconciler): `update`
+reads the newest object (the overlay below, else the watch cache), hands it to a pure
+mutation (parse, then `core.conditions` transitions on a copy of the status; None: nothing
+to write), and writes the result guarded by the resourceVersion it was read at. On Conflict
+(someone wrote in between: a user's edit, our own finalizer patch) it reads the object again
+from the API server and runs the same mutation on it, a few times at most, so the decision is
+re-made on fresh data rather than forced over it. The reconciler passes the object it
+decided on and one attempt: its Conflict goes back to its work queue, whose next reconcile
+reads afresh (its decisions involve member I/O that a mutation must not repeat).
+
+Each write posts at most one Event telling what changed. What a write returns is kept as an
+overlay until the watch shows that version or a newer one, so the scheduler and the
+reconciler read their own writes at once instead of deciding again on the older object.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dispatcher.api.constants import API_VERSION, FINALIZER, KIND, PLURAL
@@ -21,11 +30,25 @@ from dispatcher.controller.models import key_of, resource_version, without_bookk
 from dispatcher.core.conditions import Transition
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
-from dispatcher.kube.errors import KubeError
+from dispatcher.kube.errors import Conflict, KubeError, NotFound
 from dispatcher.kube.events import EventRecorder
 
 Obj = dict[str, Any]
 APPWRAPPERS = ResourceInfo(API_VERSION, KIND, PLURAL, namespaced=True)
+UPDATE_ATTEMPTS = 5
+"""Writes of one update before its Conflict is raised (each after reading the object again)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What a mutation wants written: the whole new status and what happened, for the Event."""
+
+    status: AppWrapperStatus
+    transitions: Sequence[Transition | None] = ()
+
+
+Mutation = Callable[[Obj], Change | None]
+"""Given the newest AppWrapper (raw, as read), the change to write; None: nothing to write."""
 
 
 class Fenced(KubeError):
@@ -97,8 +120,44 @@ class StatusWriter:
         self._on_written(key, slim)
         return slim
 
+    async def update(
+        self,
+        key: str,
+        mutate: Mutation,
+        *,
+        obj: Obj | None = None,
+        attempts: int = UPDATE_ATTEMPTS,
+    ) -> Obj | None:
+        """Read, mutate, write guarded; on Conflict read again from the API server and
+        mutate again. `obj`: the version to start from (default: `current(key)`). Returns
+        what was written, or None when there was nothing to write (or the object is gone)."""
+        if obj is None:
+            obj = self.current(key)
+        for attempt in range(attempts):
+            if obj is None:
+                return None
+            change = mutate(obj)
+            if change is None:
+                return None
+            try:
+                return await self.write(obj, change.status, change.transitions)
+            except Conflict:
+                if attempt + 1 == attempts:
+                    raise
+            obj = await self._read(key)
+        return None
+
+    async def _read(self, key: str) -> Obj | None:
+        """The newest version from the API server itself (after a Conflict the watch cache
+        is known to be behind)."""
+        namespace, _, name = key.partition("/")
+        try:
+            return self._slim(await self.hub.get(APPWRAPPERS, namespace, name))
+        except NotFound:
+            return None
+
     async def write(
-        self, obj: Obj, status: AppWrapperStatus, transitions: list[Transition | None]
+        self, obj: Obj, status: AppWrapperStatus, transitions: Sequence[Transition | None]
     ) -> Obj:
         """Write `status` over `obj`'s (Conflict if `obj` is stale) and post one Event for
         what changed: a queued-and-dispatched AppWrapper costs one Event, not two."""

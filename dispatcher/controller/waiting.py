@@ -1,12 +1,13 @@
-"""Writing "why it waits" into queued AppWrappers' status, without flooding the API server.
+"""Writing "why it waits" into queued AppWrappers' status, only when their own situation changes.
 
-Side effects: status writes on the hub (through the status writer).
+Side effects: status writes on the hub (through the status writer's one update path).
 
-The scheduler hands over each cycle's waiting messages; `core.waiting` says which are worth
-a write. The head of the line's is written at once by its own task (it is the one users
-watch). The others go to a few writers rather than a task each: the first cycle over a
-queue of 10k AppWrappers would otherwise start 10k writes at once, each holding memory
-while it waits for the API server; a newer message replaces one not yet written.
+The scheduler hands over each cycle's waiting messages; `core.waiting` turns each into the
+AppWrapper's own situation and says when it is worth a write. The head of the line's is
+written at once by its own task (it is the one users watch). The others go to a few writers
+rather than a task each: the first cycle over a queue of 10k AppWrappers would otherwise
+start 10k writes at once, each holding memory while it waits for the API server; a newer
+situation replaces one not yet written.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
 from pydantic import ValidationError
@@ -21,15 +23,10 @@ from pydantic import ValidationError
 from dispatcher.api.models import AppWrapperStatus, Reason
 from dispatcher.clock import Clock
 from dispatcher.controller.models import Models
-from dispatcher.controller.status import StatusWriter
+from dispatcher.controller.status import Change, StatusWriter
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
-from dispatcher.core.waiting import (
-    REWRITE_SECONDS,
-    Written,
-    kind_of_reason,
-    worth_writing,
-)
+from dispatcher.core.waiting import Situation, Written, due
 from dispatcher.kube.errors import Conflict, KubeError
 
 WRITERS = 16
@@ -50,13 +47,15 @@ class WaitingWriter:
         self._clock = clock
         self._on_conflict = on_conflict
         self._written: dict[str, Written] = {}
-        self._queued: dict[str, tuple[str, Reason]] = {}  # key -> what to write, oldest first
-        # key -> (message, when it may be written): a new reason that came too soon after
+        self._queued: dict[str, Situation] = {}  # key -> what to write, oldest first
+        # key -> (situation, when it may be written): a change that came too soon after
         # the last write. No later cycle may come to say it again (nothing else changes),
-        # so it is written when its time comes unless a newer message replaced it.
-        self._deferred: dict[str, tuple[str, Reason, float]] = {}
+        # so it is written when its time comes unless a newer situation replaced it.
+        self._deferred: dict[str, tuple[Situation, float]] = {}
         self._ready = asyncio.Event()
         self._heads: set[asyncio.Task[None]] = set()
+        self.skipped = 0
+        """Waits the cycles reported that needed no write (the situation was unchanged)."""
         self._log = structlog.get_logger("waiting")
 
     def note(
@@ -69,24 +68,27 @@ class WaitingWriter:
         reason: Reason = Reason.INSUFFICIENT_RESOURCES,
     ) -> None:
         """The scheduler says `key` waits because of `message` (for `reason`)."""
+        self._note(key, Situation.of(message, reason, head=head), now)
+
+    def _note(self, key: str, situation: Situation, now: float) -> None:
         last = self._written.get(key)
-        if not worth_writing(last, message, head=head, now=now):
-            if last is not None and kind_of_reason(last.message) != kind_of_reason(message):
-                self._deferred[key] = (message, reason, last.at + REWRITE_SECONDS)
-            elif last is not None and last.message == message:
-                self._deferred.pop(key, None)  # what is written is current again
+        when = due(last, situation, now=now)
+        if when is None:
+            self.skipped += 1
+            self._deferred.pop(key, None)  # what is written is current again
+            return
+        if when > now:
+            self._deferred[key] = (situation, when)
             return
         self._deferred.pop(key, None)
-        self._written[key] = Written(message, now)
+        self._written[key] = Written(situation, now)
         self._queued.pop(key, None)
-        if head:
-            task = asyncio.get_running_loop().create_task(
-                self._write(key, message, reason, head=True)
-            )
+        if situation.head:
+            task = asyncio.get_running_loop().create_task(self._write(key, situation))
             self._heads.add(task)
             task.add_done_callback(self._heads.discard)
             return
-        self._queued[key] = (message, reason)
+        self._queued[key] = situation
         self._ready.set()
 
     def forget(self, key: str) -> None:
@@ -106,10 +108,10 @@ class WaitingWriter:
         while True:
             await asyncio.sleep(DEFERRAL_CHECK_SECONDS)
             now = self._clock.time()
-            for key, (message, reason, due) in list(self._deferred.items()):
-                if due <= now:
+            for key, (situation, when) in list(self._deferred.items()):
+                if when <= now:
                     del self._deferred[key]
-                    self.note(key, message, head=False, now=now, reason=reason)
+                    self._note(key, situation, now)
 
     async def _writer(self) -> None:
         while True:
@@ -117,35 +119,37 @@ class WaitingWriter:
                 self._ready.clear()
                 await self._ready.wait()
             key = next(iter(self._queued))
-            message, reason = self._queued.pop(key)
+            situation = self._queued.pop(key)
             try:
-                await self._write(key, message, reason, head=False)
+                await self._write(key, situation)
             except Exception:
                 self._log.exception("waiting_status_failed", appwrapper=key)
 
-    async def _write(self, key: str, message: str, reason: Reason, *, head: bool) -> None:
-        obj = self._status.current(key)
-        if obj is None:
-            return
+    async def _write(self, key: str, situation: Situation) -> None:
+        def wait(obj: dict[str, Any]) -> Change | None:
+            try:
+                aw = self._models.parse(obj)
+            except ValidationError:
+                return None
+            status = (aw.status or AppWrapperStatus()).editable_copy()
+            moment = datetime.fromtimestamp(self._clock.time(), UTC)
+            transitions: list[Transition | None] = []
+            if cond.is_new(status):
+                priority, _ = self._models.priority(aw)
+                transitions.append(cond.initialize(status, priority=priority, now=moment))
+            elif not cond.is_queued(status):
+                return None
+            transitions.append(
+                cond.mark_waiting(status, situation.message, now=moment, reason=situation.reason)
+            )
+            if situation.head:
+                transitions.append(cond.mark_head_of_line(status, now=moment))
+            if all(t is None for t in transitions):
+                return None
+            return Change(status, transitions)
+
         try:
-            aw = self._models.parse(obj)
-        except ValidationError:
-            return
-        status = (aw.status or AppWrapperStatus()).editable_copy()
-        moment = datetime.fromtimestamp(self._clock.time(), UTC)
-        transitions: list[Transition | None] = []
-        if cond.is_new(status):
-            priority, _ = self._models.priority(aw)
-            transitions.append(cond.initialize(status, priority=priority, now=moment))
-        elif not cond.is_queued(status):
-            return
-        transitions.append(cond.mark_waiting(status, message, now=moment, reason=reason))
-        if head:
-            transitions.append(cond.mark_head_of_line(status, now=moment))
-        if all(t is None for t in transitions):
-            return
-        try:
-            await self._status.write(obj, status, transitions)
+            await self._status.update(key, wait)
         except Conflict:
             self._written.pop(key, None)
             self._on_conflict()

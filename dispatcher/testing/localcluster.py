@@ -210,6 +210,14 @@ AUDIT_POLICY: dict[str, Any] = {
 }
 """Writes only: reads are most of the traffic and no test asks who read what."""
 
+AUDIT_POLICY_WITH_READS: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [{"level": "None", "verbs": ["watch"]}, {"level": "Metadata"}],
+}
+"""Every request but watches (benchmarks that count a controller's GETs and LISTs too)."""
+
 
 @dataclass
 class LocalCluster(KubectlMixin):
@@ -228,6 +236,7 @@ class LocalCluster(KubectlMixin):
     (CN `WEBHOOK_CLIENT_NAME`): a dispatcher's `webhook.client_ca_file`."""
     webhook_client_ca_key: Path | None = None
     """Its key: tests sign certificates of their own with it (a wrong name)."""
+    audit_reads: bool = False
 
     @classmethod
     def start(
@@ -239,9 +248,12 @@ class LocalCluster(KubectlMixin):
         kuberay: bool = False,
         api_qps: int = 0,
         audit: bool = False,
+        audit_reads: bool = False,
         kwok_stages: Sequence[Path] | None = None,
         timeout: float = 120,
     ) -> LocalCluster:
+        """`audit`: log every write to logs/audit.log (`audit_reads`: reads too, but not
+        watches). Off by default: an audit log costs the API server on every request."""
         binaries = binaries or ensure_binaries()
         workdir = workdir / name
         workdir.mkdir(parents=True, exist_ok=True)
@@ -257,6 +269,7 @@ class LocalCluster(KubectlMixin):
             kubeconfig=workdir / "kubeconfig",
             kubectl_path=binaries.kubectl,
         )
+        cluster.audit_reads = audit_reads
         try:
             cluster._start_all(
                 api_port=api_port,
@@ -513,7 +526,7 @@ class LocalCluster(KubectlMixin):
     def _audit_flags(self) -> list[str]:
         """Every write, at Metadata level (who, what, when, answer), to logs/audit.log."""
         policy = self.workdir / "audit-policy.yaml"
-        policy.write_text(json.dumps(AUDIT_POLICY))
+        policy.write_text(json.dumps(AUDIT_POLICY_WITH_READS if self.audit_reads else AUDIT_POLICY))
         return [
             f"--audit-policy-file={policy}",
             f"--audit-log-path={self.workdir / 'logs' / 'audit.log'}",

@@ -355,6 +355,7 @@ ALLOWED = [
     pytest.param(["delete", "rayclusters.ray.io", "-n", SOME_NAMESPACE], id="delete-rayclusters"),
     pytest.param(["get", "jobs.batch", "-n", SOME_NAMESPACE], id="get-jobs"),
     pytest.param(["create", "events", "-n", SOME_NAMESPACE], id="create-events"),
+    pytest.param(["patch", "events", "-n", SOME_NAMESPACE], id="patch-events"),
     pytest.param(["watch", "pods", "-A"], id="watch-pods"),
     pytest.param(["watch", "nodes"], id="watch-nodes"),
     pytest.param(["list", "priorityclasses.scheduling.k8s.io"], id="list-priorityclasses"),

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.controller.status import APPWRAPPERS
+from dispatcher.controller.status import APPWRAPPERS, UPDATE_ATTEMPTS
 from dispatcher.kube.errors import Conflict
 from dispatcher.testing.fakeenv import NAMESPACE, FakeEnv, fake_env
 from dispatcher.testing.manifests import appwrapper, deployment, job
@@ -104,12 +104,25 @@ async def test_running_pods_make_it_running_and_counts_are_written() -> None:
         assert status["running"] == 2
 
 
-async def test_conflict_on_admission_drops_the_assumption_and_decides_again() -> None:
+async def test_conflict_on_admission_is_decided_again_on_the_object_read_afresh() -> None:
     async with fake_env() as env:
         await env.add_node("n1", cpu="8")
         await env.apply(appwrapper("a", deployment("a", 1, {"cpu": "1"})))
         await env.reconcile("a")
         env.fake.fail_next("replace", kind="AppWrapper", error=Conflict("stale"))
+        await env.cycle()
+        assert (await env.conditions("a"))["Dispatched"] == "True"
+        assert not env.manager.cache.busy(f"{NAMESPACE}/a")
+
+
+async def test_conflicts_on_every_attempt_drop_the_assumption_and_decide_again() -> None:
+    async with fake_env() as env:
+        await env.add_node("n1", cpu="8")
+        await env.apply(appwrapper("a", deployment("a", 1, {"cpu": "1"})))
+        await env.reconcile("a")
+        env.fake.fail_next(
+            "replace", kind="AppWrapper", error=Conflict("stale"), times=UPDATE_ATTEMPTS
+        )
         await env.cycle()
         assert (await env.conditions("a")).get("Dispatched") is None
         assert not env.manager.cache.busy(f"{NAMESPACE}/a")

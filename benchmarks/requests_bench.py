@@ -1,0 +1,245 @@
+"""API requests the dispatcher makes, counted from the API server's audit log.
+
+    python -m benchmarks.requests_bench [--lives 40] [--backlog 300 --backlog 3000]
+        [--window 20] [--out benchmarks/results/requests.json]
+
+One local control plane with its audit log on (reads too, not watches), a dispatcher run in
+this process; its requests are told apart by their User-Agent (`appwrapper-dispatcher/...`).
+
+- `lives`: N AppWrappers, each one Job of one 1-CPU pod, applied at once onto one 4-CPU
+  node, so that most queue first; each runs to Completed (KWOK ends Job pods at once), then
+  is deleted. Printed: the dispatcher's requests per AppWrapper life, by verb and resource,
+  up to Completed and for the deletion apart.
+- `backlog`: N AppWrappers (a Deployment of one 4-CPU pod each) queued behind one that
+  holds the node, all initialised; then one change (the holder is deleted: the head is
+  dispatched and a new head follows) and the dispatcher's writes in the `window` seconds
+  after it, by verb and resource. O(1) means the same count at 300 as at 3,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from benchmarks.peer_watch import AuditTail
+from benchmarks.report import save
+from dispatcher.api.constants import API_VERSION, KIND, PLURAL
+from dispatcher.app import running
+from dispatcher.config import Config
+from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries
+from dispatcher.testing.manifests import appwrapper, deployment, job
+
+APPWRAPPERS = ResourceInfo(API_VERSION, KIND, PLURAL, True)
+AGENT = "appwrapper-dispatcher/"
+BENCH_AGENT = "requests-bench"
+WRITES = frozenset({"create", "update", "patch", "delete"})
+
+
+def _key(event: dict[str, Any]) -> str:
+    ref = event.get("objectRef") or {}
+    resource = str(ref.get("resource", "?"))
+    if ref.get("subresource"):
+        resource += "/" + str(ref["subresource"])
+    return f"{event.get('verb')} {resource}"
+
+
+def count(events: list[dict[str, Any]], since: float = 0.0) -> Counter[str]:
+    """The dispatcher's requests among audit `events` (received at or after `since`)."""
+    counted: Counter[str] = Counter()
+    for event in events:
+        if not str(event.get("userAgent", "")).startswith(AGENT):
+            continue
+        if event.get("verb") in ("watch",) or event.get("stage") != "ResponseComplete":
+            continue
+        stamp = event.get("requestReceivedTimestamp", "")
+        if since and _seconds(stamp) < since:
+            continue
+        counted[_key(event)] += 1
+    return counted
+
+
+def _seconds(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+async def _count_status(client: KubeClient, namespace: str, condition: str) -> int:
+    items = (await client.list(APPWRAPPERS, namespace)).get("items") or []
+    return sum(
+        1
+        for item in items
+        if any(
+            c.get("type") == condition and c.get("status") == "True"
+            for c in (item.get("status") or {}).get("conditions") or []
+        )
+    )
+
+
+async def _until(check: Any, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        await asyncio.sleep(0.5)
+
+
+async def _apply_all(client: KubeClient, namespace: str, objects: list[dict[str, Any]]) -> None:
+    limit = asyncio.Semaphore(32)
+
+    async def one(obj: dict[str, Any]) -> None:
+        async with limit:
+            await client.create(APPWRAPPERS, namespace, obj)
+
+    await asyncio.gather(*(one(o) for o in objects))
+
+
+def _per_life(counted: Counter[str], lives: int) -> dict[str, float]:
+    figures = {k: round(v / lives, 3) for k, v in sorted(counted.items())}
+    figures["total"] = round(sum(counted.values()) / lives, 3)
+    figures["writes"] = round(
+        sum(v for k, v in counted.items() if k.split()[0] in WRITES) / lives, 3
+    )
+    return figures
+
+
+async def lives(cluster: LocalCluster, client: KubeClient, audit: AuditTail, n: int) -> Any:
+    namespace = "lives"
+    cluster.kubectl("create", "namespace", namespace)
+    objects = [
+        appwrapper(f"j{i}", job(f"j{i}", 1, {"cpu": "1"}), completion="Complete") for i in range(n)
+    ]
+    started = time.time()
+    await _apply_all(client, namespace, objects)
+
+    async def completed() -> bool:
+        return await _count_status(client, namespace, "Completed") == n
+
+    await _until(completed, f"{n} Completed", 60 + 3 * n)
+    await asyncio.sleep(3)  # what trails the last Completed (its Event)
+    deleting = time.time()
+    await cluster.akubectl(
+        "delete", "aw", "--all", "-n", namespace, "--wait=true", "--timeout=300s"
+    )
+    await asyncio.sleep(3)
+    audit.read()
+    life = count(audit.events, since=started) - count(audit.events, since=deleting)
+    deletion = count(audit.events, since=deleting)
+    return {"n": n, "life": _per_life(life, n), "deletion": _per_life(deletion, n)}
+
+
+async def backlog(
+    cluster: LocalCluster, client: KubeClient, audit: AuditTail, n: int, window: float
+) -> Any:
+    namespace = f"backlog-{n}"
+    cluster.kubectl("create", "namespace", namespace)
+    holder = appwrapper("holder", deployment("holder", 1, {"cpu": "4"}))
+    await client.create(APPWRAPPERS, namespace, holder)
+
+    async def held() -> bool:
+        return await _count_status(client, namespace, "Dispatched") == 1
+
+    await _until(held, "holder dispatched", 60)
+    objects = [appwrapper(f"w{i:05d}", deployment(f"w{i:05d}", 1, {"cpu": "4"})) for i in range(n)]
+    started = time.time()
+    await _apply_all(client, namespace, objects)
+
+    async def initialised() -> bool:
+        return await _count_status(client, namespace, "Queueing") == n + 1
+
+    await _until(initialised, f"{n} initialised", 120 + n / 20)
+    ready = time.time()
+    await asyncio.sleep(window)  # a quiet window before: what the backlog costs at rest
+    audit.read()
+    at_rest = count(audit.events, since=ready + 0.001)
+    changed = time.time()
+    await cluster.akubectl("delete", "aw", "holder", "-n", namespace, "--wait=false")
+    await asyncio.sleep(window)
+    audit.read()
+    after = count(audit.events, since=changed)
+    init = count(audit.events, since=started) - count(audit.events, since=ready)
+    result = {
+        "n": n,
+        "initialise_seconds": round(ready - started, 1),
+        "initialise_per_second": round(n / max(ready - started, 1e-9), 1),
+        "initialise_requests": dict(init),
+        "window_seconds": window,
+        "at_rest": dict(at_rest),
+        "after_one_change": dict(after),
+        "writes_after_one_change": sum(v for k, v in after.items() if k.split()[0] in WRITES),
+    }
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+    return result
+
+
+async def measure(
+    workdir: Path, n_lives: int, backlogs: list[int], window: float, qps: float
+) -> dict[str, Any]:
+    cluster = LocalCluster.start(
+        "requests", workdir, binaries=ensure_binaries(), audit=True, audit_reads=True
+    )
+    result: dict[str, Any] = {}
+    try:
+        cluster.add_node("node-1", cpu="4", memory="16Gi")
+        cluster.wait_nodes_ready(["node-1"])
+        cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "appwrapper.yaml"))
+        cluster.kubectl(
+            "wait", "--for=condition=Established",
+            f"crd/{PLURAL}.{API_VERSION.split('/')[0]}", "--timeout=60s",
+        )  # fmt: skip
+        await asyncio.sleep(2)
+        audit = AuditTail(cluster.workdir / "logs" / "audit.log")
+        client = await KubeClient.connect(kubeconfig=str(cluster.kubeconfig))
+        client._agent = BENCH_AGENT  # its own requests are not the dispatcher's
+        config = Config(
+            kubeconfig=str(cluster.kubeconfig),
+            health_port=0,
+            log_level="warning",
+            unattributed="allow",
+            qps=qps,
+        )
+        try:
+            async with running(config):
+                if n_lives:
+                    result["lives"] = await lives(cluster, client, audit, n_lives)
+                    print(f"lives: {result['lives']}", flush=True)
+                for n in backlogs:
+                    result[f"backlog_{n}"] = await backlog(cluster, client, audit, n, window)
+                    print(f"backlog {n}: {result[f'backlog_{n}']}", flush=True)
+        finally:
+            await client.close()
+    finally:
+        cluster.stop()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--lives", type=int, default=40)
+    parser.add_argument("--backlog", type=int, action="append", default=[])
+    parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument("--qps", type=float, default=200.0)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/requests.json"))
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        if args.workdir:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+            workdir = args.workdir.resolve()
+        else:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aw-req-")))
+        result = asyncio.run(measure(workdir, args.lives, args.backlog, args.window, args.qps))
+    save(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
