@@ -25,10 +25,25 @@ from tests.unit.builders import cluster, node, pods, workload
 NOW = 1_800_000_000.0  # 2027-01-15 08:00 UTC
 
 
-def w(key: str, queue: str = "", local: str = "", **kwargs: object) -> Waiting:
+def w(
+    key: str,
+    queue: str = "",
+    local: str = "",
+    *,
+    reason: str = "",
+    message: str = "",
+    kind: str = "",
+) -> Waiting:
     return Waiting(
-        key=key, priority=0, queued_since=NOW - 60, cluster_queue=queue, local_queue=local, **kwargs
-    )  # type: ignore[arg-type]
+        key=key,
+        priority=0,
+        queued_since=NOW - 60,
+        cluster_queue=queue,
+        local_queue=local,
+        reason=reason,
+        message=message,
+        kind=kind,
+    )
 
 
 @dataclass(frozen=True)
