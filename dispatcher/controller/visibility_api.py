@@ -52,6 +52,7 @@ DEFAULT_LIMIT = 1000
 MAX_LIMIT = 100_000
 
 Obj = dict[str, Any]
+USER = web.RequestKey("user", Creator)
 
 
 @dataclass(frozen=True)
@@ -239,10 +240,10 @@ class VisibilityApi:
         problem = self.front_proxy.problem(_peer_certificate(request))
         if problem:
             return status(403, "Forbidden", problem)
-        user = self.front_proxy.user(request.headers, request.headers.getall)
+        user = self.front_proxy.user(request.headers, lambda h: request.headers.getall(h, []))
         if not user.username:
             return status(401, "Unauthorized", "the front proxy named no user")
-        request["user"] = user
+        request[USER] = user
         if request.path.rstrip("/") in (BASE, f"/apis/{GROUP}"):
             return await handler(request)  # discovery: standbys answer it too
         if not self._leading():
@@ -284,7 +285,7 @@ class VisibilityApi:
         return allowed
 
     async def _listing(self, request: web.Request, items: Sequence[Pending]) -> web.Response:
-        user: Creator = request["user"]
+        user: Creator = request[USER]
         seen = await self.visible(user, {p.namespace for p in items})
         shown = [p for p in items if p.namespace in seen]
         try:
@@ -310,6 +311,8 @@ class VisibilityApi:
 
     async def namespace(self, request: web.Request) -> web.Response:
         namespace = request.match_info["namespace"]
+        if not await self.visible(request[USER], [namespace]):
+            return _refused(namespace)
         return await self._listing(request, self._view().by_namespace.get(namespace, ()))
 
     async def cluster_queue(self, request: web.Request) -> web.Response:
@@ -319,11 +322,13 @@ class VisibilityApi:
 
     async def app_queue(self, request: web.Request) -> web.Response:
         key = f"{request.match_info['namespace']}/{request.match_info['queue']}"
+        if not await self.visible(request[USER], [request.match_info["namespace"]]):
+            return _refused(request.match_info["namespace"])
         return await self._listing(request, self._view().by_local.get(key, ()))
 
     async def one(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        if not await self.visible(request["user"], [namespace]):
+        if not await self.visible(request[USER], [namespace]):
             return status(
                 403, "Forbidden", f"you may not list appwrappers in namespace {namespace}"
             )
@@ -341,14 +346,14 @@ class VisibilityApi:
 
     async def queues_view(self, request: web.Request) -> web.Response:
         view = self._view()
-        seen = await self.visible(request["user"], view.by_namespace)
+        seen = await self.visible(request[USER], view.by_namespace)
         shown = [p for p in view.items if p.namespace in seen]
         page = queues_page(self._queues(), shown, view.at, _prefix(request))
         return web.Response(text=page, content_type="text/html", charset="utf-8")
 
     async def appwrapper_view(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        if not await self.visible(request["user"], [namespace]):
+        if not await self.visible(request[USER], [namespace]):
             return status(
                 403, "Forbidden", f"you may not list appwrappers in namespace {namespace}"
             )
@@ -358,6 +363,10 @@ class VisibilityApi:
         view = self._view()
         page = appwrapper_page(obj, view.by_key.get(f"{namespace}/{name}"), view.at)
         return web.Response(text=page, content_type="text/html", charset="utf-8")
+
+
+def _refused(namespace: str) -> web.Response:
+    return status(403, "Forbidden", f"you may not list appwrappers in namespace {namespace}")
 
 
 def _prefix(request: web.Request) -> str:

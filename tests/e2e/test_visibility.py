@@ -1,0 +1,173 @@
+"""See the queue, against the real API server: the pending list through the aggregation
+layer (`kubectl get --raw` as users with and without rights), the `kubectl aw` plugin as a
+user types it, and the web view.
+
+The dispatcher serves the visibility API on 127.0.0.1; an APIService names an ExternalName
+Service pointing there (the local control plane runs no kube-proxy), as
+`dispatcher.testing.manifests.visibility_registration` builds it. Each test gets the same
+queue: a node with room for one AppWrapper, one running for at most an hour, three waiting.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from dispatcher.config import VisibilityConfig
+from dispatcher.controller.manager import Manager
+from dispatcher.controller.visibility_api import BASE
+from dispatcher.testing.localcluster import KubectlError, free_port
+from dispatcher.testing.manifests import visibility_registration
+from dispatcher.testing.waits import async_wait_until
+from tests.e2e.conftest import (
+    StartDispatcher,
+    apply,
+    appwrapper,
+    pod_template,
+    wait_condition,
+)
+
+pytestmark = [pytest.mark.cluster]
+
+USER_ROLE = "appwrapper-visibility-test"
+
+
+def pod(name: str, cpu: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        **pod_template({"cpu": cpu}),
+    }
+
+
+@dataclass
+class Queue:
+    cluster: Any
+    namespace: str
+    dispatcher: Manager
+
+    async def raw(self, path: str, *, user: str) -> dict[str, Any]:
+        out = await self.cluster.akubectl("get", "--raw", BASE + path, f"--as={user}")
+        return dict(json.loads(out.stdout))
+
+
+def grant_list(cluster: Any, namespace: str, user: str) -> None:
+    """`user` may list AppWrappers in `namespace` (and nothing else there)."""
+    cluster.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "aw-reader", "namespace": namespace},
+            "rules": [
+                {
+                    "apiGroups": ["workload.codeflare.dev"],
+                    "resources": ["appwrappers"],
+                    "verbs": ["get", "list", "watch"],
+                }
+            ],
+        }
+    )
+    cluster.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"aw-reader-{user}", "namespace": namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "aw-reader",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }
+    )
+
+
+@pytest_asyncio.fixture
+async def queue(
+    cluster: Any, namespace: str, fake_nodes: Any, run_dispatcher: StartDispatcher
+) -> AsyncIterator[Queue]:
+    port = free_port()
+    for manifest in visibility_registration(port, namespace=namespace):
+        cluster.apply(manifest)
+    grant_list(cluster, namespace, "alice")
+    fake_nodes.add("n1", cpu="1")
+    dispatcher = await run_dispatcher(
+        visibility=VisibilityConfig(
+            enabled=True, host="127.0.0.1", port=port, extra_names=["127.0.0.1"]
+        )
+    )
+    # Above the waiting ones' priorities: none of them may preempt it.
+    running = appwrapper(
+        "long-1",
+        pod("long-1", "1"),
+        priority=100,
+        scheduling={"dispatchDuration": {"limit": 3600}},
+    )
+    await apply(cluster, namespace, running)
+    await wait_condition(cluster, namespace, "long-1", "Dispatched")
+    for index, name in enumerate(["wait-a", "wait-b", "wait-c"]):
+        await apply(cluster, namespace, appwrapper(name, pod(name, "1"), priority=10 - index))
+    state = Queue(cluster, namespace, dispatcher)
+
+    async def listed() -> bool:
+        try:
+            answer = await state.raw(f"/namespaces/{namespace}/pendingappwrappers", user="alice")
+        except KubectlError:
+            return False  # the APIService not yet available
+        return len(answer["items"]) == 3
+
+    await async_wait_until(listed, timeout=60, what="three pending AppWrappers listed")
+    yield state
+    cluster.kubectl(
+        "delete", "apiservice", f"v1alpha1.{BASE.split('/')[2]}", "--ignore-not-found", check=False
+    )
+
+
+async def test_pending_list_positions_and_eta(queue: Queue) -> None:
+    ns = queue.namespace
+    answer = await queue.raw(f"/namespaces/{ns}/pendingappwrappers", user="alice")
+    items = answer["items"]
+    assert [(i["metadata"]["name"], i["position"], i["positionInClusterQueue"]) for i in items] == [
+        ("wait-a", 1, 1),
+        ("wait-b", 2, 2),
+        ("wait-c", 3, 3),
+    ]
+    assert [i["priority"] for i in items] == [10, 9, 8]
+    assert items[0]["reason"] == "InsufficientResources"
+    assert "cpu" in items[0]["message"]
+    # long-1 runs for at most an hour: wait-a starts when it ends, at the latest.
+    assert items[0]["eta"]["basis"].startswith(f"after {ns}/long-1 ends, at the latest ")
+    assert items[0]["eta"]["latest"] is True
+    assert items[0]["eta"]["at"]
+    # Nothing known ends after wait-a (no limit, nothing observed yet).
+    assert items[1]["eta"] == {
+        "at": None,
+        "latest": False,
+        "basis": f"unknown: nothing ahead has a known end ({ns}/wait-a next)",
+    }
+    one = await queue.raw(f"/namespaces/{ns}/pendingappwrappers/wait-b", user="alice")
+    assert one["position"] == 2
+    capacity = await queue.raw("/clusterappqueues/-/pendingappwrappers", user="alice")
+    assert [i["metadata"]["name"] for i in capacity["items"]] == ["wait-a", "wait-b", "wait-c"]
+
+
+async def test_pending_list_only_where_the_user_may_list(queue: Queue) -> None:
+    ns = queue.namespace
+    # carol may read the visibility API (every authenticated user may) but not list
+    # AppWrappers in the namespace: the namespace's list is refused, the others hide it.
+    with pytest.raises(KubectlError) as refused:
+        await queue.raw(f"/namespaces/{ns}/pendingappwrappers", user="carol")
+    assert f"may not list appwrappers in namespace {ns}" in refused.value.stderr
+    everything = await queue.raw("/pendingappwrappers", user="carol")
+    assert everything["items"] == []
+    assert everything["total"] == 0
+    by_queue = await queue.raw("/clusterappqueues/-/pendingappwrappers", user="carol")
+    assert by_queue["items"] == []
+    mine = await queue.raw("/pendingappwrappers", user="alice")
+    assert {i["metadata"]["namespace"] for i in mine["items"]} == {ns}
