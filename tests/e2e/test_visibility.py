@@ -10,9 +10,13 @@ queue: a node with room for one AppWrapper, one running for at most an hour, thr
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -171,3 +175,68 @@ async def test_pending_list_only_where_the_user_may_list(queue: Queue) -> None:
     assert by_queue["items"] == []
     mine = await queue.raw("/pendingappwrappers", user="alice")
     assert {i["metadata"]["namespace"] for i in mine["items"]} == {ns}
+
+
+async def kubectl_aw(cluster: Any, *args: str, check: bool = True) -> Ran:
+    """`kubectl aw ...` as a user types it: kubectl finds the plugin on PATH. (Not blocking
+    the loop: the dispatcher answering it runs in this one.)"""
+    plugin_dir = Path(sys.executable).parent  # the virtualenv's bin, where kubectl-aw is
+    kubectl = Path(str(cluster.kubectl_path))
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(plugin_dir), str(kubectl.parent), os.environ["PATH"]]),
+        "KUBECONFIG": str(cluster.kubeconfig),
+    }
+    process = await asyncio.create_subprocess_exec(
+        str(kubectl),
+        "aw",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    ran = Ran(process.returncode or 0, out.decode(), err.decode())
+    if check and ran.returncode:
+        raise AssertionError(f"kubectl aw {' '.join(args)}: {ran.stderr}")
+    return ran
+
+
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+async def test_plugin_commands(queue: Queue) -> None:
+    ns, cluster = queue.namespace, queue.cluster
+    done = await kubectl_aw(cluster, "list", "-n", ns, "--as=alice")
+    assert done.stderr == ""
+    listed = done.stdout.splitlines()
+    assert listed[0].split() == ["NAME", "STATE", "QUEUE", "POSITION", "ETA"]
+    rows = [line.split()[:4] for line in listed[1:]]
+    assert rows[:3] == [
+        ["wait-a", "Pending", "-", "1"],
+        ["wait-b", "Pending", "-", "2"],
+        ["wait-c", "Pending", "-", "3"],
+    ]
+    assert rows[3][0] == "long-1"
+    assert rows[3][3] == "-"
+    wide = (await kubectl_aw(cluster, "list", "-n", ns, "-o", "wide", "--as=alice")).stdout
+    assert f"after {ns}/long-1 ends, at the latest" in wide
+    as_json = json.loads(
+        (await kubectl_aw(cluster, "list", "-n", ns, "-o", "json", "--as=alice")).stdout
+    )
+    assert [i["name"] for i in as_json["items"]][:3] == ["wait-a", "wait-b", "wait-c"]
+    why = (await kubectl_aw(cluster, "why", "wait-b", "-n", ns, "--as=alice")).stdout
+    assert f"{ns}/wait-b: Pending" in why
+    assert "position: 2 overall, 2 in capacity-only work" in why
+    assert "InsufficientResources" in why
+    missing = await kubectl_aw(cluster, "why", "nope", "-n", ns, "--as=alice", check=False)
+    assert missing.returncode == 1
+    assert missing.stderr == f'error: appwrapper "nope" not found in namespace {ns}\n'
+    refused = await kubectl_aw(cluster, "why", "wait-b", "-n", ns, "--as=carol", check=False)
+    assert refused.returncode == 1
+    assert refused.stderr.count("\n") == 1
+    assert "forbidden" in refused.stderr
