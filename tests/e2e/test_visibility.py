@@ -26,7 +26,12 @@ from dispatcher.config import VisibilityConfig
 from dispatcher.controller.manager import Manager
 from dispatcher.controller.visibility_api import BASE
 from dispatcher.testing.localcluster import KubectlError, free_port
-from dispatcher.testing.manifests import visibility_registration
+from dispatcher.testing.manifests import (
+    app_flavor,
+    app_queue,
+    cluster_queue,
+    visibility_registration,
+)
 from dispatcher.testing.waits import async_wait_until
 from tests.e2e.conftest import (
     StartDispatcher,
@@ -96,16 +101,8 @@ def grant_list(cluster: Any, namespace: str, user: str) -> None:
 async def queue(
     cluster: Any, namespace: str, fake_nodes: Any, run_dispatcher: StartDispatcher
 ) -> AsyncIterator[Queue]:
-    port = free_port()
-    for manifest in visibility_registration(port, namespace=namespace):
-        cluster.apply(manifest)
-    grant_list(cluster, namespace, "alice")
     fake_nodes.add("n1", cpu="1")
-    dispatcher = await run_dispatcher(
-        visibility=VisibilityConfig(
-            enabled=True, host="127.0.0.1", port=port, extra_names=["127.0.0.1"]
-        )
-    )
+    dispatcher = await start_visible(cluster, namespace, run_dispatcher)
     # Above the waiting ones' priorities: none of them may preempt it.
     running = appwrapper(
         "long-1",
@@ -128,6 +125,23 @@ async def queue(
 
     await async_wait_until(listed, timeout=60, what="three pending AppWrappers listed")
     yield state
+    unregister(cluster)
+
+
+async def start_visible(cluster: Any, namespace: str, run_dispatcher: StartDispatcher) -> Manager:
+    """A dispatcher serving the visibility API, registered; alice may list AppWrappers."""
+    port = free_port()
+    for manifest in visibility_registration(port, namespace=namespace):
+        cluster.apply(manifest)
+    grant_list(cluster, namespace, "alice")
+    return await run_dispatcher(
+        visibility=VisibilityConfig(
+            enabled=True, host="127.0.0.1", port=port, extra_names=["127.0.0.1"]
+        )
+    )
+
+
+def unregister(cluster: Any) -> None:
     cluster.kubectl(
         "delete", "apiservice", f"v1alpha1.{BASE.split('/')[2]}", "--ignore-not-found", check=False
     )
@@ -240,3 +254,67 @@ async def test_plugin_commands(queue: Queue) -> None:
     assert refused.returncode == 1
     assert refused.stderr.count("\n") == 1
     assert "forbidden" in refused.stderr
+
+
+async def test_cluster_queue_list_queues_stop_resume_and_view(
+    cluster: Any, namespace: str, fake_nodes: Any, quotas: None, run_dispatcher: StartDispatcher
+) -> None:
+    """With a ClusterAppQueue of 2 cpu: its pending list and its AppQueue's, `kubectl aw
+    queues`, `stop --drain` / `resume`, and the web view's queue page."""
+    fake_nodes.add("n", cpu="8")
+    cq = f"{namespace}-cq"
+    for obj in (app_flavor("default-flavor"), cluster_queue(cq, {"default-flavor": {"cpu": 2}})):
+        cluster.apply(obj)
+    await apply(cluster, namespace, app_queue("team", cq))
+    await start_visible(cluster, namespace, run_dispatcher)
+    try:
+        for name in ("q-1", "q-2", "q-3"):
+            await apply(cluster, namespace, appwrapper(name, pod(name, "2"), queue="team"))
+        await wait_condition(cluster, namespace, "q-1", "Dispatched")
+        state = Queue(cluster, namespace, None)  # type: ignore[arg-type]
+
+        async def two_pending() -> dict[str, Any] | None:
+            try:
+                answer = await state.raw(f"/clusterappqueues/{cq}/pendingappwrappers", user="alice")
+            except KubectlError:
+                return None
+            return answer if len(answer["items"]) == 2 else None
+
+        answer = await async_wait_until(two_pending, timeout=60, what="two pending in the queue")
+        got = [
+            (i["metadata"]["name"], i["positionInClusterQueue"], i["appQueue"], i["reason"])
+            for i in answer["items"]
+        ]
+        assert got == [("q-2", 1, "team", "QuotaExceeded"), ("q-3", 2, "team", "QuotaExceeded")]
+        local = await state.raw(
+            f"/namespaces/{namespace}/appqueues/team/pendingappwrappers", user="alice"
+        )
+        assert [i["positionInAppQueue"] for i in local["items"]] == [1, 2]
+
+        async def queue_row() -> list[str] | None:
+            out = (await kubectl_aw(cluster, "queues")).stdout.splitlines()
+            row = next((line.split() for line in out if f" {cq} " in f" {line} "), None)
+            return row if row is not None and "cpu=2" in " ".join(row) else None
+
+        row = await async_wait_until(queue_row, timeout=30, what="the queue's usage shown")
+        assert row[:6] == ["ClusterAppQueue", cq, "None", "True", "2", "1"]
+
+        stopped = await kubectl_aw(cluster, "stop", cq, "--drain")
+        assert stopped.stdout == f"clusterappqueue/{cq} stopPolicy=HoldAndDrain\n"
+        policy = cluster.kubectl("get", "clusterappqueue", cq, "-o", "jsonpath={.spec.stopPolicy}")
+        assert policy.stdout == "HoldAndDrain"
+        await kubectl_aw(cluster, "resume", cq)
+        policy = cluster.kubectl("get", "clusterappqueue", cq, "-o", "jsonpath={.spec.stopPolicy}")
+        assert policy.stdout == "None"
+        missing = await kubectl_aw(cluster, "stop", "no-such-queue", check=False)
+        assert (missing.returncode, missing.stderr) == (
+            1,
+            'error: clusterappqueue "no-such-queue" not found\n',
+        )
+
+        # The API server's proxy parses and writes HTML again (its quotes, not ours).
+        page = await cluster.akubectl("get", "--raw", f"{BASE}/views/queues", "--as=alice")
+        assert f'<h2 class="queue">{cq}</h2>' in page.stdout
+        assert f"{namespace}/q-2" in page.stdout
+    finally:
+        unregister(cluster)
