@@ -27,7 +27,6 @@ from __future__ import annotations
 import ssl
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -40,7 +39,7 @@ from dispatcher.api.constants import GROUP as APPWRAPPER_GROUP
 from dispatcher.controller.admission import AccessReviews
 from dispatcher.controller.webview import QueueRow, appwrapper_page, queues_page
 from dispatcher.core.admission import Access, Creator
-from dispatcher.core.visibility import Pending, PendingView
+from dispatcher.core.visibility import Pending, PendingView, rfc3339
 from dispatcher.kube.webhook import certificate_names
 
 GROUP = "visibility.workload.codeflare.dev"
@@ -137,9 +136,7 @@ def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
 
 
 def _rfc3339(at: float | None) -> str | None:
-    if at is None:
-        return None
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if at is None else rfc3339(at)
 
 
 def item_of(pending: Pending, now: float) -> Obj:
@@ -211,6 +208,8 @@ class VisibilityApi:
         self._appwrapper = appwrapper
         self._queues = queues
         self._now = now
+        self._encoded_view: PendingView | None = None
+        self._encoded_items: dict[str, bytes] = {}
         self._log = structlog.get_logger("visibility")
 
     def app(self) -> web.Application:
@@ -284,7 +283,18 @@ class VisibilityApi:
                 allowed.add(namespace)
         return allowed
 
-    async def _listing(self, request: web.Request, items: Sequence[Pending]) -> web.Response:
+    def _encoded(self, view: PendingView, pending: Pending) -> bytes:
+        """One item as JSON, made once per view (a view lasts until the next cycle)."""
+        if view is not self._encoded_view:
+            self._encoded_view, self._encoded_items = view, {}
+        data = self._encoded_items.get(pending.key)
+        if data is None:
+            data = self._encoded_items[pending.key] = orjson.dumps(item_of(pending, view.at))
+        return data
+
+    async def _listing(
+        self, request: web.Request, view: PendingView, items: Sequence[Pending]
+    ) -> web.Response:
         user: Creator = request[USER]
         seen = await self.visible(user, {p.namespace for p in items})
         shown = [p for p in items if p.namespace in seen]
@@ -295,36 +305,41 @@ class VisibilityApi:
             return status(400, "BadRequest", "limit and offset are whole numbers")
         limit = max(0, min(limit, MAX_LIMIT))
         offset = max(0, offset)
-        view = self._view()
-        page = shown[offset : offset + limit]
-        body = {
-            "kind": "PendingAppWrapperList",
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "metadata": {"creationTimestamp": _rfc3339(view.at)},
-            "total": len(shown),
-            "items": [item_of(p, view.at) for p in page],
-        }
-        return _json(body)
+        head = orjson.dumps(
+            {
+                "kind": "PendingAppWrapperList",
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "metadata": {"creationTimestamp": _rfc3339(view.at)},
+                "total": len(shown),
+            }
+        )
+        page = b",".join(self._encoded(view, p) for p in shown[offset : offset + limit])
+        body = head[:-1] + b',"items":[' + page + b"]}"
+        return web.Response(body=body, content_type="application/json")
 
     async def all_namespaces(self, request: web.Request) -> web.Response:
-        return await self._listing(request, self._view().items)
+        view = self._view()
+        return await self._listing(request, view, view.items)
 
     async def namespace(self, request: web.Request) -> web.Response:
         namespace = request.match_info["namespace"]
         if not await self.visible(request[USER], [namespace]):
             return _refused(namespace)
-        return await self._listing(request, self._view().by_namespace.get(namespace, ()))
+        view = self._view()
+        return await self._listing(request, view, view.by_namespace.get(namespace, ()))
 
     async def cluster_queue(self, request: web.Request) -> web.Response:
         queue = request.match_info["queue"]
         queue = "" if queue == CAPACITY_ONLY else queue
-        return await self._listing(request, self._view().by_queue.get(queue, ()))
+        view = self._view()
+        return await self._listing(request, view, view.by_queue.get(queue, ()))
 
     async def app_queue(self, request: web.Request) -> web.Response:
         key = f"{request.match_info['namespace']}/{request.match_info['queue']}"
         if not await self.visible(request[USER], [request.match_info["namespace"]]):
             return _refused(request.match_info["namespace"])
-        return await self._listing(request, self._view().by_local.get(key, ()))
+        view = self._view()
+        return await self._listing(request, view, view.by_local.get(key, ()))
 
     async def one(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]

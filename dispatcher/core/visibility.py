@@ -24,7 +24,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 from statistics import median
+from typing import NamedTuple
 
 from dispatcher.api.models import Reason
 
@@ -142,33 +144,64 @@ class Durations:
         return None
 
 
-@dataclass(order=True, frozen=True, slots=True)
-class _End:
-    at: float  # inf: unknown
+class _End(NamedTuple):
+    """When something running ends (inf: unknown); a tuple, so that the heap compares fast."""
+
+    at: float
     key: str
     latest: bool
 
 
+class _Expected:
+    """`Durations.expected`, asked once per (queue, kind) in one view."""
+
+    def __init__(self, durations: Durations) -> None:
+        self._durations = durations
+        self._known: dict[tuple[str, str], float | None] = {}
+
+    def __call__(self, queue: str, kind: str) -> float | None:
+        where = (queue, kind)
+        if where not in self._known:
+            self._known[where] = self._durations.expected(queue, kind)
+        return self._known[where]
+
+
 def _end_of(
-    key: str, start: float, queue: str, kind: str, limit: float | None, durations: Durations
+    key: str, start: float, queue: str, kind: str, limit: float | None, durations: _Expected
 ) -> _End:
     if limit is not None:
         return _End(start + limit, key, True)
-    expected = durations.expected(queue, kind)
+    expected = durations(queue, kind)
     if expected is not None:
         return _End(start + expected, key, False)
     return _End(float("inf"), key, False)
 
 
+@lru_cache(maxsize=64)
+def _day(day: int) -> str:
+    return datetime.fromtimestamp(day * 86400, UTC).strftime("%Y-%m-%d")
+
+
+def rfc3339(at: float) -> str:
+    """`at` as Kubernetes writes times (UTC, to the second). Without strftime per call:
+    a list of 10,000 AppWrappers writes 20,000 of them."""
+    whole = int(at)
+    day, second = divmod(whole, 86400)
+    hour, rest = divmod(second, 3600)
+    return f"{_day(day)}T{hour:02d}:{rest // 60:02d}:{rest % 60:02d}Z"
+
+
 def clock(at: float) -> str:
     """A time of day as the basis says it (UTC, to the minute)."""
-    return datetime.fromtimestamp(at, UTC).strftime("%H:%M UTC")
+    second = int(at) % 86400
+    return f"{second // 3600:02d}:{second % 3600 // 60:02d} UTC"
 
 
 def _lines(
     order: Sequence[Waiting], active: Iterable[Active], durations: Durations, now: float
 ) -> dict[str, Eta]:
     """The slot model of the module docstring, per cluster queue."""
+    expected = _Expected(durations)
     ends: dict[str, list[_End]] = {}
     for running in active:
         end = _end_of(
@@ -177,7 +210,7 @@ def _lines(
             running.cluster_queue,
             running.kind,
             running.limit,
-            durations,
+            expected,
         )
         ends.setdefault(running.cluster_queue, []).append(end)
     for line in ends.values():
@@ -208,7 +241,7 @@ def _lines(
             basis = f"after {first.key} ends, expected {clock(start)}"
         etas[waiting.key] = Eta(start, basis, first.latest)
         own = _end_of(
-            waiting.key, start, waiting.cluster_queue, waiting.kind, waiting.limit, durations
+            waiting.key, start, waiting.cluster_queue, waiting.kind, waiting.limit, expected
         )
         heapq.heappush(heap, _End(own.at, own.key, own.latest and first.latest))
     return etas

@@ -4,6 +4,7 @@ scheduler's own order (a property over random cycles)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from dispatcher.core.visibility import (
     Waiting,
     clock,
     pending_view,
+    rfc3339,
 )
 from tests.unit.builders import cluster, node, pods, workload
 
@@ -220,3 +222,10 @@ def test_finished_durations_are_recorded_between_cycles() -> None:
     state.observe(None, [], NOW + 50)
     assert state.durations.expected("q", "") == 150.0
     assert state.active() == []
+
+
+@given(at=st.floats(min_value=0, max_value=4_000_000_000, allow_nan=False))
+def test_time_formats_agree_with_strftime(at: float) -> None:
+    moment = datetime.fromtimestamp(at, UTC)
+    assert rfc3339(at) == moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert clock(at) == moment.strftime("%H:%M UTC")
