@@ -1,5 +1,6 @@
-"""The user's kubeconfig read as kubectl reads it, and requests made with it (stdlib only:
-the plugin starts in a fraction of the time kubernetes-asyncio takes to import).
+"""The user's kubeconfig read as kubectl reads it, and requests made with it (the standard
+library and PyYAML only: the plugin starts in a fraction of the time kubernetes-asyncio
+takes to import).
 
 Side effects: reads the kubeconfig files and the files it names; runs the `exec`
 credential plugin it names (as kubectl does); HTTPS requests to the API server.
@@ -14,14 +15,13 @@ data) or `insecure-skip-tls-verify`; a user's token, token file, client certific
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import ssl
 import subprocess
 import tempfile
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,24 +52,31 @@ class Connection:
         body: Obj | None = None,
         content_type: str = "application/json",
     ) -> Obj:
-        url = self.server.rstrip("/") + path
+        target = urllib.parse.urlsplit(self.server)
+        url = target.path.rstrip("/") + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Accept": "application/json", **self.headers}
         if data is not None:
             headers["Content-Type"] = content_type
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        if target.scheme == "https":
+            connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+                target.netloc, timeout=self.timeout, context=self.context
+            )
+        else:
+            connection = http.client.HTTPConnection(target.netloc, timeout=self.timeout)
         try:
-            with urllib.request.urlopen(
-                request, timeout=self.timeout, context=self.context
-            ) as answer:
-                return dict(json.loads(answer.read() or b"{}"))
-        except urllib.error.HTTPError as exc:
-            raise ApiError(exc.code, _message(exc.read(), exc.reason)) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise PluginError(f"cannot reach the API server at {self.server}: {reason}") from None
+            connection.request(method, url, body=data, headers=headers)
+            answer = connection.getresponse()
+            raw = answer.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise PluginError(f"cannot reach the API server at {self.server}: {exc}") from None
+        finally:
+            connection.close()
+        if answer.status >= 400:
+            raise ApiError(answer.status, _message(raw, answer.reason))
+        return dict(json.loads(raw or b"{}"))
 
     def get(self, path: str, **query: str) -> Obj:
         return self.request("GET", path, query=query or None)

@@ -19,8 +19,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import yaml
-
 from dispatcher.api.constants import GROUP, LABEL_QUEUE
 from dispatcher.plugin.kubeconfig import ApiError, Connection, PluginError, connect
 
@@ -102,6 +100,8 @@ def _emit(obj: Obj, output: str | None) -> bool:
         print(json.dumps(obj, indent=4))
         return True
     if output == "yaml":
+        import yaml  # only here: the plugin starts faster without it
+
         print(yaml.safe_dump(obj, sort_keys=False), end="")
         return True
     return False
