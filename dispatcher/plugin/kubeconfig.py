@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 Obj = dict[str, Any]
+STANDBY_RETRIES = 4
 
 
 class PluginError(Exception):
@@ -79,7 +80,15 @@ class Connection:
         return dict(json.loads(raw or b"{}"))
 
     def get(self, path: str, **query: str) -> Obj:
-        return self.request("GET", path, query=query or None)
+        """A read; a 503 is asked again a few times: the visibility API's Service reaches
+        every replica, and only the leader answers (a standby says 503)."""
+        for attempt in range(STANDBY_RETRIES):
+            try:
+                return self.request("GET", path, query=query or None)
+            except ApiError as exc:
+                if exc.code != 503 or attempt + 1 == STANDBY_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
 
 
 class ApiError(PluginError):
