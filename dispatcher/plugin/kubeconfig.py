@@ -43,6 +43,18 @@ class Connection:
     context: ssl.SSLContext
     headers: dict[str, str] = field(default_factory=dict)
     timeout: float = 30.0
+    _open: http.client.HTTPConnection | None = None
+
+    def _connection(self, target: urllib.parse.SplitResult) -> http.client.HTTPConnection:
+        """One connection for every request of a command: one TLS handshake, not one each."""
+        if self._open is None:
+            if target.scheme == "https":
+                self._open = http.client.HTTPSConnection(
+                    target.netloc, timeout=self.timeout, context=self.context
+                )
+            else:
+                self._open = http.client.HTTPConnection(target.netloc, timeout=self.timeout)
+        return self._open
 
     def request(
         self,
@@ -61,20 +73,15 @@ class Connection:
         headers = {"Accept": "application/json", **self.headers}
         if data is not None:
             headers["Content-Type"] = content_type
-        if target.scheme == "https":
-            connection: http.client.HTTPConnection = http.client.HTTPSConnection(
-                target.netloc, timeout=self.timeout, context=self.context
-            )
-        else:
-            connection = http.client.HTTPConnection(target.netloc, timeout=self.timeout)
+        connection = self._connection(target)
         try:
             connection.request(method, url, body=data, headers=headers)
             answer = connection.getresponse()
             raw = answer.read()
         except (OSError, http.client.HTTPException) as exc:
-            raise PluginError(f"cannot reach the API server at {self.server}: {exc}") from None
-        finally:
             connection.close()
+            self._open = None
+            raise PluginError(f"cannot reach the API server at {self.server}: {exc}") from None
         if answer.status >= 400:
             raise ApiError(answer.status, _message(raw, answer.reason))
         return dict(json.loads(raw or b"{}"))
