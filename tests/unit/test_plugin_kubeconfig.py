@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from dispatcher.plugin.kubeconfig import PluginError, connect
 from dispatcher.plugin.main import main
 
