@@ -1,11 +1,11 @@
 """What the leader knows of its queues, kept for "see the queue" (no I/O of its own).
 
 The scheduler hands every cycle's result here (`observe`): the pending AppWrappers in the
-order the cycle took them, the queue each resolved to and why each waits. The pending view
-(`core.visibility.pending_view`) is built from the last cycle on the first question after
-it, and reused until the next cycle: a cycle over 10,000 AppWrappers costs far more than
-the view, and no question costs a cycle. What runs (`Active`) is read from the scheduler
-cache; the durations of those that finished feed the start estimates.
+order the cycle took them, the queue each resolved to and why each waits. Only references
+are kept then; the pending view (`core.visibility.pending_view`) is built from the last
+cycle on the first question after it, and reused until the next cycle: no cycle pays for
+a view nobody asks for, and no question costs a cycle. What runs (`Active`) is read from
+the scheduler cache; the durations of those that finished feed the start estimates.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Visibility:
         self._current = current
         self._finished = finished
         self.durations = Durations()
-        self._order: tuple[Waiting, ...] = ()
+        self._last: tuple[CycleResult, Sequence[Workload]] | None = None
         self._at = 0.0
         self._view: PendingView | None = None
         self._known: dict[str, _Known] = {}
@@ -72,21 +72,26 @@ class Visibility:
         self.cycles = 0
 
     def observe(self, result: CycleResult | None, pending: Sequence[Workload], now: float) -> None:
-        """A cycle ran (None: nothing is pending). Cheap: the view is built on demand."""
+        """A cycle ran (None: nothing is pending). Cheap, since it runs in the scheduler's
+        loop: what ran is tracked (O(running)); the order is kept by reference and read on
+        the first question (`view`)."""
         self.cycles += 1
         self._at = now
         self._view = None
         self._active = self._track()
-        if result is None:
-            self._order = ()
-            return
+        self._last = (result, pending) if result is not None else None
+
+    def _order(self) -> list[Waiting]:
+        if self._last is None:
+            return []
+        result, pending = self._last
         by_key = {w.key: w for w in pending}
         waits = {w.key: w for w in result.waits}
         order: list[Waiting] = []
         for key in result.order:
             wait = waits.get(key)
             if wait is None:
-                continue  # admitted by this cycle
+                continue  # admitted by that cycle
             workload = by_key[key]
             queue, local = _queues(result.resolved.get(key))
             kind, limit = kind_and_limit(self._current(key))
@@ -103,11 +108,11 @@ class Visibility:
                     limit=limit,
                 )
             )
-        self._order = tuple(order)
+        return order
 
     def view(self) -> PendingView:
         if self._view is None:
-            self._view = pending_view(self._order, self._active, self.durations, self._at)
+            self._view = pending_view(self._order(), self._active, self.durations, self._at)
         return self._view
 
     def active(self) -> list[Active]:

@@ -20,6 +20,7 @@ The model ignores sizes (a large gang may need several ends); the accuracy bench
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -177,6 +178,13 @@ def _end_of(
     return _End(float("inf"), key, False)
 
 
+def _seconds(at: float) -> int:
+    """Whole seconds as `datetime.fromtimestamp` counts them (it rounds the fraction to the
+    microsecond first), for times since the epoch."""
+    fraction, whole = math.modf(at)
+    return int(whole) + (1 if round(fraction * 1e6) >= 1_000_000 else 0)
+
+
 @lru_cache(maxsize=64)
 def _day(day: int) -> str:
     return datetime.fromtimestamp(day * 86400, UTC).strftime("%Y-%m-%d")
@@ -185,15 +193,14 @@ def _day(day: int) -> str:
 def rfc3339(at: float) -> str:
     """`at` as Kubernetes writes times (UTC, to the second). Without strftime per call:
     a list of 10,000 AppWrappers writes 20,000 of them."""
-    whole = int(at)
-    day, second = divmod(whole, 86400)
+    day, second = divmod(_seconds(at), 86400)
     hour, rest = divmod(second, 3600)
     return f"{_day(day)}T{hour:02d}:{rest // 60:02d}:{rest % 60:02d}Z"
 
 
 def clock(at: float) -> str:
     """A time of day as the basis says it (UTC, to the minute)."""
-    second = int(at) % 86400
+    second = _seconds(at) % 86400
     return f"{second // 3600:02d}:{second % 3600 // 60:02d} UTC"
 
 
