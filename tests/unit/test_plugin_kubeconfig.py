@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
 from dispatcher.plugin.kubeconfig import PluginError, connect
-from dispatcher.plugin.main import main
+from dispatcher.plugin.main import cmd_list, main
 
 
 def kubeconfig(
@@ -77,3 +78,45 @@ def test_errors_are_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFi
         capsys.readouterr().err
         == "error: no current context: pass --context or set one in the kubeconfig\n"
     )
+
+
+class FakeApi:
+    """The two reads `kubectl aw list -A` makes, canned."""
+
+    namespace = "default"
+
+    def get(self, path: str, **query: str) -> dict[str, object]:
+        if path.endswith("/appwrappers"):
+            return {
+                "items": [
+                    {"metadata": {"namespace": "b", "name": "run"}, "status": {"state": "Running"}},
+                    {
+                        "metadata": {"namespace": "a", "name": "wait"},
+                        "status": {"state": "Pending"},
+                    },
+                ]
+            }
+        pending = {
+            "metadata": {"namespace": "a", "name": "wait"},
+            "position": 1,
+            "positionInClusterQueue": 1,
+            "clusterQueue": "cq",
+            "priority": 3,
+            "waitingSeconds": 200,
+            "reason": "QuotaExceeded",
+            "message": "queue cq: needs cpu 2",
+            "eta": {"at": "2027-01-15T08:01:00Z", "latest": True, "basis": "after b/run ends"},
+        }
+        return {"items": [pending]}
+
+
+def test_list_all_namespaces_wide_and_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    cmd_list(FakeApi(), Namespace(all_namespaces=True, output="wide"))  # type: ignore[arg-type]
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert rows[0][:6] == ["NAMESPACE", "NAME", "STATE", "QUEUE", "POSITION", "ETA"]
+    assert rows[1][:9] == ["a", "wait", "Pending", "cq", "1", "by", "08:01", "3", "3m"]
+    assert rows[2][:5] == ["b", "run", "Running", "-", "-"]
+    cmd_list(FakeApi(), Namespace(all_namespaces=True, output="yaml"))  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert out.startswith("kind: List\n")
+    assert "basis: after b/run ends" in out
