@@ -10,11 +10,12 @@ The estimate is a slot model, kept simple on purpose so that its basis can be sa
 line: in each cluster queue (capacity-only work is one more line, ""), the first pending
 AppWrapper starts when the first thing running there ends, the second when the next ends,
 and so on; an AppWrapper that starts this way ends after its own expected duration. An end
-is known from a `dispatchDuration` limit (then the start is "at the latest" that time) or
-from the durations observed in the same queue and kind (`Durations`, a small rolling
-record; then "expected"). When the next end in line is not known, neither is the start.
-The model ignores sizes (a large gang may need several ends); the accuracy benchmark
-(benchmarks/visibility_bench.py) measures how far off that leaves it.
+is known from the durations observed in the same queue and kind (`Durations`, a small
+rolling record; then the start is "expected", never later than a limit allows) or else from
+a `dispatchDuration` limit (then it is "at the latest" that time). When the next end in
+line is not known, neither is the start. The model ignores sizes (a large gang may need
+several ends); the accuracy benchmark (benchmarks/eta_bench.py) measures how far off that
+leaves it.
 """
 
 from __future__ import annotations
@@ -170,11 +171,13 @@ class _Expected:
 def _end_of(
     key: str, start: float, queue: str, kind: str, limit: float | None, durations: _Expected
 ) -> _End:
+    """When it ends: after the durations observed (no later than its limit), else at its
+    limit (a bound), else unknown (inf)."""
+    expected = durations(queue, kind)
+    if expected is not None and (limit is None or expected < limit):
+        return _End(start + expected, key, False)
     if limit is not None:
         return _End(start + limit, key, True)
-    expected = durations(queue, kind)
-    if expected is not None:
-        return _End(start + expected, key, False)
     return _End(float("inf"), key, False)
 
 

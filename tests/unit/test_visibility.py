@@ -87,6 +87,20 @@ ETA_CASES = [
         want_basis={"a/one": f"after a/r1 ends, expected {clock(NOW + 50)}"},
     ),
     EtaCase(
+        "observed durations come before a limit, which still caps them",
+        order=(w("a/one", "q", kind="Job"), w("a/two", "q", kind="Job")),
+        active=(
+            Active("a/r1", NOW - 10, "q", "Job", 600.0),
+            Active("a/r2", NOW - 10, "q", "Job", 20.0),
+        ),
+        observed=(("q", "Job", 40.0),),
+        want_at={"a/one": NOW + 10, "a/two": NOW + 30},
+        want_basis={
+            "a/one": f"after a/r2 ends, at the latest {clock(NOW + 10)}",
+            "a/two": f"after a/r1 ends, expected {clock(NOW + 30)}",
+        },
+    ),
+    EtaCase(
         "an end already past starts it now",
         order=(w("a/one", "q"),),
         active=(Active("a/r1", NOW - 1000, "q", limit=10.0),),
