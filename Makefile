@@ -96,11 +96,18 @@ peers: venv
 # tests/e2e/test_chart.py: `helm template` against manifests/, the switches, and `helm
 # install` into the local control plane with the dispatcher run from the checkout. Not part
 # of `make test`, which skips test_chart.py while helm is not built.
-.PHONY: chart-test
+.PHONY: chart-test browser-test
 chart-test: venv testenv
 	helm="$$(bash testenv/build-helm.sh)" && \
 	  "$$helm" lint --strict charts/appwrapper-dispatcher && \
 	  APPWRAPPER_HELM="$$helm" $(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/test_chart.py
+
+# The web view in a real browser: Debian's Chromium (installed here if absent; needs root and
+# apt), then the browser test against a local control plane; the screenshot in the docs.
+browser-test: venv testenv
+	test -x /usr/bin/chromium || DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+	APPWRAPPER_SCREENSHOT=$(CURDIR)/docs/images/webview.png \
+	  $(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/test_webview_browser.py
 
 # The image (Dockerfile) tagged $(IMAGE), with the first builder found: CONTAINER_BUILDER if
 # set, else docker (if its daemon answers), podman, buildah. None: says so and fails. Push it

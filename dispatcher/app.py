@@ -33,6 +33,7 @@ from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import KubeClient, ResourceInfo, replica_identity
 from dispatcher.kube.leader import LeaderElector
 from dispatcher.kube.preflight import check_appwrapper_crd
+from dispatcher.visibility_service import VisibilityService
 from dispatcher.webhook_service import WebhookService
 
 LOCAL_MEMBER = "local"
@@ -174,6 +175,7 @@ async def running(config: Config, *, ready_timeout: float = 60) -> AsyncIterator
     """Run a dispatcher in this event loop for the duration of the block (tests, demo)."""
     dispatcher = await build_checked(config)
     service = await _start_webhook(config, dispatcher)
+    visibility = await _start_visibility(config, dispatcher, service)
     task = asyncio.create_task(dispatcher.run(), name="dispatcher")
     try:
         ready = asyncio.create_task(dispatcher.ready.wait())
@@ -193,9 +195,30 @@ async def running(config: Config, *, ready_timeout: float = 60) -> AsyncIterator
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+        if visibility is not None:
+            await visibility.stop()
         if service is not None:
             await service.stop()
         await close(dispatcher)
+
+
+async def _start_visibility(
+    config: Config, dispatcher: Manager, webhook: WebhookService | None
+) -> VisibilityService | None:
+    """Every replica serves the visibility API (docs/operations.md#see-the-queue); a standby
+    answers 503 naming the leader."""
+    if not config.visibility.enabled:
+        return None
+    service = VisibilityService(config, dispatcher)
+    try:
+        await service.start()
+    except BaseException:
+        await service.stop()
+        if webhook is not None:
+            await webhook.stop()
+        await close(dispatcher)
+        raise
+    return service
 
 
 async def _start_webhook(config: Config, dispatcher: Manager) -> WebhookService | None:
@@ -275,6 +298,7 @@ async def serve_forever(config: Config) -> None:
     log = structlog.get_logger("main")
     dispatcher = await build_checked(config)
     service = await _start_webhook(config, dispatcher)
+    visibility = await _start_visibility(config, dispatcher, service)
     runner = None
     if config.health_port:
         runner = await health.serve(
@@ -294,6 +318,8 @@ async def serve_forever(config: Config) -> None:
         if elected is None:  # stopped before it led
             if runner is not None:
                 await runner.cleanup()
+            if visibility is not None:
+                await visibility.stop()
             if service is not None:
                 await service.stop()
             await close(dispatcher)
@@ -335,6 +361,8 @@ async def serve_forever(config: Config) -> None:
             await elector.release()  # only if still held: never after losing it
         if runner is not None:
             await runner.cleanup()
+        if visibility is not None:
+            await visibility.stop()
         if service is not None:
             await service.stop()
         if lease_client is not None:

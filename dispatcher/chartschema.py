@@ -115,6 +115,10 @@ CHART_VALUES: dict[str, Any] = {
         "The quota kinds: their CRDs and everyone's rights on them.",
         enabled={"type": "boolean"},
     ),
+    "visibility": _closed(
+        "Who may ask the visibility API (config.visibility.enabled turns it on).",
+        readers=_described("Groups bound to its reader ClusterRole.", _STRINGS),
+    ),
     "certManager": _closed(
         "The webhook's certificate from cert-manager instead of the dispatcher's own.",
         enabled={"type": "boolean"},

@@ -45,6 +45,11 @@ def parser() -> argparse.ArgumentParser:
         help="serve the webhook with tls.crt/tls.key from this directory (cert-manager)",
     )
     run.add_argument(
+        "--visibility",
+        action="store_true",
+        help="serve the pending list and web view (visibility.enabled; manifests/visibility)",
+    )
+    run.add_argument(
         "--dev",
         action="store_true",
         help="for trying it out from this machine: serve the webhook on 127.0.0.1 and register "
@@ -59,13 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     overrides: dict[str, Any] = {
         k: v
         for k, v in vars(args).items()
-        if k not in ("command", "config", "webhook_cert_dir", "dev")
+        if k not in ("command", "config", "webhook_cert_dir", "dev", "visibility")
     }
     try:
         config = load_config(args.config, overrides)
         if args.webhook_cert_dir:
             webhook = config.webhook.model_copy(update={"cert_dir": args.webhook_cert_dir})
             config = config.model_copy(update={"webhook": webhook})
+        if args.visibility:
+            visibility = config.visibility.model_copy(update={"enabled": True})
+            config = config.model_copy(update={"visibility": visibility})
         missing = [
             f"{what} {path}: no such file"
             for what, path in [

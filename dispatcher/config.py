@@ -71,6 +71,31 @@ class MemberConfig(BaseModel):
     """Labels of the namespaces this member gets created (Pod Security level, team...)."""
 
 
+class VisibilityConfig(BaseModel):
+    """The pending list and web view (docs/operations.md#see-the-queue): an aggregated API
+    the API server proxies to every replica; the leader answers, standbys say who leads."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    host: str = "0.0.0.0"
+    port: int = Field(default=8444, ge=0, le=65535)
+    """0: any free port (tests)."""
+    service_name: str = "appwrapper-dispatcher-visibility"
+    namespace: str = "appwrapper-system"
+    """The Service the APIService names: the serving certificate names service.namespace.svc."""
+    extra_names: list[str] = Field(default_factory=list)
+    """More DNS names or IP addresses for the serving certificate."""
+    cert_dir: str | None = None
+    """tls.crt and tls.key made by someone else; unset: a certificate made at start."""
+    requestheader_client_ca_file: str | None = None
+    """The front proxy's CA (PEM). Unset: read from ConfigMap
+    kube-system/extension-apiserver-authentication, as every aggregated API server does."""
+    requestheader_allowed_names: list[str] | None = None
+    """Accepted names of the front proxy's client certificate (empty: any the CA signed).
+    Unset: from the same ConfigMap."""
+
+
 class WebhookConfig(BaseModel):
     """The admission webhook every replica serves (HTTPS)."""
 
@@ -194,6 +219,7 @@ class Config(BaseModel):
     """How long the API server's answer to "may this user create X here" is reused (fewer
     requests in a burst; a right taken away counts after at most this long)."""
     webhook: WebhookConfig = Field(default_factory=lambda: WebhookConfig())
+    visibility: VisibilityConfig = Field(default_factory=lambda: VisibilityConfig())
     priority_policy: PriorityPolicy = Field(default_factory=lambda: PriorityPolicy())
     leader_election: bool = False
     lease_namespace: str = "default"

@@ -345,6 +345,19 @@ class SchedulerCache:
             )
         return Snapshot(pending, clusters, self._claims(now), charges)
 
+    def running(self) -> Iterator[tuple[str, float, str]]:
+        """(key, dispatched at, cluster queue or "") of each AppWrapper that holds room as
+        of its last derived standing or assumed dispatch (read-only; for "see the queue")."""
+        for key, entry in self._entries.items():
+            if entry.phase not in HOLDING:
+                continue
+            assumed, standing = entry.assumed, entry.standing
+            if assumed is not None:
+                yield key, assumed.at, assumed.charge.queue if assumed.charge else ""
+            elif standing is not None and standing.held is not None:
+                queue = standing.charge.queue if standing.charge else ""
+                yield key, standing.dispatched_at, queue
+
     def charge_of(self, key: str) -> Charge | None:
         """What a dispatched AppWrapper uses of its queue's quota, as last derived."""
         entry = self._entries.get(key)

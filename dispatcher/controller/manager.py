@@ -35,6 +35,7 @@ from dispatcher.controller.reconciler import Reconciler
 from dispatcher.controller.scheduler import Scheduler
 from dispatcher.controller.status import APPWRAPPERS, StatusWriter
 from dispatcher.controller.upkeep import Upkeep
+from dispatcher.controller.visibility import Visibility
 from dispatcher.controller.waiting import WaitingWriter
 from dispatcher.controller.workqueue import WorkQueue
 from dispatcher.core.phase import Phase, phase_of_raw
@@ -129,6 +130,11 @@ class Manager:
         self.waiting = WaitingWriter(
             models=self.models, status=self.status, clock=self.clock, on_conflict=self._kick
         )
+        self.visibility = Visibility(
+            running=self.cache.running,
+            current=self.status.current,
+            finished=lambda key: self.cache.phase(key) is Phase.FINISHED,
+        )
         self.scheduler = Scheduler(
             config=config,
             cache=self.cache,
@@ -140,6 +146,7 @@ class Manager:
             wrote=self.queue.add,
             quota_tree=self.quotas.tree,
             recorder=self.recorder,
+            observe=self.visibility.observe,
         )
         self.reconciler = Reconciler(
             config=config,

@@ -76,9 +76,11 @@ class Scheduler:
         wrote: Callable[[str], None],
         quota_tree: Callable[[], QuotaTree] | None = None,
         recorder: Recorder | None = None,
+        observe: Callable[[CycleResult | None, list[Workload], float], None] | None = None,
     ) -> None:
         self._config = config
         self._recorder = recorder or Recorder()
+        self._observe = observe  # sees each cycle's order and waits (controller/visibility.py)
         self._quota_tree = quota_tree
         self._cache = cache
         self._models = models
@@ -120,11 +122,15 @@ class Scheduler:
         """One scheduling cycle; its writes run in the background. None if nothing waits."""
         self._kick.clear()
         if not self._cache.anything_queued():
+            if self._observe is not None:
+                self._observe(None, [], self._clock.time())
             return None  # woken by a change that cannot matter: nothing waits
         started = time.perf_counter()
         now = self._clock.time()
         snapshot = self._cache.snapshot(now)
         if not snapshot.pending:
+            if self._observe is not None:
+                self._observe(None, [], now)
             self._cycle_seconds = time.perf_counter() - started
             return None
         policy = None
@@ -152,6 +158,8 @@ class Scheduler:
         self.considered.update(w.key for w in snapshot.pending)
         # The spec as written is what an admission records (and checks is still current).
         self._apply(result, snapshot.pending, now, tree)
+        if self._observe is not None:
+            self._observe(result, snapshot.pending, now)
         self._cycle_seconds = time.perf_counter() - started
         self._recorder.cycle(self._cycle_seconds, admitted=bool(result.admits), waits=result.waits)
         self._log.debug(

@@ -42,6 +42,8 @@ from dispatcher.testing.ports import free_port
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 BIND_ATTEMPTS = 4
 """Starts of one component, each on fresh ports, when another program took its port."""
+FRONT_PROXY_CLIENT_NAME = "front-proxy-client"
+"""The common name of the local API server's front-proxy client certificate (kubeadm's)."""
 WEBHOOK_CLIENT_NAME = "kube-apiserver-webhook-client"
 """The common name of the client certificate the local API server presents to webhooks
 (the default of `webhook.client_names`)."""
@@ -350,6 +352,7 @@ class LocalCluster(KubectlMixin):
                 "--max-requests-inflight=800",
                 "--max-mutating-requests-inflight=400",
                 f"--admission-control-config-file={self._webhook_client_identity()}",
+                *self._front_proxy_flags(),
                 *(self._audit_flags() if audit else []),
             ]
 
@@ -522,6 +525,23 @@ class LocalCluster(KubectlMixin):
         )
         self.webhook_client_ca, self.webhook_client_ca_key = files.ca, files.ca_key
         return files.admission_config
+
+    def _front_proxy_flags(self) -> list[str]:
+        """The aggregation layer, as kubeadm sets it up: aggregated APIs (the dispatcher's
+        visibility API) trust this CA's client certificate and the user it names in
+        X-Remote-* headers (published in kube-system/extension-apiserver-authentication)."""
+        files = pki.front_proxy_files(
+            self.workdir / "front-proxy", f"{self.name}-front-proxy-ca", FRONT_PROXY_CLIENT_NAME
+        )
+        return [
+            f"--requestheader-client-ca-file={files.ca}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT_NAME}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={files.cert}",
+            f"--proxy-client-key-file={files.key}",
+        ]
 
     def _audit_flags(self) -> list[str]:
         """Every write, at Metadata level (who, what, when, answer), to logs/audit.log."""

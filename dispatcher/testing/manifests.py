@@ -189,3 +189,71 @@ def status_policy(writers: list[str]) -> list[dict[str, Any]]:
     (variable,) = [v for v in policy["spec"]["variables"] if v["name"] == "writers"]
     variable["expression"] = json.dumps(writers)  # a JSON list of strings is a CEL list
     return docs
+
+
+VISIBILITY_GROUP = "visibility.workload.codeflare.dev"
+VISIBILITY_READER = "appwrapper-visibility-reader"
+
+
+def visibility_reader_role() -> list[dict[str, Any]]:
+    """Every authenticated user may ask the visibility API (the dispatcher then shows each
+    only the namespaces where they may list AppWrappers): manifests/visibility.yaml's."""
+    rbac = "rbac.authorization.k8s.io/v1"
+    return [
+        {
+            "apiVersion": rbac,
+            "kind": "ClusterRole",
+            "metadata": {"name": VISIBILITY_READER},
+            "rules": [
+                {
+                    "apiGroups": [VISIBILITY_GROUP],
+                    "resources": ["*"],
+                    "verbs": ["get", "list"],
+                }
+            ],
+        },
+        {
+            "apiVersion": rbac,
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": VISIBILITY_READER},
+            "roleRef": {
+                "apiGroup": rbac.split("/")[0],
+                "kind": "ClusterRole",
+                "name": VISIBILITY_READER,
+            },
+            "subjects": [
+                {"apiGroup": rbac.split("/")[0], "kind": "Group", "name": "system:authenticated"}
+            ],
+        },
+    ]
+
+
+def visibility_registration(
+    port: int, *, namespace: str, host: str = "127.0.0.1"
+) -> list[dict[str, Any]]:
+    """The APIService of the visibility API served out of the cluster at `host:port`: the
+    Service it names is an ExternalName (the API server resolves it itself; a control plane
+    with no kube-proxy cannot reach a ClusterIP), and its certificate is not checked (made
+    by the dispatcher at start; the user's identity rides on the front proxy's certificate,
+    which the dispatcher checks)."""
+    name = "appwrapper-dispatcher-visibility"
+    service: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"type": "ExternalName", "externalName": host, "ports": [{"port": port}]},
+    }
+    apiservice = {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": f"v1alpha1.{VISIBILITY_GROUP}"},
+        "spec": {
+            "group": VISIBILITY_GROUP,
+            "version": "v1alpha1",
+            "groupPriorityMinimum": 100,
+            "versionPriority": 100,
+            "insecureSkipTLSVerify": True,
+            "service": {"name": name, "namespace": namespace, "port": port},
+        },
+    }
+    return [service, apiservice, *visibility_reader_role()]

@@ -15,7 +15,14 @@ from pathlib import Path
 from dispatcher.kube import certplan
 from dispatcher.kube.certplan import KeyPair
 
-__all__ = ["KeyPair", "issue_client", "make_ca", "webhook_client_files", "write"]
+__all__ = [
+    "KeyPair",
+    "front_proxy_files",
+    "issue_client",
+    "make_ca",
+    "webhook_client_files",
+    "write",
+]
 
 VALIDITY = 365 * 86400.0
 
@@ -79,3 +86,22 @@ def webhook_client_files(directory: Path, ca_name: str, client_name: str) -> Web
         )
     )
     return WebhookClientFiles(config, ca, ca_key)
+
+
+@dataclass(frozen=True)
+class FrontProxyFiles:
+    """kube-apiserver's front proxy (the aggregation layer): the CA an aggregated API server
+    trusts (--requestheader-client-ca-file) and the client certificate the API server
+    proxies with (--proxy-client-cert-file/--proxy-client-key-file)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def front_proxy_files(directory: Path, ca_name: str, client_name: str) -> FrontProxyFiles:
+    directory.mkdir(parents=True, exist_ok=True)
+    authority = make_ca(ca_name)
+    ca, _ = write(authority, directory, "ca")
+    cert, key = write(issue_client(authority, client_name), directory, "client")
+    return FrontProxyFiles(ca, cert, key)

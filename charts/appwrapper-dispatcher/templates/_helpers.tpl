@@ -97,6 +97,18 @@ named, rather than silently replaced.
 {{- fail "config.webhook.port 0 (any free port) cannot be named by the webhook Service: pick a port" -}}
 {{- end -}}
 {{- $_ := set $cfg "webhook" $webhook -}}
+{{- $visibility := deepCopy (get $cfg "visibility" | default dict) -}}
+{{- if $visibility.enabled -}}
+{{- include "awd.pin" (list $visibility "namespace" .Release.Namespace "visibility.namespace") -}}
+{{- include "awd.pin" (list $visibility "service_name" (printf "%s-visibility" $full) "visibility.service_name") -}}
+{{- if not (hasKey $visibility "port") -}}
+{{- $_ := set $visibility "port" 8444 -}}
+{{- end -}}
+{{- if eq (int $visibility.port) 0 -}}
+{{- fail "config.visibility.port 0 (any free port) cannot be named by the visibility Service: pick a port" -}}
+{{- end -}}
+{{- $_ := set $cfg "visibility" $visibility -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 

@@ -15,8 +15,8 @@ quotas.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from dispatcher.api.models import Reason
@@ -73,6 +73,10 @@ class CycleResult:
     preemptions: tuple[Preempt, ...] = ()
     head_key: str | None = None  # the first workload in queue order not admitted
     heads: frozenset[str] = frozenset()  # with queues: the first of each queue too
+    # What "see the queue" reads (core/visibility.py): every pending key in the order this
+    # cycle took them, and the queue each resolved to (with quotas).
+    order: tuple[str, ...] = ()
+    resolved: Mapping[str, Queued | QueueProblem | None] = field(default_factory=dict)
 
 
 def queue_order_key(workload: Workload) -> tuple[int, float, str]:
@@ -233,7 +237,9 @@ def schedule(
     blocked_queues: dict[str, Wait] = {}  # the same, per cluster queue (key left blank)
 
     # 3. Fit, or preempt, each workload in order.
+    order: list[str] = []
     for workload in ordered:
+        order.append(workload.key)
         queued = resolved.get(workload.key)
         if isinstance(queued, QueueProblem):
             message = cycle.messages.setdefault(queued.message, queued.message)
@@ -331,6 +337,8 @@ def schedule(
         preemptions=tuple(preemptions),
         head_key=next(iter(heads.values()), None),
         heads=frozenset(heads.values()),
+        order=tuple(order),
+        resolved=resolved,
     )
 
 

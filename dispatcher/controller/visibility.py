@@ -1,0 +1,147 @@
+"""What the leader knows of its queues, kept for "see the queue" (no I/O of its own).
+
+The scheduler hands every cycle's result here (`observe`): the pending AppWrappers in the
+order the cycle took them, the queue each resolved to and why each waits. Only references
+are kept then; the pending view (`core.visibility.pending_view`) is built from the last
+cycle on the first question after it, and reused until the next cycle: no cycle pays for
+a view nobody asks for, and no question costs a cycle. What runs (`Active`) is read from
+the scheduler cache; the durations of those that finished feed the start estimates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dispatcher.core.model import Workload
+from dispatcher.core.quota.resolve import Queued, QueueProblem
+from dispatcher.core.scheduling import CycleResult
+from dispatcher.core.visibility import Active, Durations, PendingView, Waiting, pending_view
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """What the estimate needs of one AppWrapper's object, read once per start."""
+
+    started_at: float
+    kind: str
+    limit: float | None
+    queue: str
+
+
+def _map(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def kind_and_limit(obj: Obj | None) -> tuple[str, float | None]:
+    """The kind of its first item and its dispatchDuration limit (seconds), as written
+    (the object is user input: anything malformed reads as unknown)."""
+    spec = _map(_map(obj).get("spec"))
+    items = _map(spec.get("resources")).get("GenericItems")
+    kind = ""
+    if isinstance(items, list) and items:
+        kind = str(_map(_map(items[0]).get("generictemplate")).get("kind", ""))
+    limit = _map(_map(spec.get("schedulingSpec")).get("dispatchDuration")).get("limit")
+    if isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0:
+        return kind, None
+    return kind, float(limit)
+
+
+class Visibility:
+    """The last cycle's order and what runs, as a `PendingView` on demand."""
+
+    def __init__(
+        self,
+        *,
+        running: Callable[[], Iterator[tuple[str, float, str]]],
+        current: Callable[[str], Obj | None],
+        finished: Callable[[str], bool],
+    ) -> None:
+        self._running = running  # (key, dispatched at, cluster queue) of what holds room
+        self._current = current
+        self._finished = finished
+        self.durations = Durations()
+        self._last: tuple[CycleResult, Sequence[Workload]] | None = None
+        self._at = 0.0
+        self._view: PendingView | None = None
+        self._known: dict[str, _Known] = {}
+        self._active: list[Active] = []
+        self.cycles = 0
+
+    def observe(self, result: CycleResult | None, pending: Sequence[Workload], now: float) -> None:
+        """A cycle ran (None: nothing is pending). Cheap, since it runs in the scheduler's
+        loop: what ran is tracked (O(running)); the order is kept by reference and read on
+        the first question (`view`)."""
+        self.cycles += 1
+        self._at = now
+        self._view = None
+        self._active = self._track()
+        self._last = (result, pending) if result is not None else None
+
+    def _order(self) -> list[Waiting]:
+        if self._last is None:
+            return []
+        result, pending = self._last
+        by_key = {w.key: w for w in pending}
+        waits = {w.key: w for w in result.waits}
+        order: list[Waiting] = []
+        for key in result.order:
+            wait = waits.get(key)
+            if wait is None:
+                continue  # admitted by that cycle
+            workload = by_key[key]
+            queue, local = _queues(result.resolved.get(key))
+            kind, limit = kind_and_limit(self._current(key))
+            order.append(
+                Waiting(
+                    key=key,
+                    priority=workload.priority,
+                    queued_since=workload.queued_since or workload.created_at,
+                    cluster_queue=queue,
+                    local_queue=local,
+                    reason=str(wait.reason),
+                    message=wait.message,
+                    kind=kind,
+                    limit=limit,
+                )
+            )
+        return order
+
+    def view(self) -> PendingView:
+        if self._view is None:
+            self._view = pending_view(self._order(), self._active, self.durations, self._at)
+        return self._view
+
+    def active(self) -> list[Active]:
+        """What held room at the last cycle."""
+        return list(self._active)
+
+    def _track(self) -> list[Active]:
+        """What holds room now; those gone since the last cycle that finished are recorded
+        in the durations (ended about now: a cycle follows the change that freed room)."""
+        seen: dict[str, _Known] = {}
+        for key, started_at, queue in self._running():
+            known = self._known.get(key)
+            if known is None or known.started_at != started_at:
+                kind, limit = kind_and_limit(self._current(key))
+                known = _Known(started_at, kind, limit, queue)
+            seen[key] = known
+        for key, known in self._known.items():
+            if key not in seen and self._finished(key):
+                self.durations.observe(known.queue, known.kind, self._at - known.started_at)
+        self._known = seen
+        return [Active(k, v.started_at, v.queue, v.kind, v.limit) for k, v in seen.items()]
+
+
+def _queues(resolved: Queued | QueueProblem | None) -> tuple[str, str]:
+    if resolved is None:
+        return "", ""
+    return resolved.queue, resolved.local
+
+
+def pending_counts(view: PendingView) -> Mapping[str, int]:
+    """Pending AppWrappers per cluster queue ("" for capacity-only work)."""
+    return {queue: len(items) for queue, items in view.by_queue.items()}

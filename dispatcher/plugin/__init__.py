@@ -1,0 +1,1 @@
+"""`kubectl aw`, the kubectl plugin (dispatcher/plugin/main.py). Imports nothing heavy."""
