@@ -94,6 +94,10 @@ class WebhookConfig(BaseModel):
     mutating_configuration: str = "appwrapper-dispatcher"
     validating_configuration: str = "appwrapper-dispatcher"
     """Webhook configurations whose caBundle the dispatcher keeps up to date."""
+    conversion_crd: str | None = "appwrappers.workload.codeflare.dev"
+    """The CRD whose conversion webhook (/convert) is this server, and whose caBundle the
+    dispatcher keeps up to date too (only where its conversion strategy is Webhook);
+    None: not kept (cert-manager's CA injector does it)."""
     cert_validity_seconds: float = Field(default=90 * 86400, gt=0)
     ca_validity_seconds: float = Field(default=3650 * 86400, gt=0)
     rotate_when_left: float = Field(default=1 / 3, gt=0, lt=1)

@@ -26,8 +26,8 @@ def load_crd() -> Schema:
     return crd
 
 
-def crd_version() -> Schema:
-    (version,) = load_crd()["spec"]["versions"]
+def crd_version(name: str = "v1beta1") -> Schema:
+    (version,) = [v for v in load_crd()["spec"]["versions"] if v["name"] == name]
     return version  # type: ignore[no-any-return]
 
 
