@@ -16,11 +16,15 @@ What each generation expresses natively:
   annotation `V1BETA1_FIELDS`, and restored from it;
 - v1beta2 only: `spec.managedBy`, and a status written in v1beta2 by someone else than the
   dispatcher. In v1beta1 they are kept in the annotation `V1BETA2_FIELDS`;
-- status: the dispatcher writes status in v1beta1 only. Its v1beta2 status (`phase`,
-  `conditions`, `resettingCount`) is derived by `v1beta2_status` (core/v1beta2status.py);
-  the v1beta1 status rides along whole in `status.dispatcherStatus`, because on an update
-  of the main resource in v1beta2 the API server keeps the old status *as converted* and
-  converts it back: a status that did not carry the v1beta1 one would lose it.
+- status: the dispatcher writes status in v1beta1 only. The v1beta2 status is the v1beta1
+  one, every field of it, plus what v1beta2 adds (`phase`, `resettingCount`, and the
+  conditions QuotaReserved, ResourcesDeployed, PodsReady, Unhealthy, DeletingResources
+  beside the v1beta1 ones: no type is in both), derived by `v1beta2_status`
+  (core/v1beta2status.py). So `kubectl get aw` (v1beta2, the preferred version) still
+  shows `status.state` and `kubectl wait --for=condition=Running` still works; and on an
+  update of the main resource in v1beta2, where the API server keeps the old status *as
+  converted* and converts it back, nothing of the v1beta1 status is lost. The derived
+  fields are dropped on the way back (they are derived again).
 
 A template stash whose item no longer matches (a v1beta2 edit removed or reordered
 components) is matched by the wrapped object's kind and name, never by position alone, so
@@ -34,7 +38,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from dispatcher.core.v1beta2status import v1beta2_status
+from dispatcher.core.v1beta2status import V1BETA2_CONDITION_TYPES, v1beta2_status
 
 GROUP: Final = "workload.codeflare.dev"
 V1BETA1: Final = f"{GROUP}/v1beta1"
@@ -44,8 +48,10 @@ V1BETA1_FIELDS: Final = f"{GROUP}/v1beta1-fields"
 V1BETA2_FIELDS: Final = f"{GROUP}/v1beta2-fields"
 """Annotation on a v1beta1 object: the v1beta2 fields v1beta1 cannot express (JSON)."""
 RESERVED_ANNOTATIONS: Final = (V1BETA1_FIELDS, V1BETA2_FIELDS)
-STATUS_KEEP: Final = "dispatcherStatus"
-"""The v1beta1 status, whole, inside a v1beta2 status."""
+V1BETA2_STATUS_FIELDS: Final = frozenset(
+    {"phase", "resettingCount", "retryCount", "componentStatus"}
+)
+"""Status fields only v1beta2 has."""
 
 # Fields of a wrapped object both generations carry under the same name.
 SHARED_ITEM_FIELDS: Final = ("podSets", "podSetInfos", "annotations")
@@ -114,7 +120,7 @@ def to_v1beta2(obj: Mapping[str, Any]) -> Obj:
     out["spec"] = new_spec
     status = obj.get("status")
     if isinstance(status, Mapping) and status:
-        out["status"] = {**v1beta2_status(status, spec=obj.get("spec")), STATUS_KEEP: status}
+        out["status"] = _v1beta2_status(status, obj.get("spec"))
     elif "status" in carried:
         out["status"] = carried["status"]
     elif "status" in obj:
@@ -179,9 +185,12 @@ def to_v1beta1(obj: Mapping[str, Any]) -> Obj:
     if new_spec or not spec_absent:
         out["spec"] = new_spec
     status = obj.get("status")
-    if isinstance(status, Mapping) and STATUS_KEEP in status:
-        out["status"] = copy.deepcopy(status[STATUS_KEEP])
+    own = _v1beta1_status(status) if isinstance(status, Mapping) else {}
+    if own:
+        out["status"] = own
     elif isinstance(status, Mapping) and status:
+        # Written in v1beta2 by another writer than the dispatcher: kept until the
+        # dispatcher writes a status of its own.
         carried["status"] = copy.deepcopy(dict(status))
     elif "status" in obj:
         out["status"] = copy.deepcopy(status)
@@ -227,6 +236,31 @@ def _take(entries: list[Obj], used: list[bool], index: int, ref: str) -> Obj:
             entry.pop("$ref", None)
             return entry
     return {}
+
+
+def _v1beta2_status(status: Mapping[str, Any], spec: Any) -> Obj:
+    derived = v1beta2_status(status, spec=spec)
+    out: Obj = copy.deepcopy(dict(status))
+    out.update((k, v) for k, v in derived.items() if k != "conditions")
+    own = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    out["conditions"] = [*copy.deepcopy(own), *derived["conditions"]]
+    return out
+
+
+def _v1beta1_status(status: Mapping[str, Any]) -> Obj:
+    out: Obj = {k: copy.deepcopy(v) for k, v in status.items() if k not in V1BETA2_STATUS_FIELDS}
+    conditions = out.pop("conditions", None)
+    if isinstance(conditions, list):
+        own = [c for c in conditions if not _is_v1beta2_condition(c)]
+        if own:
+            out["conditions"] = own
+    elif conditions is not None:
+        out["conditions"] = conditions
+    return out
+
+
+def _is_v1beta2_condition(condition: Any) -> bool:
+    return isinstance(condition, Mapping) and condition.get("type") in V1BETA2_CONDITION_TYPES
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -53,6 +53,8 @@ CONDITIONS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
 exactly then. Its reason, message and time come from the first of those v1beta1 conditions
 the status holds (True or False: the latest word on it)."""
 
+V1BETA2_CONDITION_TYPES: Final = frozenset(name for name, _ in CONDITIONS)
+
 _REASON_OK = re.compile(r"[^A-Za-z0-9_,:]")
 
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 import structlog
 from cryptography import x509
@@ -394,7 +395,7 @@ class WebhookCerts:
                     self.log.info("webhook_configuration_missing", kind=info.kind, name=name)
                 return
             self._missing.discard(info.kind)
-            webhooks = _client_configs(found, info)
+            webhooks = _client_configs(found, info, self.config)
             stale = [w for w in webhooks if w["clientConfig"].get("caBundle") != wanted]
             if not stale:
                 return
@@ -424,18 +425,36 @@ class WebhookCerts:
         raise Conflict(f"{info.kind} {name} kept changing over {MAX_ATTEMPTS} attempts")
 
 
-def _client_configs(found: dict[str, Any], info: ResourceInfo) -> list[dict[str, Any]]:
+def _client_configs(
+    found: dict[str, Any], info: ResourceInfo, config: WebhookConfig
+) -> list[dict[str, Any]]:
     """The parts of `found` that hold a `clientConfig` to keep: each webhook of a webhook
-    configuration; a CRD's conversion webhook where its strategy is Webhook (none else: a
-    CRD that converts nothing is not given a webhook)."""
+    configuration; a CRD's conversion webhook where it calls this server (its Service, or
+    a URL naming one of its extra names and its port). None else: a CRD that converts
+    nothing is not given a webhook, and one converted by another server keeps its CA."""
     if info is CRDS:
         conversion = (found.get("spec") or {}).get("conversion") or {}
         webhook = conversion.get("webhook")
         if conversion.get("strategy") != "Webhook" or not isinstance(webhook, dict):
             return []
-        webhook.setdefault("clientConfig", {})
-        return [webhook]
+        client = webhook.setdefault("clientConfig", {})
+        return [webhook] if _calls_this_server(client, config) else []
     webhooks = [w for w in found.get("webhooks") or [] if isinstance(w, dict)]
     for webhook in webhooks:
         webhook.setdefault("clientConfig", {})
     return webhooks
+
+
+def _calls_this_server(client: Mapping[str, Any], config: WebhookConfig) -> bool:
+    service = client.get("service")
+    if isinstance(service, Mapping):
+        return (service.get("namespace"), service.get("name")) == (
+            config.namespace,
+            config.service_name,
+        )
+    try:
+        parts = urlsplit(str(client.get("url") or ""))
+        port = parts.port or 443
+    except ValueError:
+        return False
+    return parts.hostname in config.extra_names and port == config.port

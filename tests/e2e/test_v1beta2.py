@@ -1,0 +1,119 @@
+"""AppWrapper v1beta2 beside v1beta1 on the real API server: conversion through the API
+server (its webhook is dispatcher/testing/converter.py, the dispatcher's /convert alone,
+for the session), an upgrade from a v1beta1-only CRD, and v1beta2 AppWrappers run by the
+dispatcher, read back as v1beta1."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from dispatcher.core.convert import V1BETA1_FIELDS
+from dispatcher.testing.converter import crd_calling, v1beta1_only
+from tests.e2e.conftest import (
+    CRD,
+    apply,
+    apply_crd,
+    appwrapper,
+    job,
+)
+
+pytestmark = [pytest.mark.cluster]
+
+V1 = "appwrappers.v1beta1.workload.codeflare.dev"
+V2 = "appwrappers.v1beta2.workload.codeflare.dev"
+VOLATILE = ("resourceVersion", "managedFields", "generation", "creationTimestamp", "uid")
+
+
+async def read(cluster: Any, resource: str, namespace: str, name: str) -> dict[str, Any]:
+    out = await cluster.akubectl("get", resource, name, "-n", namespace, "-o", "json")
+    return dict(json.loads(out.stdout))
+
+
+def stable(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` without the fields the API server changes on every write."""
+    metadata = {k: v for k, v in obj["metadata"].items() if k not in VOLATILE}
+    return {**obj, "metadata": metadata}
+
+
+def v1beta2_job(name: str, *, suspend: bool | None = None, cpu: str = "100m") -> dict[str, Any]:
+    spec: dict[str, Any] = {"components": [{"template": job(name, 1, {"cpu": cpu})}]}
+    if suspend is not None:
+        spec["suspend"] = suspend
+    return {
+        "apiVersion": "workload.codeflare.dev/v1beta2",
+        "kind": "AppWrapper",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+async def test_conversion_round_trips_through_the_api_server(
+    cluster: Any, namespace: str, appwrapper_crd: None
+) -> None:
+    # Written in v1beta1 with MCAD's fields and a status; read as v1beta2 and back.
+    old = appwrapper("mcad", job("mcad", 1, {"cpu": "1"}), priority=7, completion="Complete")
+    old["spec"]["schedulingSpec"] = {"minAvailable": 1}
+    await apply(cluster, namespace, old)
+    await cluster.akubectl(
+        "patch", V1, "mcad", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"state": "Pending", "requeueCount": 2}}),
+    )  # fmt: skip
+    before = await read(cluster, V1, namespace, "mcad")
+    as_v2 = await read(cluster, V2, namespace, "mcad")
+    assert as_v2["spec"]["components"] == [
+        {"template": old["spec"]["resources"]["GenericItems"][0]["generictemplate"]}
+    ]
+    kept = json.loads(as_v2["metadata"]["annotations"][V1BETA1_FIELDS])
+    assert kept["priority"] == 7 and kept["schedulingSpec"] == {"minAvailable": 1}
+    assert (as_v2["status"]["phase"], as_v2["status"]["state"]) == ("Suspended", "Pending")
+    assert as_v2["status"]["resettingCount"] == 2
+
+    # A change made through v1beta2 (a label) keeps every v1beta1 field and the status.
+    await cluster.akubectl("label", V2, "mcad", "-n", namespace, "edited=yes")
+    after = await read(cluster, V1, namespace, "mcad")
+    assert after["metadata"]["labels"]["edited"] == "yes"
+    after["metadata"]["labels"].pop("edited")
+    if not after["metadata"]["labels"]:
+        after["metadata"].pop("labels")
+    assert stable(after) == stable(before)
+
+    # Written in v1beta2 with fields v1beta1 names otherwise; read as v1beta1 and back.
+    new = v1beta2_job("fresh", suspend=True)
+    new["spec"]["managedBy"] = "example.com/other"
+    new["spec"]["components"][0]["podSetInfos"] = [{"labels": {"team": "a"}}]
+    await apply(cluster, namespace, new)
+    as_v1 = await read(cluster, V1, namespace, "fresh")
+    item = as_v1["spec"]["resources"]["GenericItems"][0]
+    assert item["podSetInfos"] == [{"labels": {"team": "a"}}]
+    assert as_v1["spec"]["suspend"] is True
+    assert (
+        "example.com/other"
+        in as_v1["metadata"]["annotations"]["workload.codeflare.dev/v1beta2-fields"]
+    )
+    again = await read(cluster, V2, namespace, "fresh")
+    assert again["spec"] == new["spec"]
+
+
+async def test_upgrade_from_a_v1beta1_only_crd_keeps_every_object(
+    cluster: Any, namespace: str, appwrapper_crd: None, converter: Any
+) -> None:
+    full = crd_calling(CRD, converter.url, converter.ca_bundle)
+    try:
+        apply_crd(cluster, v1beta1_only(CRD))
+        names = [f"old-{i}" for i in range(3)]
+        for name in names:
+            await apply(
+                cluster, namespace, appwrapper(name, job(name, 1, {"cpu": "1"}), priority=1)
+            )
+        stored = {n: stable(await read(cluster, V1, namespace, n)) for n in names}
+    finally:
+        apply_crd(cluster, full)
+    for name in names:
+        assert stable(await read(cluster, V1, namespace, name)) == stored[name]
+        as_v2 = await read(cluster, V2, namespace, name)
+        assert as_v2["spec"]["components"][0]["template"]["metadata"]["name"] == name
+    listed = json.loads((await cluster.akubectl("get", V2, "-n", namespace, "-o", "json")).stdout)
+    assert sorted(i["metadata"]["name"] for i in listed["items"]) == names
