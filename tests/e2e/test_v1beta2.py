@@ -67,7 +67,8 @@ async def test_conversion_round_trips_through_the_api_server(
         {"template": old["spec"]["resources"]["GenericItems"][0]["generictemplate"]}
     ]
     kept = json.loads(as_v2["metadata"]["annotations"][V1BETA1_FIELDS])
-    assert kept["priority"] == 7 and kept["schedulingSpec"] == {"minAvailable": 1}
+    assert kept["priority"] == 7
+    assert kept["schedulingSpec"] == {"minAvailable": 1}
     assert (as_v2["status"]["phase"], as_v2["status"]["state"]) == ("Suspended", "Pending")
     assert as_v2["status"]["resettingCount"] == 2
 
