@@ -101,6 +101,8 @@ class Reason(StrEnum):
     SPEC_CHANGED = "SpecChanged"
     QUEUE_DRAINED = "QueueDrained"
     FORBIDDEN = "Forbidden"
+    SUSPENDED = "Suspended"
+    """`spec.suspend` is true: held (Dispatched False), or its objects removed (Requeued)."""
 
 
 class _Model(BaseModel):

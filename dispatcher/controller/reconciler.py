@@ -176,6 +176,8 @@ class Reconciler:
             return await self._after_terminal(aw, status)
         if FINALIZER not in aw.metadata.finalizers:
             obj = await self._status.set_finalizer(obj, present=True)
+        if phase is Phase.SUSPENDED or (phase is Phase.DISPATCHED and aw.spec.suspend):
+            return await self._suspend(aw, obj, status, dispatched=phase is Phase.DISPATCHED)
         if cond.is_new(status):
             await self._initialize(aw, obj, status)
             return DONE
@@ -295,6 +297,28 @@ class Reconciler:
             message=message[:300],
         )
         self._schedule_soon()
+
+    async def _suspend(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, *, dispatched: bool
+    ) -> Result:
+        """`spec.suspend`: a dispatched one has its objects removed and is requeued; a
+        queued one is held, saying why."""
+        if dispatched:
+            await self._requeue(
+                aw,
+                obj,
+                status,
+                Reason.SUSPENDED,
+                cond.SUSPENDED_MESSAGE,
+                backoff=False,
+                remove_from=self.member_of(status),
+            )
+            return DONE
+        priority, _ = self._models.priority(aw)
+        transition = cond.mark_suspended(status, priority=priority, now=self._moment()[1])
+        if transition is not None:
+            await self._status.write(obj, status, [transition])
+        return DONE
 
     async def _evict(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> None:
         preempted = status.condition(C.PREEMPTED)

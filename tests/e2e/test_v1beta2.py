@@ -12,12 +12,16 @@ import pytest
 
 from dispatcher.core.convert import V1BETA1_FIELDS
 from dispatcher.testing.converter import crd_calling, v1beta1_only
+from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     CRD,
+    QUIET_SECONDS,
     apply,
     apply_crd,
     appwrapper,
+    deployment,
     job,
+    pods_of,
 )
 
 pytestmark = [pytest.mark.cluster]
@@ -38,8 +42,9 @@ def stable(obj: dict[str, Any]) -> dict[str, Any]:
     return {**obj, "metadata": metadata}
 
 
-def v1beta2_job(name: str, *, suspend: bool | None = None, cpu: str = "100m") -> dict[str, Any]:
-    spec: dict[str, Any] = {"components": [{"template": job(name, 1, {"cpu": cpu})}]}
+def v1beta2_app(name: str, *, suspend: bool | None = None, cpu: str = "100m") -> dict[str, Any]:
+    """A v1beta2 AppWrapper of a Deployment (its pods keep running, unlike a Job's)."""
+    spec: dict[str, Any] = {"components": [{"template": deployment(name, 1, {"cpu": cpu})}]}
     if suspend is not None:
         spec["suspend"] = suspend
     return {
@@ -82,7 +87,7 @@ async def test_conversion_round_trips_through_the_api_server(
     assert stable(after) == stable(before)
 
     # Written in v1beta2 with fields v1beta1 names otherwise; read as v1beta1 and back.
-    new = v1beta2_job("fresh", suspend=True)
+    new = v1beta2_app("fresh", suspend=True)
     new["spec"]["managedBy"] = "example.com/other"
     new["spec"]["components"][0]["podSetInfos"] = [{"labels": {"team": "a"}}]
     await apply(cluster, namespace, new)
@@ -118,3 +123,74 @@ async def test_upgrade_from_a_v1beta1_only_crd_keeps_every_object(
         assert as_v2["spec"]["components"][0]["template"]["metadata"]["name"] == name
     listed = json.loads((await cluster.akubectl("get", V2, "-n", namespace, "-o", "json")).stdout)
     assert sorted(i["metadata"]["name"] for i in listed["items"]) == names
+
+
+async def wait_phase(
+    cluster: Any, namespace: str, name: str, phase: str, timeout: int = 60
+) -> None:
+    """As a v1beta2 user waits: on the preferred version, by jsonpath."""
+    await cluster.akubectl(
+        "wait", "-n", namespace, f"--for=jsonpath={{.status.phase}}={phase}",
+        f"appwrapper/{name}", f"--timeout={timeout}s", timeout=timeout + 15,
+    )  # fmt: skip
+
+
+async def test_a_v1beta2_job_runs_and_reads_back_as_v1beta1(
+    cluster: Any, namespace: str, fake_nodes: Any, run_dispatcher: Any
+) -> None:
+    fake_nodes.add("n", cpu="4", memory="8Gi")
+    await run_dispatcher()
+    await apply(cluster, namespace, v1beta2_app("v2job"))
+    await wait_phase(cluster, namespace, "v2job", "Running")
+    as_v1 = await read(cluster, V1, namespace, "v2job")
+    assert as_v1["status"]["state"] == "Running"
+    assert {c["type"] for c in as_v1["status"]["conditions"] if c["status"] == "True"} >= {
+        "Dispatched",
+        "Running",
+    }
+    as_v2 = await read(cluster, V2, namespace, "v2job")
+    ready = {c["type"]: c["status"] for c in as_v2["status"]["conditions"]}
+    assert ready["QuotaReserved"] == ready["ResourcesDeployed"] == ready["PodsReady"] == "True"
+    pods = await pods_of(cluster, namespace, "v2job")
+    assert pods
+    assert all(
+        p["metadata"]["labels"]["workload.codeflare.dev/appwrapper"] == "v2job" for p in pods
+    )
+
+
+async def test_suspended_waits_and_unsuspended_runs_and_suspending_removes(
+    cluster: Any, namespace: str, fake_nodes: Any, run_dispatcher: Any
+) -> None:
+    fake_nodes.add("n", cpu="4", memory="8Gi")
+    await run_dispatcher()
+    await apply(cluster, namespace, v1beta2_app("held", suspend=True))
+
+    async def held_and_says_so() -> bool:
+        aw = await read(cluster, V1, namespace, "held")
+        dispatched = {c["type"]: c for c in (aw.get("status") or {}).get("conditions", [])}.get(
+            "Dispatched"
+        )
+        return dispatched is not None and dispatched["reason"] == "Suspended"
+
+    await async_wait_until(held_and_says_so, timeout=30, what="Dispatched False, Suspended")
+
+    async def still_held() -> bool:
+        aw = await read(cluster, V2, namespace, "held")
+        no_job = await cluster.akubectl("get", "deployment", "held", "-n", namespace, check=False)
+        return aw["status"]["phase"] == "Suspended" and no_job.returncode != 0
+
+    await async_holds_for(still_held, seconds=QUIET_SECONDS, what="suspended: nothing made")
+
+    patch = '{"spec":{"suspend":false}}'
+    await cluster.akubectl("patch", V2, "held", "-n", namespace, "--type=merge", "-p", patch)
+    await wait_phase(cluster, namespace, "held", "Running")
+
+    patch = '{"spec":{"suspend":true}}'
+    await cluster.akubectl("patch", V2, "held", "-n", namespace, "--type=merge", "-p", patch)
+    await wait_phase(cluster, namespace, "held", "Suspended")
+
+    async def job_gone() -> bool:
+        found = await cluster.akubectl("get", "deployment", "held", "-n", namespace, check=False)
+        return found.returncode != 0
+
+    await async_wait_until(job_gone, timeout=30, what="the Deployment removed on suspend")
