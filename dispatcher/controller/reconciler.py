@@ -51,7 +51,7 @@ from dispatcher.controller.status import StatusWriter
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
 from dispatcher.core.lifecycle import Progress, Verdict, assess
-from dispatcher.core.model import Workload, pod_count
+from dispatcher.core.model import Workload, tracked_pod_count
 from dispatcher.core.phase import Phase, phase_of
 from dispatcher.core.workloads import InvalidSpec
 from dispatcher.kube.errors import KubeError
@@ -460,7 +460,7 @@ class Reconciler:
             failed=counts.failed,
         )
         workload = self._models.workload(aw, priority=status.priority or 0, now=moment)
-        expected = pod_count(workload.pod_sets) if isinstance(workload, Workload) else 0
+        expected = tracked_pod_count(workload.pod_sets) if isinstance(workload, Workload) else 0
         min_available = aw.spec.schedulingSpec.minAvailable
         if min_available is None:
             min_available = expected
