@@ -27,7 +27,7 @@ import structlog
 from pydantic import ValidationError
 
 from dispatcher.api.constants import FINALIZER
-from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, parse_time
+from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, Requeuing, parse_time
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config
@@ -50,6 +50,7 @@ from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.status import StatusWriter
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
+from dispatcher.core.faulttolerance import effective_requeuing
 from dispatcher.core.lifecycle import Progress, Verdict, assess
 from dispatcher.core.model import Workload, tracked_pod_count
 from dispatcher.core.phase import Phase, phase_of
@@ -258,9 +259,14 @@ class Reconciler:
         self._schedule_soon()
         return DONE
 
+    def _requeuing(self, aw: AppWrapper) -> Requeuing:
+        """The spec's requeuing with the v1beta2 fault-tolerance annotations applied."""
+        requeuing, annotations = aw.spec.schedulingSpec.requeuing, aw.metadata.annotations
+        return effective_requeuing(requeuing, annotations, self._config.fault_tolerance.bounds())
+
     def _pause(self, aw: AppWrapper) -> float:
         """The backoff after a requeue."""
-        pause = aw.spec.schedulingSpec.requeuing.pauseTimeInSeconds
+        pause = self._requeuing(aw).pauseTimeInSeconds
         return self._config.requeue_pause_seconds if pause is None else float(pause)
 
     async def _requeue(
@@ -502,7 +508,7 @@ class Reconciler:
         )
         verdict = assess(
             progress,
-            requeuing=aw.spec.schedulingSpec.requeuing,
+            requeuing=self._requeuing(aw),
             duration_limit=aw.spec.schedulingSpec.dispatchDuration.limit,
         )
         message = verdict.message

@@ -20,6 +20,7 @@ from dispatcher.api.models import (
 )
 from dispatcher.api.quantity import QuantityError
 from dispatcher.core.declared import declared_pod_sets, with_pod_set_infos
+from dispatcher.core.faulttolerance import problems as fault_tolerance_problems
 from dispatcher.core.model import (
     LABEL_OPERATORS,
     LabelRequirement,
@@ -163,6 +164,7 @@ def workload_of(
         allowed_kinds=allowed_kinds,
         cluster_scoped_kinds=DEFAULT_CLUSTER_SCOPED,
     )
+    errors.extend(fault_tolerance_problems(aw.metadata.annotations))
     placement = placement_of(aw)
     if isinstance(placement, InvalidSpec):
         errors.append(placement.message)
