@@ -194,3 +194,68 @@ async def test_suspended_waits_and_unsuspended_runs_and_suspending_removes(
         return found.returncode != 0
 
     await async_wait_until(job_gone, timeout=30, what="the Deployment removed on suspend")
+
+
+def component(template: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"template": template, **fields}
+
+
+def bad_input() -> dict[str, tuple[dict[str, Any], str]]:
+    """name -> (v1beta2 spec or annotations, what the Failed message must name)."""
+    elsewhere = deployment("x", 1, {"cpu": "100m"})
+    elsewhere["metadata"]["namespace"] = "elsewhere"
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole"}
+    return {
+        "other-namespace": ({"components": [component(elsewhere)]}, "namespace"),
+        "cluster-scoped": (
+            {"components": [component({**role, "metadata": {"name": "r"}})]},
+            "cluster-scoped",
+        ),
+        "path-to-nowhere": (
+            {
+                "components": [
+                    component(
+                        deployment("p", 1, {"cpu": "100m"}),
+                        podSets=[{"path": "template.spec.nowhere"}],
+                    )
+                ]
+            },
+            "podSets[0].path 'template.spec.nowhere'",
+        ),
+        "too-many-replicas": (
+            {
+                "components": [
+                    component(
+                        deployment("r", 1, {"cpu": "100m"}),
+                        podSets=[{"path": "template.spec.template", "replicas": 100_001}],
+                    )
+                ]
+            },
+            "podSets[0].replicas 100001",
+        ),
+        "malformed-duration": (
+            {"components": [component(deployment("d", 1, {"cpu": "100m"}))]},
+            "workload.codeflare.dev.appwrapper/failureGracePeriodDuration",
+        ),
+    }
+
+
+async def test_bad_v1beta2_input_fails_naming_the_field(
+    cluster: Any, namespace: str, fake_nodes: Any, run_dispatcher: Any
+) -> None:
+    fake_nodes.add("n", cpu="4", memory="8Gi")
+    await run_dispatcher()
+    cases = bad_input()
+    for name, (spec, _) in cases.items():
+        obj = {**v1beta2_app(name), "spec": spec}
+        if name == "malformed-duration":
+            obj["metadata"]["annotations"] = {
+                "workload.codeflare.dev.appwrapper/failureGracePeriodDuration": "a while"
+            }
+        await apply(cluster, namespace, obj)
+    await apply(cluster, namespace, v1beta2_app("good"))
+    for name, (_, named) in cases.items():
+        await wait_phase(cluster, namespace, name, "Failed", timeout=30)
+        aw = await read(cluster, V2, namespace, name)
+        assert named in aw["status"]["message"], (name, aw["status"]["message"])
+    await wait_phase(cluster, namespace, "good", "Running")
