@@ -11,6 +11,7 @@ import yaml
 
 from dispatcher.api.models import API_VERSION, KIND, AppWrapper
 from dispatcher.api.resources import Resources
+from dispatcher.core.convert import V1BETA2, convert
 from dispatcher.core.podsets import infer_pod_sets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -322,10 +323,16 @@ def test_there_are_samples() -> None:
 def test_sample_is_a_valid_appwrapper(path: Path) -> None:
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     assert docs, path
-    for obj in docs:
+    for written in docs:
+        assert written["kind"] == KIND
+        assert "namespace" not in written["metadata"], "samples apply to the current namespace"
+        if written["apiVersion"] == V1BETA2:
+            # A v1beta2 sample: valid there, and as the dispatcher reads it (converted).
+            assert validate(written, crd_version("v1beta2")["schema"]["openAPIV3Schema"]) == []
+            obj = convert(written, API_VERSION)
+        else:
+            obj = written
         assert obj["apiVersion"] == API_VERSION
-        assert obj["kind"] == KIND
-        assert "namespace" not in obj["metadata"], "samples apply to the current namespace"
         assert validate(obj, crd_root()) == []
         aw = AppWrapper.from_kube(obj)
         assert aw.spec.items, "a sample wraps something"
