@@ -86,7 +86,7 @@ def to_v1beta2(obj: Mapping[str, Any]) -> Obj:
     """A v1beta1 AppWrapper as v1beta2 (see the module docstring for what goes where)."""
     out = _copy_top(obj, V1BETA2)
     annotations = _annotations(out)
-    carried = _pop_json(annotations, V1BETA2_FIELDS, "metadata.annotations")
+    carried = _pop_json(annotations, V1BETA2_FIELDS)
     spec = copy.deepcopy(_mapping(obj.get("spec"), "spec"))
     stash: Obj = {} if "spec" in obj else {"spec": ABSENT}
     new_spec: Obj = {}
@@ -156,7 +156,7 @@ def to_v1beta1(obj: Mapping[str, Any]) -> Obj:
     """A v1beta2 AppWrapper as v1beta1 (see the module docstring for what goes where)."""
     out = _copy_top(obj, V1BETA1)
     annotations = _annotations(out)
-    stash = _pop_json(annotations, V1BETA1_FIELDS, "metadata.annotations")
+    stash = _pop_json(annotations, V1BETA1_FIELDS)
     spec = copy.deepcopy(_mapping(obj.get("spec"), "spec"))
     carried: Obj = {}
     if "managedBy" in spec:
@@ -288,16 +288,20 @@ def _set_annotations(obj: Obj, annotations: dict[str, str]) -> None:
         del metadata["annotations"]
 
 
-def _pop_json(annotations: dict[str, str], key: str, where: str) -> Obj:
-    text = annotations.pop(key, None)
+def _pop_json(annotations: dict[str, str], key: str) -> Obj:
+    """The JSON object a conversion wrote under `key`, taken out of `annotations`. Anything
+    else found there (written by hand) is left where it is, as any annotation: a conversion
+    that failed on it would make every list of the namespace fail in the other version."""
+    text = annotations.get(key)
     if text is None:
         return {}
     try:
         value = json.loads(text)
-    except ValueError as exc:
-        raise ConversionError(f"{where}[{key}]: not JSON written by the dispatcher: {exc}") from exc
+    except ValueError:
+        return {}
     if not isinstance(value, dict):
-        raise ConversionError(f"{where}[{key}]: not a JSON object")
+        return {}
+    del annotations[key]
     return value
 
 

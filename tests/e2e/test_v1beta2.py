@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dispatcher.core.admission import SIGNATURE, USER
 from dispatcher.core.convert import V1BETA1_FIELDS
 from dispatcher.testing.converter import crd_calling, v1beta1_only
 from dispatcher.testing.waits import async_holds_for, async_wait_until
@@ -23,6 +24,7 @@ from tests.e2e.conftest import (
     job,
     pods_of,
 )
+from tests.e2e.test_security import Secure, pod, secure  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.cluster]
 
@@ -259,3 +261,25 @@ async def test_bad_v1beta2_input_fails_naming_the_field(
         aw = await read(cluster, V2, namespace, name)
         assert named in aw["status"]["message"], (name, aw["status"]["message"])
     await wait_phase(cluster, namespace, "good", "Running")
+
+
+async def test_v1beta2_goes_through_the_admission_webhook_and_stays_signed(
+    cluster: Any,
+    namespace: str,
+    fake_nodes: Any,
+    run_dispatcher: Any,
+    secure: Secure,  # noqa: F811 (the fixture imported above)
+) -> None:
+    """The webhook configurations name v1beta1 with matchPolicy Equivalent: a v1beta2 create
+    reaches them converted, is refused or signed there, and the signature still covers the
+    spec once stored (the conversion round trips exactly)."""
+    fake_nodes.add("n", cpu="4", memory="8Gi")
+    await run_dispatcher(**secure.settings())
+    wraps_a_pod = {**v1beta2_app("signed"), "spec": {"components": [{"template": pod("p")}]}}
+    message = await secure.refused(wraps_a_pod, user="alice")
+    assert "alice may not create pods" in message
+    await secure.apply(wraps_a_pod, user="bob")
+    await wait_phase(cluster, namespace, "signed", "Running")
+    as_v1 = await read(cluster, V1, namespace, "signed")
+    assert json.loads(as_v1["metadata"]["annotations"][USER])["username"] == "bob"
+    assert as_v1["metadata"]["annotations"][SIGNATURE].startswith("v1:")
