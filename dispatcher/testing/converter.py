@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import json
 import ssl
 import tempfile
 import threading
@@ -23,6 +24,7 @@ import yaml
 from dispatcher.kube import certplan, webhook
 
 DAY = 86400.0
+REPO_CRD = Path(__file__).resolve().parents[2] / "crds" / "appwrapper.yaml"
 
 
 class Converter:
@@ -106,3 +108,22 @@ def v1beta1_only(path: Path) -> dict[str, Any]:
     crd["spec"]["versions"] = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta1"]
     crd["spec"].pop("conversion", None)
     return crd
+
+
+_SHARED: list[Converter] = []
+
+
+def install_appwrapper_crd(cluster: Any, *, server_side: bool = False) -> Converter:
+    """crds/appwrapper.yaml into `cluster` (a LocalCluster), its conversion served by a
+    converter of this process (one, started at the first call, for the process's life): for
+    harnesses that run the dispatcher without its webhook, where `kubectl get aw` (v1beta2,
+    the preferred version) must still work."""
+    if not _SHARED:
+        converter = Converter()
+        converter.start()
+        _SHARED.append(converter)
+    converter = _SHARED[0]
+    crd = crd_calling(REPO_CRD, converter.url, converter.ca_bundle)
+    args = ["apply", "-f", "-"] + (["--server-side", "--force-conflicts"] if server_side else [])
+    cluster.kubectl(*args, input=json.dumps(crd))
+    return converter
