@@ -172,8 +172,13 @@ async def apply(cluster: Any, namespace: str, obj: dict[str, Any] | str) -> None
     await cluster.akubectl("apply", "-n", namespace, "-f", "-", input=text)
 
 
+V1BETA1_RESOURCE = "appwrappers.v1beta1.workload.codeflare.dev"
+"""AppWrappers as v1beta1 by name: `kubectl get aw` asks for v1beta2, the preferred version."""
+
+
 async def get_aw(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
-    out = await cluster.akubectl("get", "appwrapper", name, "-n", namespace, "-o", "json")
+    """The AppWrapper as v1beta1, the version the dispatcher reads and these tests write."""
+    out = await cluster.akubectl("get", V1BETA1_RESOURCE, name, "-n", namespace, "-o", "json")
     return dict(json.loads(out.stdout))
 
 
