@@ -53,6 +53,13 @@ V1BETA2_STATUS_FIELDS: Final = frozenset(
 )
 """Status fields only v1beta2 has."""
 
+ANNOTATIONS_LIMIT: Final = 256 * 1024 - 1024
+"""The API server's bound on all annotations of an object together (256 KiB of keys and
+values), less a margin. A stash that would pass it is left out of the v1beta2 view (`OMITTED`
+says so and how large it was): a conversion whose answer the API server refuses would make
+every list of the namespace fail in v1beta2."""
+OMITTED: Final = "$omitted"
+
 # Fields of a wrapped object both generations carry under the same name.
 SHARED_ITEM_FIELDS: Final = ("podSets", "podSetInfos", "annotations")
 ABSENT: Final = "absent"
@@ -115,7 +122,10 @@ def to_v1beta2(obj: Mapping[str, Any]) -> Obj:
             stash["resources"] = resources
     stash.update(spec)  # what is left of spec is v1beta1's alone
     if stash:
-        annotations[V1BETA1_FIELDS] = _dump(stash)
+        text = _dump(stash)
+        if _annotations_size(annotations) + len(V1BETA1_FIELDS) + _size(text) > ANNOTATIONS_LIMIT:
+            text = _dump({OMITTED: _size(text)})
+        annotations[V1BETA1_FIELDS] = text
     _set_annotations(out, annotations)
     out["spec"] = new_spec
     status = obj.get("status")
@@ -157,6 +167,13 @@ def to_v1beta1(obj: Mapping[str, Any]) -> Obj:
     out = _copy_top(obj, V1BETA1)
     annotations = _annotations(out)
     stash = _pop_json(annotations, V1BETA1_FIELDS)
+    if OMITTED in stash:
+        raise ConversionError(
+            f"metadata.annotations[{V1BETA1_FIELDS}]: this AppWrapper's v1beta1 fields "
+            f"({stash[OMITTED]} bytes as JSON) are more than annotations may hold, so they are "
+            "not in its v1beta2 view and a change made there would lose them: change it as "
+            "v1beta1 (appwrappers.v1beta1.workload.codeflare.dev)"
+        )
     spec = copy.deepcopy(_mapping(obj.get("spec"), "spec"))
     carried: Obj = {}
     if "managedBy" in spec:
@@ -303,6 +320,14 @@ def _pop_json(annotations: dict[str, str], key: str) -> Obj:
         return {}
     del annotations[key]
     return value
+
+
+def _size(text: str) -> int:
+    return len(text.encode())
+
+
+def _annotations_size(annotations: Mapping[str, str]) -> int:
+    return sum(_size(k) + _size(v) for k, v in annotations.items())
 
 
 def _dump(value: Obj) -> str:

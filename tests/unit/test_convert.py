@@ -319,6 +319,25 @@ def test_a_hand_written_reserved_annotation_is_kept_as_an_annotation(text: str) 
     assert to_v1beta1(there) == obj
 
 
+def test_v1beta1_fields_too_large_for_an_annotation_are_left_out_and_a_write_back_refused() -> None:
+    """The API server refuses annotations over 256 KiB together, and a refused conversion
+    fails every list of the namespace: the v1beta2 view says they are left out, and a change
+    made through it is refused (it would lose them), naming what to do."""
+    obj = {
+        "apiVersion": V1BETA1,
+        "kind": "AppWrapper",
+        "metadata": {"name": "big", "annotations": {"a": "b"}},
+        "spec": {"service": {"blob": "x" * 300_000}, "resources": {"GenericItems": []}},
+    }
+    there = to_v1beta2(obj)
+    assert json.loads(there["metadata"]["annotations"][V1BETA1_FIELDS]) == {
+        "$omitted": len(json.dumps({"service": {"blob": "x" * 300_000}}, separators=(",", ":")))
+    }
+    assert there["spec"] == {"components": []}
+    with pytest.raises(ConversionError, match="change it as v1beta1"):
+        to_v1beta1(there)
+
+
 # -- the status table ----------------------------------------------------------------------
 
 
