@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks import report
+from dispatcher.testing.converter import install_appwrapper_crd
 from dispatcher.testing.localcluster import (
     DEFAULT_CACHE,
     LocalCluster,
@@ -194,7 +195,7 @@ def start_system(
     """The system under test, running against `cluster`, with its CRDs installed."""
     log = (work / f"{system}.log").open("ab")
     if system == "ours":
-        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "appwrapper.yaml"))
+        install_appwrapper_crd(cluster, server_side=True)
         config = work / "dispatcher.yaml"
         config.write_text(
             json.dumps(

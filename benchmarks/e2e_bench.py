@@ -46,6 +46,7 @@ from dispatcher.config import Config
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import NotFound
 from dispatcher.kube.informer import Informer
+from dispatcher.testing.converter import install_appwrapper_crd
 from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
 from dispatcher.testing.manifests import (
     app_flavor,
@@ -448,7 +449,7 @@ async def run(
                 )
                 names.append(name)
         cluster.wait_nodes_ready(names, timeout=120)
-        cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "appwrapper.yaml"))
+        install_appwrapper_crd(cluster)
         if queued:
             cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "queues.yaml"))
         for namespace in ("raw", "aw", "churn"):

@@ -48,6 +48,7 @@ from dispatcher.app import running
 from dispatcher.config import Config
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import Conflict, NotFound
+from dispatcher.testing.converter import install_appwrapper_crd
 from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries
 
 if TYPE_CHECKING:
@@ -386,7 +387,7 @@ async def measure(
             cluster.add_node(f"gpu-node-{index}", cpu="8", memory="40Gi", gpu=2)
         cluster.add_node("cpu-node", cpu="8", memory="32Gi")
         cluster.wait_nodes_ready(["gpu-node-1", "gpu-node-2", "gpu-node-3", "cpu-node"])
-        cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "appwrapper.yaml"))
+        install_appwrapper_crd(cluster)
         cluster.kubectl(
             "wait",
             "--for=condition=Established",

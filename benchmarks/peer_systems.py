@@ -33,7 +33,8 @@ from benchmarks import peers
 from benchmarks.e2e_bench import start_dispatcher
 from dispatcher.api.constants import API_VERSION, KIND, PLURAL
 from dispatcher.kube.client import ResourceInfo
-from dispatcher.testing.localcluster import REPO_ROOT, Binaries, LocalCluster, free_port
+from dispatcher.testing.converter import install_appwrapper_crd
+from dispatcher.testing.localcluster import Binaries, LocalCluster, free_port
 from dispatcher.testing.manifests import appwrapper, job
 
 Obj = dict[str, Any]
@@ -430,7 +431,7 @@ def controller_kubeconfig(cluster: LocalCluster) -> Path:
 def prepare(system: System, cluster: LocalCluster, cache: Path, quota: dict[str, str]) -> None:
     """CRDs, namespace, PriorityClasses and queue objects, before any workload exists."""
     if system.kind == "ours":
-        cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "appwrapper.yaml"))
+        install_appwrapper_crd(cluster)
         cluster.kubectl("wait", "--for=condition=Established", peers.APPWRAPPER_CRD)
     elif system.kind == "mcad":
         peers.install_crds(cluster, peers.mcad(cache, build=False))

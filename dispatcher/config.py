@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dispatcher.core.admission import PriorityPolicy
+from dispatcher.core.faulttolerance import FaultToleranceBounds
 from dispatcher.core.model import QueueMode
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS, DEFAULT_MAX_APPWRAPPER_BYTES
 
@@ -119,6 +120,10 @@ class WebhookConfig(BaseModel):
     mutating_configuration: str = "appwrapper-dispatcher"
     validating_configuration: str = "appwrapper-dispatcher"
     """Webhook configurations whose caBundle the dispatcher keeps up to date."""
+    conversion_crd: str | None = "appwrappers.workload.codeflare.dev"
+    """The CRD whose conversion webhook (/convert) is this server, and whose caBundle the
+    dispatcher keeps up to date too (only where its conversion strategy is Webhook);
+    None: not kept (cert-manager's CA injector does it)."""
     cert_validity_seconds: float = Field(default=90 * 86400, gt=0)
     ca_validity_seconds: float = Field(default=3650 * 86400, gt=0)
     rotate_when_left: float = Field(default=1 / 3, gt=0, lt=1)
@@ -160,6 +165,27 @@ class WebhookConfig(BaseModel):
     updated since ends Forbidden at its next dispatch after that."""
 
 
+class FaultToleranceConfig(BaseModel):
+    """Ceilings on what the AppWrapper controller's fault-tolerance annotations may ask
+    (docs/appwrapper-compatibility.md): a value above one is cut to it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grace_period_maximum_seconds: float = Field(default=24 * 3600.0, gt=0)
+    """Every *GracePeriodDuration and retryPausePeriodDuration (its GracePeriodMaximum)."""
+    success_ttl_maximum_seconds: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """successTTLDuration."""
+    retry_limit_maximum: int = Field(default=100, ge=1)
+    """retryLimit."""
+
+    def bounds(self) -> FaultToleranceBounds:
+        return FaultToleranceBounds(
+            grace_period_maximum_seconds=self.grace_period_maximum_seconds,
+            success_ttl_maximum_seconds=self.success_ttl_maximum_seconds,
+            retry_limit_maximum=self.retry_limit_maximum,
+        )
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -174,6 +200,8 @@ class Config(BaseModel):
     preemption: bool = True
     requeue_pause_seconds: float = Field(default=5.0, ge=0)
     """Backoff after a requeue when the AppWrapper sets no requeuing.pauseTimeInSeconds."""
+    fault_tolerance: FaultToleranceConfig = Field(default_factory=lambda: FaultToleranceConfig())
+    """Bounds on the v1beta2 fault-tolerance annotations."""
     allowed_kinds: list[str] = Field(default_factory=lambda: sorted(DEFAULT_ALLOWED_KINDS))
     fit: Fit = Fit.PER_NODE
     """per_node, or cluster_total as MCAD (pods may then wait Pending for a node)."""

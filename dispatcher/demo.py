@@ -21,8 +21,11 @@ import yaml
 
 from dispatcher.app import running
 from dispatcher.config import Config, MemberConfig, WebhookConfig
+from dispatcher.kube.preflight import APPWRAPPER_CRD
 from dispatcher.kube.registration import webhook_configurations
+from dispatcher.kube.webhook import CONVERT_PATH
 from dispatcher.logs import configure_logging
+from dispatcher.testing.converter import Converter, crd_calling
 from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
 
 SAMPLES = [
@@ -142,6 +145,7 @@ async def demo(workdir: Path, keep: bool) -> int:
             await _show(cluster, "delete", "aw", "glue-1", "-n", NAMESPACE)
             ok = await _wait_for(cluster, "glue-2", "Running", 90)
             await _show(cluster, "get", "aw", "-n", NAMESPACE)
+            ok = await _v1beta2_act(cluster) and ok
             ok = await _privilege_act(cluster) and ok
             ok = await _queues_act(cluster) and ok
             if keep:
@@ -163,6 +167,11 @@ def _with_webhook(cluster: LocalCluster) -> Config:
     cluster.kubectl("create", "namespace", SYSTEM_NAMESPACE)
     for configuration in webhook_configurations(WEBHOOK, port):
         cluster.apply(configuration)
+    # The CRD converts v1beta1 <-> v1beta2 through the same server (its caBundle written
+    # by the dispatcher, as for the webhook configurations).
+    client_config = {"service": None, "url": f"https://127.0.0.1:{port}{CONVERT_PATH}"}
+    patch = {"spec": {"conversion": {"webhook": {"clientConfig": client_config}}}}
+    cluster.kubectl("patch", "crd", APPWRAPPER_CRD, "--type=merge", "-p", json.dumps(patch))
     return Config(
         kubeconfig=str(cluster.kubeconfig),
         health_port=0,
@@ -178,6 +187,31 @@ def _with_webhook(cluster: LocalCluster) -> Config:
             client_ca_file=str(cluster.webhook_client_ca) if cluster.webhook_client_ca else None,
         ),
     )
+
+
+async def _v1beta2_act(cluster: LocalCluster) -> bool:
+    """The AppWrapper controller's generation beside MCAD's: a v1beta2 Job runs; a v1beta2
+    RayCluster created suspended waits until it is unsuspended; both read as v1beta1 too."""
+    _say("v1beta2 AppWrappers (the AppWrapper controller's fields), served beside v1beta1")
+    for sample in ("v1beta2-job.yaml", "v1beta2-raycluster.yaml"):
+        await _show(cluster, "apply", "-n", NAMESPACE, "-f", str(REPO_ROOT / "samples" / sample))
+    ok = await _wait_for(cluster, "v1beta2-job", "Dispatched", 60)
+    await asyncio.sleep(2)  # the suspended one has had its first look
+    await _show(cluster, "get", "aw", "v1beta2-job", "v1beta2-ray", "-n", NAMESPACE, "-o", "wide")
+    _say("The same objects as v1beta1, MCAD's generation (converted by the dispatcher)")
+    await _show(cluster, "get", "appwrappers.v1beta1.workload.codeflare.dev", "-n", NAMESPACE)
+    _say("Unsuspended, the RayCluster is queued and dispatched like any other")
+    await _show(
+        cluster, "patch", "aw", "v1beta2-ray", "-n", NAMESPACE, "--type=merge",
+        "-p", '{"spec":{"suspend":false}}',
+    )  # fmt: skip
+    ok = await _wait_for(cluster, "v1beta2-ray", "Dispatched", 60) and ok
+    await _show(
+        cluster, "get", "aw", "v1beta2-ray", "-n", NAMESPACE,
+        "-o", "jsonpath={.status.phase}",
+    )  # fmt: skip
+    await _show(cluster, "delete", "aw", "v1beta2-job", "v1beta2-ray", "-n", NAMESPACE)
+    return ok
 
 
 async def _privilege_act(cluster: LocalCluster) -> bool:
@@ -295,6 +329,7 @@ async def demo_members(workdir: Path, members: int, keep: bool) -> int:
     binaries = ensure_binaries()
     hub = LocalCluster.start("hub", workdir, binaries=binaries)
     clusters: list[LocalCluster] = []
+    converter = Converter()
     try:
         names = [f"member-{chr(ord('a') + i)}" for i in range(members)]
         for index, name in enumerate(names):
@@ -305,7 +340,11 @@ async def demo_members(workdir: Path, members: int, keep: bool) -> int:
                 f"{name}-node", cpu="8", memory="32Gi", gpu=4 if index == members - 1 else 0
             )
             cluster.wait_nodes_ready([f"{name}-node"])
-        hub.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "appwrapper.yaml"))
+        # No webhook in this act: the conversion endpoint alone serves the CRD.
+        converter.start()
+        hub.apply(
+            crd_calling(REPO_ROOT / "crds" / "appwrapper.yaml", converter.url, converter.ca_bundle)
+        )
         hub.kubectl("create", "namespace", NAMESPACE)
         config = Config(
             kubeconfig=str(hub.kubeconfig),
@@ -353,6 +392,7 @@ async def demo_members(workdir: Path, members: int, keep: bool) -> int:
                 await asyncio.Event().wait()
             return 0 if ok else 1
     finally:
+        converter.stop()
         for cluster in clusters:
             cluster.stop()
         hub.stop()

@@ -101,6 +101,8 @@ class Reason(StrEnum):
     SPEC_CHANGED = "SpecChanged"
     QUEUE_DRAINED = "QueueDrained"
     FORBIDDEN = "Forbidden"
+    SUSPENDED = "Suspended"
+    """`spec.suspend` is true: held (Dispatched False), or its objects removed (Requeued)."""
 
 
 class _Model(BaseModel):
@@ -126,6 +128,29 @@ class CustomPodResource(_Model):
         return Resources.parse({**(self.limits or {}), **self.requests})
 
 
+class PodSetRef(_Model):
+    """One pod template of a wrapped object, by its path in the object (v1beta2's podSet)."""
+
+    path: str
+    """Dotted, with [i] for list elements, as the AppWrapper controller writes it:
+    `template.spec.template`, `template.spec.workerGroupSpecs[0].template`."""
+    replicas: NonNegativeInt | None = None
+    """Pods made from it; None: read off the object, else 1."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class PodSetInfo(_Model):
+    """What is added, at dispatch, to the pod template of the podSet at the same index."""
+
+    model_config = ConfigDict(extra="allow")
+
+    annotations: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    nodeSelector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    schedulingGates: list[dict[str, Any]] = Field(default_factory=list)
+
+
 class GenericItem(_Model):
     """One wrapped Kubernetes object and what its pods will ask for.
 
@@ -141,6 +166,11 @@ class GenericItem(_Model):
     (InvalidSpec), as it does under MCAD."""
     custompodresources: list[CustomPodResource] | None = None
     completionstatus: str | None = None
+    # v1beta2's, carried in v1beta1 (docs/appwrapper-compatibility.md)
+    podSets: list[PodSetRef] | None = None
+    """Declared pod templates; None: inferred from the object."""
+    podSetInfos: list[PodSetInfo] = Field(default_factory=list)
+    annotations: dict[str, str] = Field(default_factory=dict)
     # legacy, ignored
     replicas: Int | None = None
     minavailable: Int | None = None
@@ -263,6 +293,8 @@ class AppWrapperSpec(_Model):
     priority: Int = 0
     priorityClassName: str | None = None
     """A scheduling.k8s.io/v1 PriorityClass whose value replaces `priority`."""
+    suspend: bool = Field(default=False, strict=True)
+    """True: not dispatched, and stopped if it was, until set false (v1beta2's field)."""
     preemptible: bool = Field(default=True, strict=True)
     """False: never evicted to make room for a higher-priority AppWrapper."""
     resources: AppWrapperResources = Field(default_factory=AppWrapperResources)

@@ -28,6 +28,7 @@ from dispatcher.api.constants import (
 )
 from dispatcher.api.models import AppWrapper, GenericItem, WrappedRef
 from dispatcher.cluster.member import Member
+from dispatcher.core.declared import dispatch_template
 from dispatcher.core.podsets import inject_flavors, inject_labels
 from dispatcher.core.quota.model import Flavor
 from dispatcher.core.validation import is_label_value
@@ -97,7 +98,9 @@ def wrapped_objects(
     result = []
     for index, item in enumerate(aw.spec.items):
         try:
-            body = _build(aw, item.generictemplate, labels | mcad_labels(aw, item), owner_reference)
+            item_labels = labels | mcad_labels(aw, item)
+            template = dispatch_template(item, item_labels)
+            body = _build(aw, template, item_labels, owner_reference)
             if flavors:
                 inject_flavors(body, flavors)
             if lenient and _identity(body) is None:

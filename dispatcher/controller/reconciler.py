@@ -27,7 +27,7 @@ import structlog
 from pydantic import ValidationError
 
 from dispatcher.api.constants import FINALIZER
-from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, parse_time
+from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, Requeuing, parse_time
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config
@@ -50,8 +50,9 @@ from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.status import StatusWriter
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
+from dispatcher.core.faulttolerance import effective_requeuing
 from dispatcher.core.lifecycle import Progress, Verdict, assess
-from dispatcher.core.model import Workload, pod_count
+from dispatcher.core.model import Workload, tracked_pod_count
 from dispatcher.core.phase import Phase, phase_of
 from dispatcher.core.workloads import InvalidSpec
 from dispatcher.kube.errors import KubeError
@@ -179,6 +180,8 @@ class Reconciler:
             return await self._after_terminal(aw, status)
         if FINALIZER not in aw.metadata.finalizers:
             obj = await self._status.set_finalizer(obj, present=True)
+        if phase is Phase.SUSPENDED or (phase is Phase.DISPATCHED and aw.spec.suspend):
+            return await self._suspend(aw, obj, status, dispatched=phase is Phase.DISPATCHED)
         if cond.is_new(status):
             await self._initialize(aw, obj, status)
             return DONE
@@ -259,9 +262,14 @@ class Reconciler:
         self._schedule_soon()
         return DONE
 
+    def _requeuing(self, aw: AppWrapper) -> Requeuing:
+        """The spec's requeuing with the v1beta2 fault-tolerance annotations applied."""
+        requeuing, annotations = aw.spec.schedulingSpec.requeuing, aw.metadata.annotations
+        return effective_requeuing(requeuing, annotations, self._config.fault_tolerance.bounds())
+
     def _pause(self, aw: AppWrapper) -> float:
         """The backoff after a requeue."""
-        pause = aw.spec.schedulingSpec.requeuing.pauseTimeInSeconds
+        pause = self._requeuing(aw).pauseTimeInSeconds
         return self._config.requeue_pause_seconds if pause is None else float(pause)
 
     async def _requeue(
@@ -299,6 +307,28 @@ class Reconciler:
             message=message[:300],
         )
         self._schedule_soon()
+
+    async def _suspend(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, *, dispatched: bool
+    ) -> Result:
+        """`spec.suspend`: a dispatched one has its objects removed and is requeued; a
+        queued one is held, saying why."""
+        if dispatched:
+            await self._requeue(
+                aw,
+                obj,
+                status,
+                Reason.SUSPENDED,
+                cond.SUSPENDED_MESSAGE,
+                backoff=False,
+                remove_from=self.member_of(status),
+            )
+            return DONE
+        priority, _ = self._models.priority(aw)
+        transition = cond.mark_suspended(status, priority=priority, now=self._moment()[1])
+        if transition is not None:
+            await self._status.write(obj, status, [transition])
+        return DONE
 
     async def _evict(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> None:
         preempted = status.condition(C.PREEMPTED)
@@ -440,7 +470,7 @@ class Reconciler:
             failed=counts.failed,
         )
         workload = self._models.workload(aw, priority=status.priority or 0, now=moment)
-        expected = pod_count(workload.pod_sets) if isinstance(workload, Workload) else 0
+        expected = tracked_pod_count(workload.pod_sets) if isinstance(workload, Workload) else 0
         min_available = aw.spec.schedulingSpec.minAvailable
         if min_available is None:
             min_available = expected
@@ -482,7 +512,7 @@ class Reconciler:
         )
         verdict = assess(
             progress,
-            requeuing=aw.spec.schedulingSpec.requeuing,
+            requeuing=self._requeuing(aw),
             duration_limit=aw.spec.schedulingSpec.dispatchDuration.limit,
         )
         message = verdict.message

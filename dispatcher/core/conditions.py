@@ -198,6 +198,19 @@ def mark_waiting(
     return Transition(reason, message) if first else Transition("", "")
 
 
+SUSPENDED_MESSAGE = "spec.suspend is true: not dispatched until it is set false"
+
+
+def mark_suspended(status: AppWrapperStatus, *, priority: int, now: datetime) -> Transition | None:
+    """Held by `spec.suspend`: queued as any new one would be (Init, Queueing), not
+    dispatched, and Dispatched False says why, as a wait for capacity would."""
+    first = initialize(status, priority=priority, now=now) if is_new(status) else None
+    waiting = mark_waiting(status, SUSPENDED_MESSAGE, now=now, reason=Reason.SUSPENDED)
+    if waiting is not None and waiting.reason:
+        return waiting
+    return first or waiting
+
+
 def mark_dispatched(
     status: AppWrapperStatus,
     *,

@@ -63,6 +63,10 @@ class PodSet:
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     name: str = ""  # where it came from, for messages: "RayCluster/glue head"
+    tracked: bool = True
+    """Whether its pods carry the dispatcher's labels, so that they are seen and count
+    toward minAvailable. A RayJob's default submitter pod is made by KubeRay from no
+    template of the user's: it is fitted and reserved, but never seen."""
     # What the fit of these pods depends on (not the name), canonical and as one string:
     # every AppWrapper has its own `Resources` and `Toleration` objects, and the scheduling
     # cycle looks gangs up by shape thousands of times; a string caches its hash and
@@ -92,6 +96,11 @@ def total_requests(pod_sets: tuple[PodSet, ...]) -> Resources:
 
 def pod_count(pod_sets: tuple[PodSet, ...]) -> int:
     return sum(p.count for p in pod_sets)
+
+
+def tracked_pod_count(pod_sets: tuple[PodSet, ...]) -> int:
+    """The pods that will carry the dispatcher's labels (the default of minAvailable)."""
+    return sum(p.count for p in pod_sets if p.tracked)
 
 
 @dataclass(frozen=True, slots=True)

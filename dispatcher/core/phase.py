@@ -29,14 +29,17 @@ class Phase(StrEnum):
     """Completed or Failed."""
     DELETING = "deleting"
     """Being deleted: its objects go, then the finalizer."""
+    SUSPENDED = "suspended"
+    """Not dispatched, and held there by `spec.suspend`: the scheduler does not see it."""
 
 
 SCHEDULED = frozenset({Phase.QUEUED, Phase.DISPATCHED, Phase.EVICTING})
 """Phases the scheduler reads: the ones that want room or hold it."""
 
 
-def phase(true_conditions: Iterable[str], *, deleting: bool) -> Phase:
-    """The phase given the types of the conditions that are True."""
+def phase(true_conditions: Iterable[str], *, deleting: bool, suspended: bool = False) -> Phase:
+    """The phase given the types of the conditions that are True (and `spec.suspend`: a
+    dispatched one stays DISPATCHED until the reconciler has removed its objects)."""
     if deleting:
         return Phase.DELETING
     true = set(true_conditions)
@@ -46,7 +49,7 @@ def phase(true_conditions: Iterable[str], *, deleting: bool) -> Phase:
         return Phase.EVICTING if C.PREEMPTED in true else Phase.DISPATCHED
     if C.BACKOFF in true:
         return Phase.BACKOFF
-    return Phase.QUEUED
+    return Phase.SUSPENDED if suspended else Phase.QUEUED
 
 
 def phase_of_raw(obj: Mapping[str, Any]) -> Phase:
@@ -55,6 +58,7 @@ def phase_of_raw(obj: Mapping[str, Any]) -> Phase:
     return phase(
         (str(c.get("type")) for c in conditions if c.get("status") == "True"),
         deleting=bool(obj["metadata"].get("deletionTimestamp")),
+        suspended=(obj.get("spec") or {}).get("suspend") is True,
     )
 
 
@@ -64,4 +68,5 @@ def phase_of(aw: AppWrapper) -> Phase:
     return phase(
         (c.type for c in conditions if c.status == "True"),
         deleting=bool(aw.metadata.deletionTimestamp),
+        suspended=aw.spec.suspend,
     )

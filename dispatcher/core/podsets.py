@@ -242,6 +242,31 @@ def _ray_cluster_pod_sets(spec: Mapping[str, Any], *, name: str) -> Iterator[Pod
         yield _pod_set(group.get("template"), count=replicas * hosts, name=label)
 
 
+SUBMITTER_MODES = frozenset({"K8sJobMode"})
+"""RayJob submission modes in which KubeRay makes a submitter pod (a Job of one pod that runs
+`ray job submit`). HTTPMode submits over HTTP from the operator, InteractiveMode waits for the
+user, SidecarMode runs it in the head pod: none makes a pod of its own."""
+SUBMITTER_DEFAULT_REQUESTS = {"cpu": "500m", "memory": "200Mi"}
+"""KubeRay's default submitter container's requests, where the RayJob names no
+`submitterPodTemplate`."""
+
+
+def _ray_job_submitter(spec: Mapping[str, Any], *, name: str) -> PodSet | None:
+    mode = spec.get("submissionMode") or "K8sJobMode"
+    if mode not in SUBMITTER_MODES:
+        return None
+    label = f"{name} submitter"
+    template = spec.get("submitterPodTemplate")
+    if isinstance(template, Mapping):
+        return _pod_set(template, count=1, name=label)
+    return PodSet(
+        count=1,
+        requests=_one_pod(Resources.parse(SUBMITTER_DEFAULT_REQUESTS)),
+        name=label,
+        tracked=False,
+    )
+
+
 def _infer(template: Mapping[str, Any]) -> Iterator[PodSet | None]:
     name = _name(template)
     spec = _mapping(template.get("spec"))
@@ -268,12 +293,12 @@ def _infer(template: Mapping[str, Any]) -> Iterator[PodSet | None]:
         # beside it for a while; that one is not counted (the gang is what must start at once).
         yield from _ray_cluster_pod_sets(_mapping(spec.get("rayClusterConfig")), name=name)
     elif _is(template, "RayJob", "ray.io"):
-        # The RayJob's submitter pod (the one that runs `ray job submit`) is not counted: it is
-        # created only once the cluster is up, is small, and KubeRay makes it outside the gang.
-        # A RayJob that uses an existing cluster (spec.clusterSelector) makes no cluster pods.
+        # A RayJob that uses an existing cluster (spec.clusterSelector) makes no cluster pods;
+        # its submitter pod is counted either way, as Kueue counts it.
         cluster_spec = _mapping(spec.get("rayClusterSpec"))
         if cluster_spec:
             yield from _ray_cluster_pod_sets(cluster_spec, name=name)
+        yield _ray_job_submitter(spec, name=name)
     elif _is(template, "PyTorchJob", "kubeflow.org"):
         replica_specs = _mapping(spec.get("pytorchReplicaSpecs"))
         for role, replica_spec in replica_specs.items():
@@ -306,10 +331,12 @@ def infer_pod_sets(template: Mapping[str, Any]) -> tuple[PodSet, ...]:
     kinds it cannot read (`cannot_infer` tells those apart).
 
     Supported: Pod; Deployment, StatefulSet, ReplicaSet (spec.replicas, default 1); Job
-    (parallelism, default 1, capped by completions); RayCluster, RayJob (spec.rayClusterSpec)
-    and RayService (spec.rayClusterConfig) (ray.io, any version: the head plus every worker
-    group); PyTorchJob (kubeflow.org: every replica type). Node affinity and topology spread
-    are not modelled, only nodeSelector and tolerations. Every pod asks for `pods: 1`.
+    (parallelism, default 1, capped by completions); RayCluster, RayJob (spec.rayClusterSpec,
+    plus its submitter pod in K8sJobMode, the default: spec.submitterPodTemplate, else
+    KubeRay's default of 500m CPU and 200Mi) and RayService (spec.rayClusterConfig) (ray.io,
+    any version: the head plus every worker group); PyTorchJob (kubeflow.org: every replica
+    type). Node affinity and topology spread are not modelled, only nodeSelector and
+    tolerations. Every pod asks for `pods: 1`.
     Raises QuantityError naming the object and container on malformed input.
     """
     return tuple(p for p in _infer(template) if p is not None)
@@ -382,7 +409,10 @@ _POD_TEMPLATES: dict[str, Callable[[dict[str, Any]], list[Any]]] = {
     },
     "CronJob": _cron_job_templates,
     "RayCluster": lambda obj: _ray_templates(_spec(obj)),
-    "RayJob": lambda obj: _ray_templates(_spec(obj).get("rayClusterSpec")),
+    "RayJob": lambda obj: [
+        *_ray_templates(_spec(obj).get("rayClusterSpec")),
+        _spec(obj).get("submitterPodTemplate"),
+    ],
     "RayService": lambda obj: _ray_templates(_spec(obj).get("rayClusterConfig")),
     "PyTorchJob": _pytorch_templates,
 }

@@ -19,6 +19,8 @@ from dispatcher.api.models import (
     parse_time,
 )
 from dispatcher.api.quantity import QuantityError
+from dispatcher.core.declared import declared_pod_sets, with_pod_set_infos
+from dispatcher.core.faulttolerance import problems as fault_tolerance_problems
 from dispatcher.core.model import (
     LABEL_OPERATORS,
     LabelRequirement,
@@ -62,10 +64,18 @@ def item_pod_sets(item: GenericItem, *, as_written: bool = True) -> tuple[PodSet
     return written if as_written else at_least
 
 
+WHERE = "item"
+"""How item_readings' errors name the item's fields; its caller says which item."""
+
+
 def item_readings(item: GenericItem) -> tuple[tuple[PodSet, ...], tuple[PodSet, ...]]:
     """The item's pods read both ways (`item_pod_sets`): (as written, at least the
     templates); the same tuple twice when the readings agree."""
-    inferred = infer_pod_sets(item.generictemplate)
+    template = with_pod_set_infos(item, where=WHERE)
+    if item.podSets is not None and item.custompodresources is None:
+        declared = declared_pod_sets(template, item.podSets, where=WHERE)
+        return declared, declared
+    inferred = infer_pod_sets(template)
     if item.custompodresources is None:
         unreadable = cannot_infer(item.generictemplate)
         if unreadable is not None:
@@ -154,6 +164,7 @@ def workload_of(
         allowed_kinds=allowed_kinds,
         cluster_scoped_kinds=DEFAULT_CLUSTER_SCOPED,
     )
+    errors.extend(fault_tolerance_problems(aw.metadata.annotations))
     placement = placement_of(aw)
     if isinstance(placement, InvalidSpec):
         errors.append(placement.message)

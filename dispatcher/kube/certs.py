@@ -2,7 +2,8 @@
 every replica shares.
 
 Side effects: reads, watches and writes that Secret (and creates it); reads and replaces the
-`caBundle` of the dispatcher's Mutating- and ValidatingWebhookConfiguration; writes each new
+`caBundle` of the dispatcher's Mutating- and ValidatingWebhookConfiguration, and that of the
+AppWrapper CRD's conversion webhook (`webhook.conversion_crd`); writes each new
 serving key pair to a private temporary directory just long enough for `ssl` to load it;
 with `cert_dir`, reads the certificate files someone else (cert-manager) keeps there.
 
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 import structlog
 from cryptography import x509
@@ -46,6 +48,12 @@ VALIDATING = ResourceInfo(
     "admissionregistration.k8s.io/v1",
     "ValidatingWebhookConfiguration",
     "validatingwebhookconfigurations",
+    namespaced=False,
+)
+CRDS = ResourceInfo(
+    "apiextensions.k8s.io/v1",
+    "CustomResourceDefinition",
+    "customresourcedefinitions",
     namespaced=False,
 )
 LABELS = {"app.kubernetes.io/name": "appwrapper-dispatcher"}
@@ -358,6 +366,21 @@ class WebhookCerts:
             (VALIDATING, self.config.validating_configuration),
         ):
             await self._publish_one(info, name, bundle, version)
+        if self.config.conversion_crd:
+            try:
+                await self._publish_one(CRDS, self.config.conversion_crd, bundle, version)
+            except (Conflict, NotFound):
+                raise
+            except KubeError as exc:
+                # Without the right to update the CRD (RBAC of an older install) the
+                # admission webhooks still work; v1beta2 requests fail until it is granted.
+                self.log.warning(
+                    "conversion_ca_bundle_not_written",
+                    crd=self.config.conversion_crd,
+                    error=str(exc),
+                    fix="grant update on customresourcedefinitions "
+                    f"{self.config.conversion_crd} (manifests/rbac.yaml)",
+                )
 
     async def _publish_one(
         self, info: ResourceInfo, name: str, bundle: bytes, version: str
@@ -372,8 +395,8 @@ class WebhookCerts:
                     self.log.info("webhook_configuration_missing", kind=info.kind, name=name)
                 return
             self._missing.discard(info.kind)
-            webhooks = found.get("webhooks") or []
-            stale = [w for w in webhooks if (w.get("clientConfig") or {}).get("caBundle") != wanted]
+            webhooks = _client_configs(found, info, self.config)
+            stale = [w for w in webhooks if w["clientConfig"].get("caBundle") != wanted]
             if not stale:
                 return
             # Ours may be the stale side: a replica that read the Secret just before another
@@ -384,7 +407,7 @@ class WebhookCerts:
             if latest is None or (latest.get("metadata") or {}).get("resourceVersion") != version:
                 return
             for webhook in stale:
-                webhook.setdefault("clientConfig", {})["caBundle"] = wanted
+                webhook["clientConfig"]["caBundle"] = wanted
             try:
                 # The object as read carries its resourceVersion: a concurrent write (another
                 # replica's, or an upgrade applying the configuration) is never overwritten.
@@ -400,3 +423,38 @@ class WebhookCerts:
             )
             return
         raise Conflict(f"{info.kind} {name} kept changing over {MAX_ATTEMPTS} attempts")
+
+
+def _client_configs(
+    found: dict[str, Any], info: ResourceInfo, config: WebhookConfig
+) -> list[dict[str, Any]]:
+    """The parts of `found` that hold a `clientConfig` to keep: each webhook of a webhook
+    configuration; a CRD's conversion webhook where it calls this server (its Service, or
+    a URL naming one of its extra names and its port). None else: a CRD that converts
+    nothing is not given a webhook, and one converted by another server keeps its CA."""
+    if info is CRDS:
+        conversion = (found.get("spec") or {}).get("conversion") or {}
+        webhook = conversion.get("webhook")
+        if conversion.get("strategy") != "Webhook" or not isinstance(webhook, dict):
+            return []
+        client = webhook.setdefault("clientConfig", {})
+        return [webhook] if _calls_this_server(client, config) else []
+    webhooks = [w for w in found.get("webhooks") or [] if isinstance(w, dict)]
+    for webhook in webhooks:
+        webhook.setdefault("clientConfig", {})
+    return webhooks
+
+
+def _calls_this_server(client: Mapping[str, Any], config: WebhookConfig) -> bool:
+    service = client.get("service")
+    if isinstance(service, Mapping):
+        return (service.get("namespace"), service.get("name")) == (
+            config.namespace,
+            config.service_name,
+        )
+    try:
+        parts = urlsplit(str(client.get("url") or ""))
+        port = parts.port or 443
+    except ValueError:
+        return False
+    return parts.hostname in config.extra_names and port == config.port

@@ -1,10 +1,14 @@
-"""The admission webhook's HTTPS endpoint: AdmissionReview v1 in, AdmissionReview out.
+"""The webhook server's HTTPS endpoints: AdmissionReview v1 in, AdmissionReview out; and
+the CRD's conversion webhook, ConversionReview v1 in and out (`CONVERT_PATH`).
 
 Side effects: listens on a TCP port with TLS; with `ClientAuth`, reads the client CA file.
 What to answer is decided by the handlers it is given (dispatcher.controller.admission); this
 module only speaks the protocol, checks who calls (`ClientAuth`: the API server's client
-certificate) and bounds how many requests are handled at once. Every replica serves it,
-leader or not: the API server may call any of them.
+certificate) and bounds how many requests are handled at once. Conversions are answered
+by dispatcher.core.convert, pure functions of the objects sent, to any caller: the API
+server presents no client certificate to conversion webhooks (only admission webhooks get
+one, from the AdmissionConfiguration), and a conversion reads nothing and signs nothing.
+Every replica serves it, leader or not: the API server may call any of them.
 """
 
 from __future__ import annotations
@@ -23,8 +27,12 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
+from dispatcher.core import crdcheck
+from dispatcher.core.convert import ConversionError, convert
+
 MUTATE_PATH = "/mutate-appwrapper"
 VALIDATE_PATH = "/validate-appwrapper"
+CONVERT_PATH = crdcheck.CONVERT_PATH
 MAX_BODY_BYTES = 8 * 2**20
 """An AppWrapper is at most what etcd stores (~1.5 MB), sent twice on UPDATE (object and
 oldObject) plus JSON overhead."""
@@ -198,7 +206,32 @@ async def serve(
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def conversion(request: web.Request) -> web.Response:
+        try:
+            await asyncio.wait_for(turns.acquire(), queue_seconds)
+        except TimeoutError:
+            log.warning("webhook_busy", path=CONVERT_PATH, in_flight=max_in_flight)
+            return _status(429, "TooManyRequests", "the dispatcher is busy; try again")
+        try:
+            try:
+                review = json.loads(await request.read())
+                inner = review["request"]
+                if not isinstance(inner, dict) or "uid" not in inner:
+                    raise ValueError("no request.uid")
+            except (ValueError, KeyError, TypeError) as exc:
+                return web.Response(status=400, text=f"not a ConversionReview: {exc}\n")
+            return web.json_response(
+                {
+                    "apiVersion": str(review.get("apiVersion") or "apiextensions.k8s.io/v1"),
+                    "kind": "ConversionReview",
+                    "response": conversion_response(inner),
+                }
+            )
+        finally:
+            turns.release()
+
     app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_post(CONVERT_PATH, conversion)
     app.router.add_post(MUTATE_PATH, endpoint(mutate, MUTATE_PATH))
     app.router.add_post(VALIDATE_PATH, endpoint(validate, VALIDATE_PATH))
     app.router.add_get("/healthz", healthz)
@@ -210,6 +243,35 @@ async def serve(
     bound = int(runner.addresses[0][1]) if runner.addresses else port
     log.info("webhook_serving", host=host, port=bound, client_auth=client_auth is not None)
     return runner, bound
+
+
+def conversion_response(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The answer to one ConversionReview request: every object converted, or a Failure
+    naming the object and field that could not be (the API server then fails the request
+    that needed it, with that message: nothing is converted with a part left out)."""
+    desired = str(request.get("desiredAPIVersion") or "")
+    objects = request.get("objects") or []
+    converted: list[dict[str, Any]] = []
+    for obj in objects if isinstance(objects, list) else []:
+        try:
+            if not isinstance(obj, dict):
+                raise ConversionError("not an object")
+            converted.append(convert(obj, desired))
+        except ConversionError as exc:
+            metadata = obj.get("metadata") if isinstance(obj, dict) else None
+            name = f"{(metadata or {}).get('namespace')}/{(metadata or {}).get('name')}"
+            structlog.get_logger("webhook").warning(
+                "conversion_refused", appwrapper=name, desired=desired, error=str(exc)
+            )
+            return {
+                "uid": request.get("uid", ""),
+                "result": {"status": "Failure", "message": f"AppWrapper {name}: {exc}"},
+            }
+    return {
+        "uid": request.get("uid", ""),
+        "convertedObjects": converted,
+        "result": {"status": "Success"},
+    }
 
 
 def _peer_certificate(request: web.Request) -> bytes | None:

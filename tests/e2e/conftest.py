@@ -20,6 +20,7 @@ import yaml
 from dispatcher.app import running
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.manager import Manager
+from dispatcher.testing.converter import Converter, crd_calling
 from dispatcher.testing.manifests import appwrapper, deployment, job, pod_template, service
 from dispatcher.testing.waits import wait_until
 
@@ -53,9 +54,27 @@ def wait_established(cluster: Any, crd: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def appwrapper_crd(cluster: Any) -> None:
-    cluster.kubectl("apply", "-f", str(CRD))
+def converter() -> Iterator[Converter]:
+    """The conversion endpoint for the session: the CRD serves v1beta2, its preferred
+    version, so every `kubectl get aw` converts (dispatcher/testing/converter.py)."""
+    running_converter = Converter()
+    running_converter.start()
+    yield running_converter
+    running_converter.stop()
+
+
+def apply_crd(cluster: Any, crd: dict[str, Any]) -> None:
+    """Apply or, where its conversion was written another way (a URL over a Service),
+    replace the AppWrapper CRD."""
+    text = json.dumps(crd)
+    if cluster.kubectl("apply", "-f", "-", input=text, check=False).returncode != 0:
+        cluster.kubectl("replace", "-f", "-", input=text)
     wait_established(cluster, "appwrappers.workload.codeflare.dev")
+
+
+@pytest.fixture(scope="session")
+def appwrapper_crd(cluster: Any, converter: Converter) -> None:
+    apply_crd(cluster, crd_calling(CRD, converter.url, converter.ca_bundle))
 
 
 @pytest.fixture(scope="session")
@@ -153,8 +172,13 @@ async def apply(cluster: Any, namespace: str, obj: dict[str, Any] | str) -> None
     await cluster.akubectl("apply", "-n", namespace, "-f", "-", input=text)
 
 
+V1BETA1_RESOURCE = "appwrappers.v1beta1.workload.codeflare.dev"
+"""AppWrappers as v1beta1 by name: `kubectl get aw` asks for v1beta2, the preferred version."""
+
+
 async def get_aw(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
-    out = await cluster.akubectl("get", "appwrapper", name, "-n", namespace, "-o", "json")
+    """The AppWrapper as v1beta1, the version the dispatcher reads and these tests write."""
+    out = await cluster.akubectl("get", V1BETA1_RESOURCE, name, "-n", namespace, "-o", "json")
     return dict(json.loads(out.stdout))
 
 

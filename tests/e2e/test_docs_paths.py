@@ -40,9 +40,11 @@ from dispatcher.devmode import (
     probe_loopback,
 )
 from dispatcher.kube.client import KubeClient
+from dispatcher.testing.converter import Converter, crd_calling
 from dispatcher.testing.docblocks import Block, blocks, without_comment
 from dispatcher.testing.localcluster import LocalCluster
 from dispatcher.testing.waits import async_wait_until
+from tests.e2e.conftest import CRD, apply_crd
 
 REPO = Path(__file__).resolve().parents[2]
 DOC_FILES = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
@@ -190,8 +192,10 @@ class Shell:
 
 
 @pytest_asyncio.fixture
-async def shell(cluster: Any, tmp_path: Path) -> AsyncIterator[Shell]:
-    """A user's shell on the test's cluster."""
+async def shell(cluster: Any, tmp_path: Path, converter: Converter) -> AsyncIterator[Shell]:
+    """A user's shell on the test's cluster. The commands may apply crds/ as written (the
+    CRD's conversion then calls the in-cluster Service): the session's CRD, converted by the
+    session's converter, is put back after them."""
     home = tmp_path / "home"
     (home / ".kube").mkdir(parents=True)
     kubeconfig = home / ".kube" / "config"
@@ -213,6 +217,7 @@ async def shell(cluster: Any, tmp_path: Path) -> AsyncIterator[Shell]:
             "delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", DEV_NAME,
             "--ignore-not-found", check=False,
         )  # fmt: skip
+        apply_crd(cluster, crd_calling(CRD, converter.url, converter.ca_bundle))
         cluster.kubectl(
             "delete", "secret", DEV_NAME, "-n", SECRET_NAMESPACE, "--ignore-not-found", check=False
         )

@@ -374,6 +374,14 @@ ALLOWED = [
         ],
         id="get-appwrapper-crd",
     ),
+    # The caBundle of its conversion webhook (/convert), as for its webhook configurations.
+    pytest.param(
+        [
+            "update",
+            "customresourcedefinitions.apiextensions.k8s.io/appwrappers.workload.codeflare.dev",
+        ],
+        id="update-appwrapper-crd",
+    ),
     pytest.param(
         ["update", "leases.coordination.k8s.io", "-n", SYSTEM_NAMESPACE], id="update-own-lease"
     ),
@@ -428,9 +436,9 @@ DENIED = [
     pytest.param(
         [
             "update",
-            "customresourcedefinitions.apiextensions.k8s.io/appwrappers.workload.codeflare.dev",
+            "customresourcedefinitions.apiextensions.k8s.io/clusterappqueues.workload.codeflare.dev",
         ],
-        id="update-appwrapper-crd",
+        id="update-another-crd",
     ),
     pytest.param(["update", "clusterappqueues.workload.codeflare.dev"], id="change-queue-specs"),
     pytest.param(["create", "appqueues.workload.codeflare.dev", "-A"], id="create-appqueues"),

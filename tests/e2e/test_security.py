@@ -306,7 +306,9 @@ async def test_a_user_with_the_rights_gets_them_and_is_recorded(
     with pytest.raises(KubectlError) as caught:
         await cluster.akubectl(
             "patch",
-            "aw",
+            # v1beta1 by name: `aw` is v1beta2 (the preferred version), whose items are
+            # spec.components.
+            "appwrappers.v1beta1.workload.codeflare.dev",
             "web",
             "-n",
             namespace,
@@ -370,7 +372,8 @@ async def test_past_the_webhook_refused_at_dispatch(
     secure.remove_webhook_configurations()
     # Edited past the webhook: its signature no longer covers its spec.
     await cluster.akubectl(
-        "patch", "aw", "edited", "-n", namespace, "--as=bob", "--type=json", "-p",
+        "patch", "appwrappers.v1beta1.workload.codeflare.dev", "edited", "-n", namespace,
+        "--as=bob", "--type=json", "-p",
         json.dumps([{"op": "add", "path": "/spec/resources/GenericItems/-",
                      "value": {"generictemplate": pod("sneaked-in")}}]),
     )  # fmt: skip

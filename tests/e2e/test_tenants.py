@@ -54,7 +54,9 @@ async def edit(
     secure: Secure, name: str, patch: list[dict[str, Any]], *, user: str, extra: str = ""
 ) -> None:
     await secure.cluster.akubectl(
-        "patch", "aw", name, "-n", secure.namespace, f"--as={user}", "--type=json",
+        # v1beta1 by name: `aw` is v1beta2 (the preferred version); the patches are v1beta1's.
+        "patch", "appwrappers.v1beta1.workload.codeflare.dev", name, "-n", secure.namespace,
+        f"--as={user}", "--type=json",
         "-p", json.dumps(patch), *([f"--as-user-extra={extra}"] if extra else []),
     )  # fmt: skip
 

@@ -42,13 +42,15 @@ async def test_kubectl_get_describe_wait(cluster, namespace, fake_nodes, run_dis
         "STAGE",
         "APPQUEUE",
         "REASON",
+        "STATUS",
         "CLUSTER",
         "PRIORITY",
         "AGE",
     ]
-    # It asks for no queue: its APPQUEUE cell is blank, and a whitespace split skips it.
+    # `kubectl get aw` reads v1beta2, the preferred version (STATUS is its phase). It asks
+    # for no queue: its APPQUEUE cell is blank, and a whitespace split skips it.
     web = next(r.split() for r in rows if r.startswith("web"))
-    assert web[1:6] == ["Running", "Running", "AppWrapperRunnable", "local", "7"]
+    assert web[1:7] == ["Running", "Running", "AppWrapperRunnable", "Running", "local", "7"]
 
     async def too_big_waits() -> bool:
         described = (await cluster.akubectl("describe", "aw", "too-big", "-n", namespace)).stdout

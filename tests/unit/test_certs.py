@@ -12,6 +12,7 @@ import ssl
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -31,7 +32,7 @@ from dispatcher.kube.certplan import (
     plan,
     settle,
 )
-from dispatcher.kube.certs import MUTATING, SECRETS, VALIDATING, WebhookCerts
+from dispatcher.kube.certs import CRDS, MUTATING, SECRETS, VALIDATING, WebhookCerts
 from dispatcher.kube.errors import Conflict
 from dispatcher.testing.fakekube import FakeKube
 from dispatcher.testing.waits import async_wait_until
@@ -255,6 +256,7 @@ def fake_with_configurations() -> FakeKube:
     fake = FakeKube(namespaces_must_exist=False)
     fake.add_kind(MUTATING.group_version, MUTATING.kind, MUTATING.plural, False, custom=False)
     fake.add_kind(VALIDATING.group_version, VALIDATING.kind, VALIDATING.plural, False, custom=False)
+    fake.add_kind(CRDS.group_version, CRDS.kind, CRDS.plural, False, custom=False)
     return fake
 
 
@@ -313,8 +315,56 @@ async def test_replicas_share_one_secret_and_publish_its_bundle() -> None:
     wanted = base64.b64encode(replicas[0].ca_bundle).decode()
     assert [w["clientConfig"]["caBundle"] for w in mutating["webhooks"]] == [wanted, wanted]
     missing = [e for e in logs if e["event"] == "webhook_configuration_missing"]
-    assert len(missing) == 3  # once per replica, not once per check
-    assert {e["kind"] for e in missing} == {VALIDATING.kind}
+    assert len(missing) == 6  # once per replica and kind, not once per check
+    assert {e["kind"] for e in missing} == {VALIDATING.kind, CRDS.kind}
+
+
+def appwrapper_crd(conversion: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "appwrappers.workload.codeflare.dev"},
+        "spec": {"group": "workload.codeflare.dev", "conversion": conversion},
+    }
+
+
+@pytest.mark.parametrize(
+    ("conversion", "want_bundle"),
+    [
+        pytest.param(
+            {
+                "strategy": "Webhook",
+                "webhook": {
+                    "clientConfig": {
+                        "service": {"namespace": "system", "name": "webhook", "path": "/convert"}
+                    }
+                },
+            },
+            True,
+            id="our-service",
+        ),
+        pytest.param(
+            {"strategy": "Webhook", "webhook": {"clientConfig": {"url": "https://h/convert"}}},
+            False,
+            id="another-server-left-alone",
+        ),
+        pytest.param({"strategy": "None"}, False, id="no-conversion-left-alone"),
+    ],
+)
+async def test_the_crds_conversion_webhook_gets_the_bundle(
+    conversion: dict[str, Any], want_bundle: bool
+) -> None:
+    fake = fake_with_configurations()
+    await fake.create(CRDS, None, appwrapper_crd(conversion))
+    certs = WebhookCerts(fake, CONFIG, check_seconds=30)
+    await certs.start()
+    (crd,) = fake.objects(CRDS.group_version, CRDS.kind)
+    got = crd["spec"]["conversion"]
+    if want_bundle:
+        wanted = base64.b64encode(certs.ca_bundle).decode()
+        assert got["webhook"]["clientConfig"]["caBundle"] == wanted
+    else:
+        assert "caBundle" not in (got.get("webhook") or {}).get("clientConfig", {})
 
 
 async def test_a_conflicting_write_is_read_again_and_replanned() -> None:

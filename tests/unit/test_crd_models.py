@@ -12,6 +12,7 @@ import yaml
 from dispatcher.api.constants import LABEL_QUEUE
 from dispatcher.api.models import API_VERSION, KIND, AppWrapper
 from dispatcher.api.resources import Resources
+from dispatcher.core.convert import V1BETA2, convert
 from dispatcher.core.podsets import infer_pod_sets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,8 +28,8 @@ def load_crd() -> Schema:
     return crd
 
 
-def crd_version() -> Schema:
-    (version,) = load_crd()["spec"]["versions"]
+def crd_version(name: str = "v1beta1") -> Schema:
+    (version,) = [v for v in load_crd()["spec"]["versions"] if v["name"] == name]
     return version  # type: ignore[no-any-return]
 
 
@@ -190,6 +191,31 @@ def test_printer_columns_point_at_real_fields() -> None:
             assert field["type"] == want, column
 
 
+def test_v1beta2_columns_keep_mcads_first_and_add_the_phase() -> None:
+    # `kubectl get aw` reads v1beta2 (the preferred version): MCAD users' columns keep their
+    # places, the queue columns match v1beta1's, the phase and v1beta2 conditions follow.
+    v1 = {c["name"]: c for c in crd_version()["additionalPrinterColumns"]}
+    v2 = {c["name"]: c for c in crd_version("v1beta2")["additionalPrinterColumns"]}
+    assert list(v2) == [
+        "State",
+        "Stage",
+        "AppQueue",
+        "Reason",
+        "Status",
+        "Cluster",
+        "Priority",
+        "Quota Reserved",
+        "Resources Deployed",
+        "Unhealthy",
+        "Requeues",
+        "ClusterQueue",
+        "Age",
+    ]
+    for shared in set(v1) & set(v2):
+        assert v2[shared] == v1[shared], shared
+    assert v2["Status"]["jsonPath"] == ".status.phase"
+
+
 def walk(node: Schema, path: str) -> list[tuple[str, Schema]]:
     found = [(path, node)]
     for name, child in node.get("properties", {}).items():
@@ -343,10 +369,16 @@ def test_there_are_samples() -> None:
 def test_sample_is_a_valid_appwrapper(path: Path) -> None:
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     assert docs, path
-    for obj in docs:
+    for written in docs:
+        assert written["kind"] == KIND
+        assert "namespace" not in written["metadata"], "samples apply to the current namespace"
+        if written["apiVersion"] == V1BETA2:
+            # A v1beta2 sample: valid there, and as the dispatcher reads it (converted).
+            assert validate(written, crd_version("v1beta2")["schema"]["openAPIV3Schema"]) == []
+            obj = convert(written, API_VERSION)
+        else:
+            obj = written
         assert obj["apiVersion"] == API_VERSION
-        assert obj["kind"] == KIND
-        assert "namespace" not in obj["metadata"], "samples apply to the current namespace"
         assert validate(obj, crd_root()) == []
         aw = AppWrapper.from_kube(obj)
         assert aw.spec.items, "a sample wraps something"

@@ -6,9 +6,11 @@ with a CRD that stores v1beta2: tests/e2e/test_preflight.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dispatcher.core.crdcheck import CrdVersions, crd_problem, versions_of
 from dispatcher.kube.errors import Forbidden
@@ -16,16 +18,33 @@ from dispatcher.kube.preflight import APPWRAPPER_CRD, CRDS, StartRefused, check_
 from dispatcher.testing.fakekube import FakeKube
 
 NAME = APPWRAPPER_CRD
+CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "appwrapper.yaml"
 
 
-def crd(*versions: tuple[str, bool], stored: list[str] | None = None) -> dict[str, Any]:
+def crd(
+    *versions: tuple[str, bool],
+    stored: list[str] | None = None,
+    conversion: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "versions": [{"name": n, "served": s, "storage": False} for n, s in versions]
+    }
+    if conversion is not None:
+        spec["conversion"] = conversion
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {"name": NAME},
-        "spec": {"versions": [{"name": n, "served": s, "storage": False} for n, s in versions]},
+        "spec": spec,
         "status": {"storedVersions": stored if stored is not None else []},
     }
+
+
+def webhook(**client_config: Any) -> dict[str, Any]:
+    return {"strategy": "Webhook", "webhook": {"clientConfig": client_config}}
+
+
+OURS = webhook(service={"namespace": "appwrapper-system", "name": "x", "path": "/convert"})
 
 
 @dataclass(frozen=True)
@@ -58,9 +77,39 @@ CASES = [
         ("move one of them",),
     ),
     Case(
-        "both served from one CRD",
+        "both served from one CRD, without conversion",
         crd(("v1beta1", True), ("v1beta2", True), stored=["v1beta1"]),
         "serves v1beta1, v1beta2; this dispatcher understands v1beta1 only, not v1beta2",
+    ),
+    Case(
+        "ours with both generations: converted by our webhook",
+        crd(("v1beta1", True), ("v1beta2", True), stored=["v1beta1"], conversion=OURS),
+        None,
+    ),
+    Case(
+        "ours over theirs: v1beta2 stored, readable through our conversion",
+        crd(("v1beta1", True), ("v1beta2", True), stored=["v1beta2", "v1beta1"], conversion=OURS),
+        None,
+    ),
+    Case(
+        "ours with conversion by URL (a webhook out of cluster)",
+        crd(("v1beta1", True), ("v1beta2", True), conversion=webhook(url="https://h:1/convert")),
+        None,
+    ),
+    Case(
+        "both served, converted by someone else's webhook",
+        crd(("v1beta1", True), ("v1beta2", True), conversion=webhook(url="https://h/other")),
+        "understands v1beta1 only, not v1beta2",
+    ),
+    Case(
+        "theirs: conversion None",
+        crd(("v1beta2", True), stored=["v1beta2"], conversion={"strategy": "None"}),
+        "has stored objects as v1beta2",
+    ),
+    Case(
+        "the repository's CRD",
+        yaml.safe_load(CRD_FILE.read_text()) | {"status": {"storedVersions": ["v1beta1"]}},
+        None,
     ),
     Case(
         "v1beta1 not served",

@@ -9,7 +9,7 @@ import pytest
 
 from dispatcher.api.quantity import QuantityError
 from dispatcher.api.resources import Resources
-from dispatcher.core.model import ONE_POD, PODS, PodSet, Toleration
+from dispatcher.core.model import ONE_POD, PODS, PodSet, Toleration, pod_count, tracked_pod_count
 from dispatcher.core.podsets import infer_pod_sets, inject_labels, pod_sets_from_custom
 from tests.unit.builders import (
     GPU,
@@ -29,6 +29,33 @@ from tests.unit.builders import (
 
 ONE_CPU = pod_spec(container(requests={"cpu": "1", "memory": "1Gi"}))
 GPU_WORKER = pod_spec(container(requests={"cpu": "3", "memory": "16G"}, limits={GPU: 1}))
+
+
+ONE_CPU_CONTAINER = {"name": "c", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}
+
+
+def with_spec(template: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    template["spec"].update(fields)
+    return template
+
+
+def test_only_a_submitter_from_the_users_template_is_tracked() -> None:
+    """KubeRay's default submitter pod carries none of the dispatcher's labels: it is fitted
+    and reserved, but does not count toward minAvailable; one from the RayJob's own
+    template is labelled at dispatch like every other pod template."""
+    default = infer_pod_sets(ray_job("rj", ONE_CPU))
+    assert [(p.name, p.tracked) for p in default] == [
+        ("RayJob/rj head", True),
+        ("RayJob/rj submitter", False),
+    ]
+    assert tracked_pod_count(default) == 1
+    assert pod_count(default) == 2
+    own = with_spec(
+        ray_job("rj", ONE_CPU), submitterPodTemplate={"spec": {"containers": [ONE_CPU_CONTAINER]}}
+    )
+    assert all(p.tracked for p in infer_pod_sets(own))
+    labelled = inject_labels(own, {"l": "v"})
+    assert labelled["spec"]["submitterPodTemplate"]["metadata"]["labels"] == {"l": "v"}
 
 
 def counts(pod_sets: tuple[PodSet, ...]) -> list[tuple[str, int, Resources]]:
@@ -175,13 +202,30 @@ INFERENCE_CASES: list[Any] = [
         [
             ("RayJob/rj head", 1, res(cpu=1, memory="1Gi")),
             ("RayJob/rj worker w", 2, res(cpu=3, memory="16G", gpu=1)),
+            ("RayJob/rj submitter", 1, res(cpu="500m", memory="200Mi")),
         ],
-        id="rayjob-cluster-only-no-submitter",
+        id="rayjob-default-submitter-kuberays-requests",
+    ),
+    pytest.param(
+        with_spec(
+            ray_job("rj", ONE_CPU),
+            submitterPodTemplate={"spec": {"containers": [ONE_CPU_CONTAINER]}},
+        ),
+        [
+            ("RayJob/rj head", 1, res(cpu=1, memory="1Gi")),
+            ("RayJob/rj submitter", 1, res(cpu=1, memory="1Gi")),
+        ],
+        id="rayjob-submitter-template",
+    ),
+    pytest.param(
+        with_spec(ray_job("rj", ONE_CPU), submissionMode="HTTPMode"),
+        [("RayJob/rj head", 1, res(cpu=1, memory="1Gi"))],
+        id="rayjob-httpmode-no-submitter",
     ),
     pytest.param(
         obj("RayJob", "existing", api_version="ray.io/v1", spec={"clusterSelector": {"a": "b"}}),
-        [],
-        id="rayjob-on-existing-cluster",
+        [("RayJob/existing submitter", 1, res(cpu="500m", memory="200Mi"))],
+        id="rayjob-on-existing-cluster-only-its-submitter",
     ),
     pytest.param(
         pytorch_job("pt", ONE_CPU, GPU_WORKER, workers=3),

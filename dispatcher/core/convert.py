@@ -1,0 +1,351 @@
+"""Conversion between the two AppWrapper generations, v1beta1 (MCAD's fields, the
+dispatcher's own model and the storage version) and v1beta2 (the AppWrapper controller's
+`components`). Pure, no I/O: the conversion webhook (dispatcher/kube/webhook.py) calls
+`convert` for every object the API server asks about.
+
+Both directions work on the objects as JSON (dicts), not on the pydantic models: a
+conversion must hand back every field it was given, including ones the models drop.
+
+What each generation expresses natively:
+
+- both: `metadata`, `spec.suspend`, and per wrapped object its template
+  (`generictemplate` / `template`), `podSets`, `podSetInfos` and `annotations` (v1beta1
+  carries the last four as this dispatcher's additions to MCAD's fields);
+- v1beta1 only: everything else in `spec` (priority, schedulingSpec, custompodresources,
+  completionstatus, MCAD's legacy fields...). In v1beta2 it is kept, as JSON, in the
+  annotation `V1BETA1_FIELDS`, and restored from it;
+- v1beta2 only: `spec.managedBy`, and a status written in v1beta2 by someone else than the
+  dispatcher. In v1beta1 they are kept in the annotation `V1BETA2_FIELDS`;
+- status: the dispatcher writes status in v1beta1 only. The v1beta2 status is the v1beta1
+  one, every field of it, plus what v1beta2 adds (`phase`, `resettingCount`, and the
+  conditions QuotaReserved, ResourcesDeployed, PodsReady, Unhealthy, DeletingResources
+  beside the v1beta1 ones: no type is in both), derived by `v1beta2_status`
+  (core/v1beta2status.py). So `kubectl get aw` (v1beta2, the preferred version) still
+  shows `status.state` and `kubectl wait --for=condition=Running` still works; and on an
+  update of the main resource in v1beta2, where the API server keeps the old status *as
+  converted* and converts it back, nothing of the v1beta1 status is lost. The derived
+  fields are dropped on the way back (they are derived again).
+
+A template stash whose item no longer matches (a v1beta2 edit removed or reordered
+components) is matched by the wrapped object's kind and name, never by position alone, so
+one item's MCAD fields never land on another object.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+from dispatcher.core.v1beta2status import V1BETA2_CONDITION_TYPES, v1beta2_status
+
+GROUP: Final = "workload.codeflare.dev"
+V1BETA1: Final = f"{GROUP}/v1beta1"
+V1BETA2: Final = f"{GROUP}/v1beta2"
+V1BETA1_FIELDS: Final = f"{GROUP}/v1beta1-fields"
+"""Annotation on a v1beta2 object: the v1beta1 fields v1beta2 cannot express (JSON)."""
+V1BETA2_FIELDS: Final = f"{GROUP}/v1beta2-fields"
+"""Annotation on a v1beta1 object: the v1beta2 fields v1beta1 cannot express (JSON)."""
+RESERVED_ANNOTATIONS: Final = (V1BETA1_FIELDS, V1BETA2_FIELDS)
+V1BETA2_STATUS_FIELDS: Final = frozenset(
+    {"phase", "resettingCount", "retryCount", "componentStatus"}
+)
+"""Status fields only v1beta2 has."""
+
+ANNOTATIONS_LIMIT: Final = 256 * 1024 - 1024
+"""The API server's bound on all annotations of an object together (256 KiB of keys and
+values), less a margin. A stash that would pass it is left out of the v1beta2 view (`OMITTED`
+says so and how large it was): a conversion whose answer the API server refuses would make
+every list of the namespace fail in v1beta2."""
+OMITTED: Final = "$omitted"
+
+# Fields of a wrapped object both generations carry under the same name.
+SHARED_ITEM_FIELDS: Final = ("podSets", "podSetInfos", "annotations")
+ABSENT: Final = "absent"
+"""Marks, in a stash, a v1beta1 field that was absent where v1beta2 requires one
+(`resources`, an item's `generictemplate`)."""
+
+Obj = dict[str, Any]
+
+
+class ConversionError(ValueError):
+    """The object cannot be converted; the message names the field."""
+
+
+def convert(obj: Mapping[str, Any], desired: str) -> Obj:
+    """`obj` (an AppWrapper of either generation) as `desired` ("group/version").
+    Raises ConversionError naming the field that stops it."""
+    source = str(obj.get("apiVersion") or "")
+    if source not in (V1BETA1, V1BETA2):
+        raise ConversionError(f"apiVersion {source!r}: not an AppWrapper version served here")
+    if desired not in (V1BETA1, V1BETA2):
+        raise ConversionError(f"desiredAPIVersion {desired!r}: not served here")
+    if source == desired:
+        return copy.deepcopy(dict(obj))
+    return to_v1beta2(obj) if desired == V1BETA2 else to_v1beta1(obj)
+
+
+# -- v1beta1 -> v1beta2 ----------------------------------------------------------------------
+
+
+def to_v1beta2(obj: Mapping[str, Any]) -> Obj:
+    """A v1beta1 AppWrapper as v1beta2 (see the module docstring for what goes where)."""
+    out = _copy_top(obj, V1BETA2)
+    annotations = _annotations(out)
+    carried = _pop_json(annotations, V1BETA2_FIELDS)
+    spec = copy.deepcopy(_mapping(obj.get("spec"), "spec"))
+    stash: Obj = {} if "spec" in obj else {"spec": ABSENT}
+    new_spec: Obj = {}
+    if "suspend" in spec:
+        new_spec["suspend"] = spec.pop("suspend")
+    if "managedBy" in carried:
+        new_spec["managedBy"] = carried["managedBy"]
+    if isinstance(carried.get("spec"), Mapping):
+        new_spec.update(carried["spec"])
+    if "resources" not in spec:
+        stash["resources"] = ABSENT
+        new_spec["components"] = []
+    else:
+        resources = _mapping(spec.pop("resources"), "spec.resources")
+        items = resources.pop("GenericItems", None)
+        if items is None:
+            stash["GenericItems"] = ABSENT
+            items = []
+        if not isinstance(items, list):
+            raise ConversionError("spec.resources.GenericItems: not a list")
+        components, item_stash = _components(items)
+        new_spec["components"] = components
+        if any(len(entry) > 1 for entry in item_stash):
+            stash["items"] = item_stash
+        if resources:
+            stash["resources"] = resources
+    stash.update(spec)  # what is left of spec is v1beta1's alone
+    if stash:
+        text = _dump(stash)
+        if _annotations_size(annotations) + len(V1BETA1_FIELDS) + _size(text) > ANNOTATIONS_LIMIT:
+            text = _dump({OMITTED: _size(text)})
+        annotations[V1BETA1_FIELDS] = text
+    _set_annotations(out, annotations)
+    out["spec"] = new_spec
+    status = obj.get("status")
+    if isinstance(status, Mapping) and status:
+        out["status"] = _v1beta2_status(status, obj.get("spec"))
+    elif "status" in carried:
+        out["status"] = carried["status"]
+    elif "status" in obj:
+        out["status"] = copy.deepcopy(status)
+    return out
+
+
+def _components(items: list[Any]) -> tuple[list[Obj], list[Obj]]:
+    components: list[Obj] = []
+    stashes: list[Obj] = []
+    for index, raw in enumerate(items):
+        item = dict(_mapping(raw, f"spec.resources.GenericItems[{index}]"))
+        component: Obj = {}
+        if "generictemplate" in item:
+            component["template"] = item.pop("generictemplate")
+        else:
+            component["template"] = {}
+            item["generictemplate"] = ABSENT
+        for name in SHARED_ITEM_FIELDS:
+            if name in item:
+                component[name] = item.pop(name)
+        components.append(component)
+        # The item's MCAD fields (maybe none), with the object they belong to: every item
+        # has an entry, so that positions still match where nothing was reordered.
+        stashes.append({"$ref": _ref(component["template"]), **item})
+    return components, stashes
+
+
+# -- v1beta2 -> v1beta1 ----------------------------------------------------------------------
+
+
+def to_v1beta1(obj: Mapping[str, Any]) -> Obj:
+    """A v1beta2 AppWrapper as v1beta1 (see the module docstring for what goes where)."""
+    out = _copy_top(obj, V1BETA1)
+    annotations = _annotations(out)
+    stash = _pop_json(annotations, V1BETA1_FIELDS)
+    if OMITTED in stash:
+        raise ConversionError(
+            f"metadata.annotations[{V1BETA1_FIELDS}]: this AppWrapper's v1beta1 fields "
+            f"({stash[OMITTED]} bytes as JSON) are more than annotations may hold, so they are "
+            "not in its v1beta2 view and a change made there would lose them: change it as "
+            "v1beta1 (appwrappers.v1beta1.workload.codeflare.dev)"
+        )
+    spec = copy.deepcopy(_mapping(obj.get("spec"), "spec"))
+    carried: Obj = {}
+    if "managedBy" in spec:
+        carried["managedBy"] = spec.pop("managedBy")
+    components = spec.pop("components", [])
+    if not isinstance(components, list):
+        raise ConversionError("spec.components: not a list")
+    new_spec: Obj = {}
+    spec_absent = stash.pop("spec", None) == ABSENT
+    item_stash = stash.pop("items", [])
+    resources_stash = stash.pop("resources", None)
+    items_absent = stash.pop("GenericItems", None) == ABSENT
+    new_spec.update(stash)
+    if "suspend" in spec:
+        new_spec["suspend"] = spec.pop("suspend")
+    if spec:  # fields of v1beta2 this dispatcher does not know: kept, not dropped
+        carried["spec"] = spec
+    items = _items(components, item_stash if isinstance(item_stash, list) else [])
+    if resources_stash == ABSENT and not items:
+        pass
+    else:
+        resources: Obj = dict(resources_stash) if isinstance(resources_stash, Mapping) else {}
+        if items or not items_absent:
+            resources["GenericItems"] = items
+        new_spec["resources"] = resources
+    if new_spec or not spec_absent:
+        out["spec"] = new_spec
+    status = obj.get("status")
+    own = _v1beta1_status(status) if isinstance(status, Mapping) else {}
+    if own:
+        out["status"] = own
+    elif isinstance(status, Mapping) and status:
+        # Written in v1beta2 by another writer than the dispatcher: kept until the
+        # dispatcher writes a status of its own.
+        carried["status"] = copy.deepcopy(dict(status))
+    elif "status" in obj:
+        out["status"] = copy.deepcopy(status)
+    if carried:
+        annotations[V1BETA2_FIELDS] = _dump(carried)
+    _set_annotations(out, annotations)
+    return out
+
+
+def _items(components: list[Any], stashes: list[Any]) -> list[Obj]:
+    entries = [dict(e) if isinstance(e, Mapping) else {} for e in stashes]
+    used = [False] * len(entries)
+    items: list[Obj] = []
+    for index, raw in enumerate(components):
+        component = dict(_mapping(raw, f"spec.components[{index}]"))
+        template = component.pop("template", {})
+        extra = _take(entries, used, index, _ref(template))
+        item: Obj = {}
+        if extra.pop("generictemplate", None) != ABSENT or template != {}:
+            item["generictemplate"] = template
+        for name in SHARED_ITEM_FIELDS:
+            if name in component:
+                item[name] = component.pop(name)
+        if component:
+            raise ConversionError(
+                f"spec.components[{index}]: fields {sorted(component)} are not AppWrapper "
+                "v1beta2 fields this dispatcher knows"
+            )
+        item.update(extra)
+        items.append(item)
+    return items
+
+
+def _take(entries: list[Obj], used: list[bool], index: int, ref: str) -> Obj:
+    """The stash entry of the component at `index` making `ref`: the one at the same
+    position if it makes the same object, else the first unused one that does."""
+    order = [index] if index < len(entries) else []
+    order += [i for i in range(len(entries)) if i != index]
+    for i in order:
+        if not used[i] and entries[i].get("$ref") == ref:
+            used[i] = True
+            entry = dict(entries[i])
+            entry.pop("$ref", None)
+            return entry
+    return {}
+
+
+def _v1beta2_status(status: Mapping[str, Any], spec: Any) -> Obj:
+    derived = v1beta2_status(status, spec=spec)
+    out: Obj = copy.deepcopy(dict(status))
+    out.update((k, v) for k, v in derived.items() if k != "conditions")
+    own = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    out["conditions"] = [*copy.deepcopy(own), *derived["conditions"]]
+    return out
+
+
+def _v1beta1_status(status: Mapping[str, Any]) -> Obj:
+    out: Obj = {k: copy.deepcopy(v) for k, v in status.items() if k not in V1BETA2_STATUS_FIELDS}
+    conditions = out.pop("conditions", None)
+    if isinstance(conditions, list):
+        own = [c for c in conditions if not _is_v1beta2_condition(c)]
+        if own:
+            out["conditions"] = own
+    elif conditions is not None:
+        out["conditions"] = conditions
+    return out
+
+
+def _is_v1beta2_condition(condition: Any) -> bool:
+    return isinstance(condition, Mapping) and condition.get("type") in V1BETA2_CONDITION_TYPES
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _copy_top(obj: Mapping[str, Any], api_version: str) -> Obj:
+    out: Obj = {k: copy.deepcopy(v) for k, v in obj.items() if k not in ("spec", "status")}
+    out["apiVersion"] = api_version
+    return out
+
+
+def _annotations(obj: Obj) -> dict[str, str]:
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return {}
+    annotations = metadata.get("annotations")
+    return dict(annotations) if isinstance(annotations, Mapping) else {}
+
+
+def _set_annotations(obj: Obj, annotations: dict[str, str]) -> None:
+    metadata = obj.setdefault("metadata", {})
+    if annotations:
+        metadata["annotations"] = annotations
+    elif metadata.get("annotations"):  # held only ours; an empty map written so stays
+        del metadata["annotations"]
+
+
+def _pop_json(annotations: dict[str, str], key: str) -> Obj:
+    """The JSON object a conversion wrote under `key`, taken out of `annotations`. Anything
+    else found there (written by hand) is left where it is, as any annotation: a conversion
+    that failed on it would make every list of the namespace fail in the other version."""
+    text = annotations.get(key)
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    del annotations[key]
+    return value
+
+
+def _size(text: str) -> int:
+    return len(text.encode())
+
+
+def _annotations_size(annotations: Mapping[str, str]) -> int:
+    return sum(_size(k) + _size(v) for k, v in annotations.items())
+
+
+def _dump(value: Obj) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _mapping(value: Any, where: str) -> Obj:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConversionError(f"{where}: not an object")
+    return dict(value)
+
+
+def _ref(template: Any) -> str:
+    """Which wrapped object a template makes, as "kind/name" (what a stash is matched by)."""
+    if not isinstance(template, Mapping):
+        return ""
+    metadata = template.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    return f"{template.get('kind') or ''}/{name or ''}"
