@@ -19,7 +19,6 @@ and makes the world match it, so a missed event or a restart costs nothing:
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,6 +47,7 @@ from dispatcher.controller.objects import (
 )
 from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.status import StatusWriter
+from dispatcher.controller.workqueue import Result
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
 from dispatcher.core.lifecycle import Progress, Verdict, assess
@@ -73,17 +73,6 @@ UNSYNCED_RECHECK_SECONDS = 5.0
 """A dispatched AppWrapper on a member whose caches have not synced: look again then."""
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
-    """What should happen next: `requeue_after` seconds, reconcile again (None: only when
-    something changes)."""
-
-    requeue_after: float | None = None
-
-
-DONE = Result()
-
-
 def _seconds_since(stamp: str | None, now: float) -> float:
     if not stamp:
         return 0.0
@@ -91,11 +80,6 @@ def _seconds_since(stamp: str | None, now: float) -> float:
         return now - parse_time(stamp).timestamp()
     except ValueError:
         return 0.0
-
-
-def _soonest(*delays: float | None) -> Result:
-    given = [d for d in delays if d is not None]
-    return Result(min(given)) if given else DONE
 
 
 class Reconciler:
@@ -154,7 +138,7 @@ class Reconciler:
     async def reconcile(self, key: str) -> Result:
         obj = self._status.current(key)
         if obj is None:
-            return DONE
+            return Result.done()
         try:
             aw = self._models.parse(obj)
         except ValidationError as exc:
@@ -165,9 +149,9 @@ class Reconciler:
                 # (the garbage collector takes them); members' are swept as orphans.
                 await self._status.set_finalizer(obj, present=False)
                 self.forget_all(key)
-                return DONE
+                return Result.done()
             await self._fail_unreadable(obj, exc)
-            return DONE
+            return Result.done()
         phase = phase_of(aw)
         status = (aw.status or AppWrapperStatus()).editable_copy()
         if phase is Phase.DELETING:
@@ -178,12 +162,12 @@ class Reconciler:
             obj = await self._status.set_finalizer(obj, present=True)
         if cond.is_new(status):
             await self._initialize(aw, obj, status)
-            return DONE
+            return Result.done()
         if phase is Phase.BACKOFF:
             return await self._backoff(aw, obj, status)
         if phase is Phase.EVICTING:
             await self._evict(aw, obj, status)
-            return DONE
+            return Result.done()
         if phase is Phase.DISPATCHED:
             return await self._follow(aw, obj, status)
         priority, problem = self._models.priority(aw)
@@ -200,11 +184,11 @@ class Reconciler:
                 )
                 transition = cond.mark_failed(status, reason, message, now=self._moment()[1])
                 await self._status.write(obj, status, [transition])
-                return DONE
+                return Result.done()
         if cond.set_priority(status, priority):
             await self._status.write(obj, status, [])
         self._schedule_soon()
-        return DONE
+        return Result.done()
 
     async def _fail_unreadable(self, obj: Obj, exc: ValidationError) -> None:
         message = "spec does not match the AppWrapper API: " + "; ".join(
@@ -251,10 +235,10 @@ class Reconciler:
         seconds = self._pause(aw)
         waited = _seconds_since(backoff.lastTransitionMicroTime if backoff else None, now)
         if waited < seconds:
-            return Result(seconds - waited)
+            return Result.after(seconds - waited)
         await self._status.write(obj, status, [cond.end_backoff(status, now=moment)])
         self._schedule_soon()
-        return DONE
+        return Result.done()
 
     def _pause(self, aw: AppWrapper) -> float:
         """The backoff after a requeue."""
@@ -328,7 +312,7 @@ class Reconciler:
         if member is not None and not stranded and not member.synced:
             # Its pods are not known yet (it has not answered since the start): judging them
             # would be deciding on a partial view. Its sync, or upkeep, brings this back.
-            return Result(UNSYNCED_RECHECK_SECONDS)
+            return Result.after(UNSYNCED_RECHECK_SECONDS)
         if member is None or stranded:
             await self._requeue(
                 aw,
@@ -339,13 +323,13 @@ class Reconciler:
                 backoff=False,
                 remove_from=None,
             )
-            return DONE
+            return Result.done()
         drained = self._quotas.draining(status)
         if drained:
             await self._requeue(
                 aw, obj, status, Reason.QUEUE_DRAINED, drained, backoff=False, remove_from=member
             )
-            return DONE
+            return Result.done()
         change = spec_change(aw)
         if change:
             # Edited after dispatch: what was dispatched goes, and the new spec is validated
@@ -362,7 +346,7 @@ class Reconciler:
             )
             # Back here at once: a new spec that is invalid, or no longer attributed, is
             # answered here (the scheduler passes over it without a word).
-            return Result(0.0)
+            return Result.now()
         objects: list[Wrapped] = []
         stamp = status.lastDispatchedAt or ""
         if self._ensured.get(key) != stamp:
@@ -370,7 +354,7 @@ class Reconciler:
                 # An earlier attempt's pods are still terminating: objects made now would
                 # make a second gang, bound wherever kube-scheduler finds room (room the
                 # dispatcher has given to others) while the first still holds its own.
-                return Result(TERMINATING_POLL_SECONDS)
+                return Result.after(TERMINATING_POLL_SECONDS)
             try:
                 # The recorded creator's rights, asked again now: they may have been taken
                 # away while it queued, or it may have been created past the webhook.
@@ -425,7 +409,7 @@ class Reconciler:
                     namespace=aw.metadata.namespace,
                     objects=list(made.terminating[:5]),
                 )
-                return Result(TERMINATING_RETRY)
+                return Result.after(TERMINATING_RETRY)
             self._ensured[key] = stamp
         counts = member.capacity.pod_counts(key, aw.metadata.uid or "")
         changed = cond.set_pod_counts(
@@ -488,7 +472,7 @@ class Reconciler:
             await self._requeue(
                 aw, obj, status, verdict.reason, message, backoff=True, remove_from=member
             )
-            return DONE
+            return Result.done()
         if verdict.verdict is Verdict.RUNNING:
             transition = cond.mark_running(status, message, now=moment)
         elif verdict.verdict is Verdict.HOLD_COMPLETION:
@@ -506,7 +490,7 @@ class Reconciler:
             self._counts_written[key] = now
             if verdict.verdict is Verdict.FAILED:
                 return await self._after_terminal(aw, status)  # give the capacity back
-            return _soonest(poll, recheck)
+            return Result.soonest(poll, recheck)
         if changed:
             # Pod counts alone move often (every pod start); write them at most every few
             # seconds so a large gang does not cost a status write per pod. The first ones
@@ -519,8 +503,8 @@ class Reconciler:
                 await self._status.write(obj, status, [])
                 self._counts_written[key] = now
             else:
-                return _soonest(poll, recheck, COUNTS_INTERVAL - since)
-        return _soonest(poll, recheck)
+                return Result.soonest(poll, recheck, COUNTS_INTERVAL - since)
+        return Result.soonest(poll, recheck)
 
     async def _dispatch_failed(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: DispatchError, member: Member
@@ -547,7 +531,7 @@ class Reconciler:
         )
         # Nothing of this attempt may be left to wake it (no objects, so no pod events):
         # the end of the pause must come back by itself.
-        return Result(self._pause(aw))
+        return Result.soonest(self._pause(aw))
 
     async def _remove_objects(self, aw: AppWrapper, member: Member) -> list[str]:
         """Delete `aw`'s wrapped objects in `member`: those its latest dispatch recorded (the
@@ -568,20 +552,20 @@ class Reconciler:
         Completed ones keep theirs (finished pods hold nothing; logs stay readable)."""
         self.forget(aw.key)
         if not status.is_true(C.FAILED):
-            return DONE
+            return Result.done()
         member = self.member_of(status)
         attempt = (aw.metadata.uid or "", status.lastDispatchedAt or "")
         if member is None or self._cleaned.get(aw.key) == attempt:
-            return DONE
+            return Result.done()
         if await self._remove_objects(aw, member):
-            return Result(1.0)
+            return Result.after(1.0)
         self._cleaned[aw.key] = attempt
-        return DONE
+        return Result.done()
 
     async def _finalize(self, aw: AppWrapper, obj: Obj) -> Result:
         """Deletion: remove the wrapped objects wherever they may be, then our finalizer."""
         if FINALIZER not in aw.metadata.finalizers:
-            return DONE
+            return Result.done()
         member = self.member_of(aw.status or AppWrapperStatus())
         targets = [member] if member is not None else list(self._members.values())
         remaining: list[str] = []
@@ -604,11 +588,11 @@ class Reconciler:
                 namespace=aw.metadata.namespace,
                 remaining=remaining[:5],
             )
-            return Result(0.5)
+            return Result.after(0.5)
         await self._status.set_finalizer(obj, present=False)
         self.forget_all(aw.key)
         self._schedule_soon()
-        return DONE
+        return Result.done()
 
 
-__all__ = ["DONE", "Reconciler", "Result"]
+__all__ = ["Reconciler", "Result"]

@@ -8,7 +8,53 @@ reads the current object, so collapsing many changes into one run loses nothing.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What the queue does with a key after its handler ran: nothing until something
+    changes it (`done()`), run it again at once (`now()`), or after `seconds` (`after`).
+
+    Built through those three only: in controller-runtime a zero delay means "no requeue",
+    and a bare number cannot say which of "now" and "never" it meant."""
+
+    requeue_after: float | None
+    """None: not again until an event adds the key; 0: at once; else seconds."""
+
+    def __post_init__(self) -> None:
+        if self.requeue_after is not None and not (
+            math.isfinite(self.requeue_after) and self.requeue_after >= 0
+        ):
+            raise ValueError(f"a requeue delay is a finite number >= 0: {self.requeue_after}")
+
+    @classmethod
+    def done(cls) -> Result:
+        """Not again until something changes (an event adds the key)."""
+        return _DONE
+
+    @classmethod
+    def now(cls) -> Result:
+        """Again at once (behind the keys already queued)."""
+        return _NOW
+
+    @classmethod
+    def after(cls, seconds: float) -> Result:
+        """Again in `seconds` (> 0: at once is `now()`, never is `done()`)."""
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"Result.after takes seconds > 0, not {seconds}")
+        return cls(seconds)
+
+    @classmethod
+    def soonest(cls, *delays: float | None) -> Result:
+        """After the shortest of `delays` (None: no reason to come back); done if none."""
+        given = [d for d in delays if d is not None]
+        if not given:
+            return _DONE
+        shortest = min(given)
+        return cls.after(shortest) if shortest > 0 else _NOW
 
 
 class WorkQueue:
@@ -100,3 +146,7 @@ class WorkQueue:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+
+
+_DONE = Result(None)
+_NOW = Result(0.0)
