@@ -29,6 +29,7 @@ from dispatcher.cluster.member import Member
 from dispatcher.config import Config, DeclaredPodResources
 from dispatcher.controller.admission import Admission
 from dispatcher.controller.cache import SchedulerCache
+from dispatcher.controller.creating import Creator
 from dispatcher.controller.models import Models, key_of, slimmer
 from dispatcher.controller.quotas import Quotas
 from dispatcher.controller.reconciler import Reconciler
@@ -147,8 +148,8 @@ class Manager:
             schedule_soon=self._kick,
             start_task=self._start,
             wake_owner=self._wake_owner,
+            creator=Creator(admission=self.admission, quotas=self.quotas, clock=self.clock),
             quotas=self.quotas,
-            admission=self.admission,
         )
         self.upkeep = Upkeep(
             members=self.members,

@@ -1,7 +1,7 @@
 """The reconciler: `reconcile(key) -> Result`, the one creator and deleter of wrapped objects.
 
-Side effects: creates and deletes wrapped objects in member clusters; writes status (through
-the status writer) for every step after the scheduler's: invalid specs, backoff, Running,
+Side effects: creates (through its `Creator`, creating.py) and deletes wrapped objects in
+member clusters; writes status (through the status writer) for every step after the scheduler's: invalid specs, backoff, Running,
 Completed, Failed and every requeue; adds and removes the finalizer.
 
 Level-based: it reads the newest AppWrapper (the status writer's overlay or the watch cache)
@@ -30,27 +30,24 @@ from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, parse_ti
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config
-from dispatcher.controller.admission import Admission
+from dispatcher.controller.creating import Creator, NotYet, Refused
 from dispatcher.controller.models import Models
 from dispatcher.controller.objects import (
     DispatchError,
     Wrapped,
     completion,
-    create_all,
     delete_all,
     dispatched_objects,
-    prepare_namespace,
     spec_change,
     target_namespace,
     wrapped_identities,
-    wrapped_objects,
 )
 from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.status import StatusWriter
 from dispatcher.controller.workqueue import Result
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
-from dispatcher.core.lifecycle import Progress, Verdict, assess
+from dispatcher.core.lifecycle import Assessment, Progress, Verdict, assess
 from dispatcher.core.model import Workload, pod_count
 from dispatcher.core.phase import Phase, phase_of
 from dispatcher.core.workloads import InvalidSpec
@@ -60,15 +57,8 @@ Obj = dict[str, Any]
 C = cond.C
 COUNTS_INTERVAL = 5.0
 """Seconds between status writes that only update pod counts."""
-TERMINATING_RETRY = 0.5
-"""Seconds before trying again to create objects whose earlier copies are being deleted."""
-TERMINATING_LIMIT = 300.0
-"""Seconds after dispatch that a dispatch waits for earlier copies to go before it requeues."""
 POLL_SECONDS = 2.0
 """When a wrapped object's status was read by GET, look again this much later."""
-TERMINATING_POLL_SECONDS = 1.0
-"""How often a dispatch waiting for an earlier attempt's pods to go looks again (their
-deletion also wakes it)."""
 UNSYNCED_RECHECK_SECONDS = 5.0
 """A dispatched AppWrapper on a member whose caches have not synced: look again then."""
 
@@ -94,11 +84,11 @@ class Reconciler:
         schedule_soon: Callable[[], None],
         start_task: Callable[[Coroutine[Any, Any, None], str], None],
         wake_owner: Callable[[str, Obj | None, Obj | None], None],
+        creator: Creator,
         quotas: QuotaLookup | None = None,
-        admission: Admission | None = None,
     ) -> None:
         self._config = config
-        self._admission = admission
+        self._creator = creator
         self._quotas = quotas or NO_QUOTAS
         self._models = models
         self._status = status
@@ -297,22 +287,10 @@ class Reconciler:
         )
 
     async def _follow(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> Result:
-        """A dispatched AppWrapper: its objects exist; its pods and objects say how it does."""
-        key = aw.key
-        now, moment = self._moment()
+        """A dispatched AppWrapper, step by step: its member still there; its dispatch still
+        wanted; its objects there; its pods and objects counted; the verdict acted on."""
         member = self.member_of(status)
-        stranded = ""
-        if member is None:
-            stranded = f"dispatched to cluster {status.clusterName!r}, which is not configured"
-        elif not member.is_hub and member.silent_for() > self._config.member_timeout_seconds:
-            stranded = (
-                f"cluster {member.name} has not answered for {int(member.silent_for())}s; "
-                "requeued (its copies are removed when it answers again)"
-            )
-        if member is not None and not stranded and not member.synced:
-            # Its pods are not known yet (it has not answered since the start): judging them
-            # would be deciding on a partial view. Its sync, or upkeep, brings this back.
-            return Result.after(UNSYNCED_RECHECK_SECONDS)
+        stranded = self._stranded(member, status)
         if member is None or stranded:
             await self._requeue(
                 aw,
@@ -324,6 +302,43 @@ class Reconciler:
                 remove_from=None,
             )
             return Result.done()
+        if not member.synced:
+            # Its pods are not known yet (it has not answered since the start): judging them
+            # would be deciding on a partial view. Its sync, or upkeep, brings this back.
+            return Result.after(UNSYNCED_RECHECK_SECONDS)
+        moved = await self._dispatch_moved(aw, obj, status, member)
+        if moved is not None:
+            return moved
+        objects: list[Wrapped] = []
+        if self._ensured.get(aw.key) != (status.lastDispatchedAt or ""):
+            ensured = await self._ensure_objects(aw, obj, status, member)
+            if isinstance(ensured, Result):
+                return ensured
+            objects = ensured
+        progress, counts_changed, polled = await self._progress(aw, status, member, objects)
+        verdict = assess(
+            progress,
+            requeuing=aw.spec.schedulingSpec.requeuing,
+            duration_limit=aw.spec.schedulingSpec.dispatchDuration.limit,
+        )
+        return await self._act_on(aw, obj, status, member, verdict, counts_changed, polled)
+
+    def _stranded(self, member: Member | None, status: AppWrapperStatus) -> str:
+        """Why an AppWrapper dispatched to `member` cannot be followed there ("" if it can)."""
+        if member is None:
+            return f"dispatched to cluster {status.clusterName!r}, which is not configured"
+        if not member.is_hub and member.silent_for() > self._config.member_timeout_seconds:
+            return (
+                f"cluster {member.name} has not answered for {int(member.silent_for())}s; "
+                "requeued (its copies are removed when it answers again)"
+            )
+        return ""
+
+    async def _dispatch_moved(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
+    ) -> Result | None:
+        """Requeue it when its dispatch is no longer wanted as made (its queue drained, its
+        objects edited); None when it stands."""
         drained = self._quotas.draining(status)
         if drained:
             await self._requeue(
@@ -331,87 +346,52 @@ class Reconciler:
             )
             return Result.done()
         change = spec_change(aw)
-        if change:
-            # Edited after dispatch: what was dispatched goes, and the new spec is validated
-            # and fitted like any other before anything of it is created.
-            await self._requeue(
-                aw,
-                obj,
-                status,
-                Reason.SPEC_CHANGED,
-                f"the wrapped objects changed after dispatch ({change}); requeued so the new "
-                "spec is validated and scheduled again",
-                backoff=False,
-                remove_from=member,
+        if not change:
+            return None
+        # Edited after dispatch: what was dispatched goes, and the new spec is validated
+        # and fitted like any other before anything of it is created.
+        await self._requeue(
+            aw,
+            obj,
+            status,
+            Reason.SPEC_CHANGED,
+            f"the wrapped objects changed after dispatch ({change}); requeued so the new "
+            "spec is validated and scheduled again",
+            backoff=False,
+            remove_from=member,
+        )
+        # Back here at once: a new spec that is invalid, or no longer attributed, is
+        # answered here (the scheduler passes over it without a word).
+        return Result.now()
+
+    async def _ensure_objects(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
+    ) -> list[Wrapped] | Result:
+        """Make this attempt's objects exist in `member` (the creator's step) and write what
+        came of it: the objects built, or what to do when they cannot be (yet)."""
+        try:
+            made = await self._creator.ensure(aw, obj, status, member)
+        except DispatchError as error:
+            return await self._dispatch_failed(aw, obj, status, error, member)
+        if isinstance(made, NotYet):
+            return Result.after(made.seconds)
+        if isinstance(made, Refused):
+            forbidden = cond.mark_failed(
+                status, Reason.FORBIDDEN, made.message, now=self._moment()[1]
             )
-            # Back here at once: a new spec that is invalid, or no longer attributed, is
-            # answered here (the scheduler passes over it without a word).
-            return Result.now()
-        objects: list[Wrapped] = []
-        stamp = status.lastDispatchedAt or ""
-        if self._ensured.get(key) != stamp:
-            if any(p.deleting for p in member.capacity.owned_pods(key, aw.metadata.uid or "")):
-                # An earlier attempt's pods are still terminating: objects made now would
-                # make a second gang, bound wherever kube-scheduler finds room (room the
-                # dispatcher has given to others) while the first still holds its own.
-                return Result.after(TERMINATING_POLL_SECONDS)
-            try:
-                # The recorded creator's rights, asked again now: they may have been taken
-                # away while it queued, or it may have been created past the webhook.
-                refused = (
-                    await self._admission.dispatch_problem(obj, member.client)
-                    if self._admission is not None
-                    else ""
-                )
-            except KubeError as exc:
-                error = DispatchError(f"checking the creator's rights: {exc}", permanent=False)
-                return await self._dispatch_failed(aw, obj, status, error, member)
-            if refused:
-                forbidden = cond.mark_failed(status, Reason.FORBIDDEN, refused, now=moment)
-                await self._status.write(obj, status, [forbidden])
-                return await self._after_terminal(aw, status)
-            # Built only when needed: it deep-copies every template, and following runs on
-            # every pod change of every dispatched AppWrapper.
-            try:
-                objects = wrapped_objects(
-                    aw, owner_reference=member.is_hub, flavors=self._quotas.flavors_of(status)
-                )
-                namespace = await prepare_namespace(member, aw.metadata.namespace)
-                made = await create_all(
-                    member.client, namespace, objects, uid=aw.metadata.uid or ""
-                )
-            except (DispatchError, KubeError) as exc:
-                error = (
-                    exc
-                    if isinstance(exc, DispatchError)
-                    else DispatchError(str(exc), permanent=False)
-                )
-                return await self._dispatch_failed(aw, obj, status, error, member)
-            except Exception as exc:  # user data must not wedge the AppWrapper
-                # Anything else while building or creating comes from the template: retrying
-                # would meet it again, so it ends the AppWrapper with the reason.
-                error = DispatchError(f"{type(exc).__name__}: {str(exc)[:300]}", permanent=True)
-                return await self._dispatch_failed(aw, obj, status, error, member)
-            if made.terminating:
-                # An earlier attempt's objects are still going (a requeue deleted them):
-                # adopting them would leave this attempt with objects about to vanish.
-                if _seconds_since(status.lastDispatchedAt, now) > TERMINATING_LIMIT:
-                    # Held by a finalizer nobody removes: give the room back and retry later.
-                    stuck = DispatchError(
-                        f"{', '.join(made.terminating[:5])} still being deleted after "
-                        f"{int(TERMINATING_LIMIT)}s",
-                        permanent=False,
-                    )
-                    return await self._dispatch_failed(aw, obj, status, stuck, member)
-                self._log.info(
-                    "waiting_for_old_objects",
-                    appwrapper=aw.metadata.name,
-                    namespace=aw.metadata.namespace,
-                    objects=list(made.terminating[:5]),
-                )
-                return Result.after(TERMINATING_RETRY)
-            self._ensured[key] = stamp
-        counts = member.capacity.pod_counts(key, aw.metadata.uid or "")
+            await self._status.write(obj, status, [forbidden])
+            return await self._after_terminal(aw, status)
+        self._ensured[aw.key] = status.lastDispatchedAt or ""
+        return made.objects
+
+    async def _progress(
+        self, aw: AppWrapper, status: AppWrapperStatus, member: Member, objects: list[Wrapped]
+    ) -> tuple[Progress, bool, bool]:
+        """How it does: its pods counted (into `status`), its objects' completion read.
+        Returns the progress, whether the pod counts changed, and whether some object's
+        status was read by GET (it will not announce itself: look again later)."""
+        now, moment = self._moment()
+        counts = member.capacity.pod_counts(aw.key, aw.metadata.uid or "")
         changed = cond.set_pod_counts(
             status,
             pending=counts.pending,
@@ -460,19 +440,30 @@ class Reconciler:
             completed_items=done_items,
             failed_object=failed_object,
         )
-        verdict = assess(
-            progress,
-            requeuing=aw.spec.schedulingSpec.requeuing,
-            duration_limit=aw.spec.schedulingSpec.dispatchDuration.limit,
-        )
+        return progress, changed, polled
+
+    async def _act_on(
+        self,
+        aw: AppWrapper,
+        obj: Obj,
+        status: AppWrapperStatus,
+        member: Member,
+        verdict: Assessment,
+        counts_changed: bool,
+        polled: bool,
+    ) -> Result:
+        """Write what the verdict says (a requeue, a milestone, or pod counts alone, at most
+        every COUNTS_INTERVAL) and when to look again."""
+        key = aw.key
+        now, moment = self._moment()
         message = verdict.message
-        transition: Transition | None = None
         if verdict.verdict is Verdict.REQUEUE:
             assert verdict.reason is not None
             await self._requeue(
                 aw, obj, status, verdict.reason, message, backoff=True, remove_from=member
             )
             return Result.done()
+        transition: Transition | None = None
         if verdict.verdict is Verdict.RUNNING:
             transition = cond.mark_running(status, message, now=moment)
         elif verdict.verdict is Verdict.HOLD_COMPLETION:
@@ -491,7 +482,7 @@ class Reconciler:
             if verdict.verdict is Verdict.FAILED:
                 return await self._after_terminal(aw, status)  # give the capacity back
             return Result.soonest(poll, recheck)
-        if changed:
+        if counts_changed:
             # Pod counts alone move often (every pod start); write them at most every few
             # seconds so a large gang does not cost a status write per pod. The first ones
             # after a dispatch wait for the Running write that usually follows.
