@@ -1,9 +1,9 @@
 """Making one dispatch attempt's wrapped objects exist in its member cluster: the creator's
 rights asked again, the objects built (with the admission's flavors), their namespace
-prepared, all created or none (adopted after a restart).
+prepared, all created or none (adopted after a restart); and removing them again.
 
-Side effects: API requests to the member (creates; deletes of what a failed attempt made),
-access reviews through the webhook's rules. It writes no status: it says what came of the
+Side effects: API requests to the member (creates and deletes), access reviews through the
+webhook's rules. It writes no status: it says what came of the
 attempt, and the reconciler writes that.
 """
 
@@ -23,6 +23,8 @@ from dispatcher.controller.objects import (
     DispatchError,
     Wrapped,
     create_all,
+    delete_all,
+    dispatched_objects,
     prepare_namespace,
     wrapped_objects,
 )
@@ -61,7 +63,9 @@ class Refused:
 
 
 class Creator:
-    """`ensure(...)`: Made, NotYet or Refused; DispatchError when creating failed."""
+    """`ensure(...)`: Made, NotYet or Refused; DispatchError when creating failed
+    (UserInputError when the user's objects are refused); any other exception is a bug of
+    the dispatcher's own, raised as it is."""
 
     def __init__(self, *, admission: Admission | None, quotas: QuotaLookup, clock: Clock) -> None:
         self._admission = admission
@@ -86,7 +90,7 @@ class Creator:
                 else ""
             )
         except KubeError as exc:
-            raise DispatchError(f"checking the creator's rights: {exc}", permanent=False) from exc
+            raise DispatchError(f"checking the creator's rights: {exc}") from exc
         if refused:
             return Refused(refused)
         # Built only when needed: it deep-copies every template, and following runs on
@@ -97,17 +101,43 @@ class Creator:
             )
             namespace = await prepare_namespace(member, aw.metadata.namespace)
             made = await create_all(member.client, namespace, objects, uid=aw.metadata.uid or "")
-        except DispatchError:
-            raise
         except KubeError as exc:
-            raise DispatchError(str(exc), permanent=False) from exc
-        except Exception as exc:  # user data must not wedge the AppWrapper
-            # Anything else while building or creating comes from the template: retrying
-            # would meet it again, so it ends the AppWrapper with the reason.
-            raise DispatchError(f"{type(exc).__name__}: {str(exc)[:300]}", permanent=True) from exc
+            raise DispatchError(str(exc)) from exc
         if made.terminating:
             return self._old_objects_linger(aw, status, made.terminating)
         return Made(objects)
+
+    async def remove(self, aw: AppWrapper, member: Member) -> list[str]:
+        """Delete `aw`'s wrapped objects in `member`: those its latest dispatch recorded (the
+        spec may have been edited since), only if they carry its uid; returns the ones still
+        there."""
+        namespace = member.namespace_for(aw.metadata.namespace)
+        if namespace is None:
+            return []  # not mapped there (any more): no namespace to look in
+        return await delete_all(
+            member.client,
+            namespace,
+            dispatched_objects(aw, owner_reference=member.is_hub),
+            uid=aw.metadata.uid or "",
+        )
+
+    async def remove_everywhere(self, aw: AppWrapper, members: list[Member]) -> list[str]:
+        """`remove` from each of `members`; what is still there, or which could not be
+        asked (logged)."""
+        remaining: list[str] = []
+        for member in members:
+            try:
+                remaining += await self.remove(aw, member)
+            except KubeError as exc:
+                self._log.warning(
+                    "deleting_objects_failed",
+                    appwrapper=aw.metadata.name,
+                    namespace=aw.metadata.namespace,
+                    cluster=member.name,
+                    error=str(exc)[:300],
+                )
+                remaining.append(f"{member.name}: {exc}")
+        return remaining
 
     def _old_objects_linger(
         self, aw: AppWrapper, status: AppWrapperStatus, terminating: tuple[str, ...]
@@ -118,8 +148,7 @@ class Creator:
         if dispatched is not None and self._clock.time() - dispatched > TERMINATING_LIMIT:
             # Held by a finalizer nobody removes: give the room back and retry later.
             raise DispatchError(
-                f"{', '.join(terminating[:5])} still being deleted after {int(TERMINATING_LIMIT)}s",
-                permanent=False,
+                f"{', '.join(terminating[:5])} still being deleted after {int(TERMINATING_LIMIT)}s"
             )
         self._log.info(
             "waiting_for_old_objects",

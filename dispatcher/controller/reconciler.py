@@ -1,8 +1,13 @@
 """The reconciler: `reconcile(key) -> Result`, the one creator and deleter of wrapped objects.
 
 Side effects: creates (through its `Creator`, creating.py) and deletes wrapped objects in
-member clusters; writes status (through the status writer) for every step after the scheduler's: invalid specs, backoff, Running,
-Completed, Failed and every requeue; adds and removes the finalizer.
+member clusters; writes status (through the status writer) for every step after the
+scheduler's: invalid specs, backoff, Running, Completed, Failed and every requeue; adds and
+removes the finalizer.
+
+Only errors about the user's input (an invalid spec, `UserInputError` from creating the
+objects) fail the user's AppWrapper. A bug of the dispatcher's own met while making the
+objects leaves it dispatched, says so in its status and is retried with growing pauses.
 
 Level-based: it reads the newest AppWrapper (the status writer's overlay or the watch cache)
 and makes the world match it, so a missed event or a restart costs nothing:
@@ -34,10 +39,9 @@ from dispatcher.controller.creating import Creator, NotYet, Refused
 from dispatcher.controller.models import Models
 from dispatcher.controller.objects import (
     DispatchError,
+    UserInputError,
     Wrapped,
     completion,
-    delete_all,
-    dispatched_objects,
     spec_change,
     target_namespace,
     wrapped_identities,
@@ -51,7 +55,6 @@ from dispatcher.core.lifecycle import Assessment, Progress, Verdict, assess
 from dispatcher.core.model import Workload, pod_count
 from dispatcher.core.phase import Phase, phase_of
 from dispatcher.core.workloads import InvalidSpec
-from dispatcher.kube.errors import KubeError
 
 Obj = dict[str, Any]
 C = cond.C
@@ -59,6 +62,9 @@ COUNTS_INTERVAL = 5.0
 """Seconds between status writes that only update pod counts."""
 POLL_SECONDS = 2.0
 """When a wrapped object's status was read by GET, look again this much later."""
+OWN_ERROR_FIRST_SECONDS = 1.0
+OWN_ERROR_MAX_SECONDS = 300.0
+"""Pauses (doubling) between attempts to make objects that met a bug of the dispatcher's."""
 UNSYNCED_RECHECK_SECONDS = 5.0
 """A dispatched AppWrapper on a member whose caches have not synced: look again then."""
 
@@ -103,12 +109,15 @@ class Reconciler:
         """key -> (uid, lastDispatchedAt) of the failed attempt whose objects were removed."""
         self._counts_written: dict[str, float] = {}
         """key -> when pod counts alone were last written."""
+        self._own_errors: dict[str, int] = {}
+        """key -> dispatcher's own errors met making its objects since they last were made."""
         self._log = structlog.get_logger("reconciler")
 
     def forget(self, key: str) -> None:
         """It finished or went: drop what only a live AppWrapper needs."""
         self._ensured.pop(key, None)
         self._counts_written.pop(key, None)
+        self._own_errors.pop(key, None)
 
     def forget_all(self, key: str) -> None:
         self.forget(key)
@@ -161,20 +170,13 @@ class Reconciler:
         if phase is Phase.DISPATCHED:
             return await self._follow(aw, obj, status)
         priority, problem = self._models.priority(aw)
-        if not problem:
-            workload = self._models.workload(aw, priority=priority, now=self._moment()[1])
-            refusal = self._models.refusal(aw)
-            if isinstance(workload, InvalidSpec) or refusal:
-                # Edited while queued (or requeued after an edit): the scheduler would skip
-                # it for ever; say why instead.
-                reason, message = (
-                    (Reason.FORBIDDEN, refusal)
-                    if refusal
-                    else (Reason.INVALID_SPEC, getattr(workload, "message", ""))
-                )
-                transition = cond.mark_failed(status, reason, message, now=self._moment()[1])
-                await self._status.write(obj, status, [transition])
-                return Result.done()
+        found = None if problem else self._spec_problem(aw, priority)
+        if found is not None:
+            # Edited while queued (or requeued after an edit): the scheduler would skip it
+            # for ever; say why instead.
+            transition = cond.mark_failed(status, *found, now=self._moment()[1])
+            await self._status.write(obj, status, [transition])
+            return Result.done()
         if cond.set_priority(status, priority):
             await self._status.write(obj, status, [])
         self._schedule_soon()
@@ -196,17 +198,11 @@ class Reconciler:
         status write per AppWrapper."""
         moment = self._moment()[1]
         priority, problem = self._models.priority(aw)
-        reason = Reason.INVALID_SPEC
-        if not problem:
-            workload = self._models.workload(aw, priority=priority, now=moment)
-            if isinstance(workload, InvalidSpec):
-                problem = workload.message
-        if not problem:
-            problem = self._models.refusal(aw)
-            reason = Reason.FORBIDDEN
-        if not problem:
+        found = (Reason.INVALID_SPEC, problem) if problem else self._spec_problem(aw, priority)
+        if found is None:
             self._schedule_soon()
             return
+        reason, problem = found
         transitions = [
             cond.initialize(status, priority=priority, now=moment),
             cond.mark_failed(status, reason, problem, now=moment),
@@ -218,6 +214,15 @@ class Reconciler:
             reason=problem[:300],
         )
         await self._status.write(obj, status, transitions)
+
+    def _spec_problem(self, aw: AppWrapper, priority: int) -> tuple[Reason, str] | None:
+        """Why `aw` can never be dispatched as written: its spec is invalid, or it may not
+        be dispatched whatever the room (`Models.refusal`); None when neither."""
+        workload = self._models.workload(aw, priority=priority, now=self._moment()[1])
+        if isinstance(workload, InvalidSpec):
+            return Reason.INVALID_SPEC, workload.message
+        refusal = self._models.refusal(aw)
+        return (Reason.FORBIDDEN, refusal) if refusal else None
 
     async def _backoff(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> Result:
         now, moment = self._moment()
@@ -250,7 +255,7 @@ class Reconciler:
         """Every requeue: remove the objects (unless their member is out of reach; the
         collector takes them when it answers again), then back to the queue."""
         if remove_from is not None:
-            await self._remove_objects(aw, remove_from)
+            await self._creator.remove(aw, remove_from)
         transition = cond.mark_requeued(
             status,
             reason,
@@ -373,6 +378,9 @@ class Reconciler:
             made = await self._creator.ensure(aw, obj, status, member)
         except DispatchError as error:
             return await self._dispatch_failed(aw, obj, status, error, member)
+        except Exception as exc:
+            return await self._own_error(aw, obj, status, exc)
+        self._own_errors.pop(aw.key, None)
         if isinstance(made, NotYet):
             return Result.after(made.seconds)
         if isinstance(made, Refused):
@@ -497,6 +505,33 @@ class Reconciler:
                 return Result.soonest(poll, recheck, COUNTS_INTERVAL - since)
         return Result.soonest(poll, recheck)
 
+    async def _own_error(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: Exception
+    ) -> Result:
+        """A bug of the dispatcher's met while making the objects: not the user's doing, so
+        never Failed. It stays dispatched (its room held), says so in its status (once per
+        error), and is tried again with growing pauses, as the work queue does."""
+        attempts = self._own_errors.get(aw.key, 0)
+        self._own_errors[aw.key] = attempts + 1
+        delay = min(OWN_ERROR_FIRST_SECONDS * 2.0 ** min(attempts, 20), OWN_ERROR_MAX_SECONDS)
+        self._log.error(
+            "dispatch_crashed",
+            appwrapper=aw.metadata.name,
+            namespace=aw.metadata.namespace,
+            cluster=status.clusterName,
+            attempts=attempts + 1,
+            retry_in=delay,
+            exc_info=exc,
+        )
+        message = (
+            "creating the wrapped objects met an error of the dispatcher's own, not of this "
+            f"AppWrapper; retrying: {type(exc).__name__}: {str(exc)[:200]}"
+        )
+        stalled = cond.mark_stalled(status, Reason.DISPATCH_FAILED, message, now=self._moment()[1])
+        if stalled is not None:
+            await self._status.write(obj, status, [stalled])
+        return Result.after(delay)
+
     async def _dispatch_failed(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: DispatchError, member: Member
     ) -> Result:
@@ -507,9 +542,9 @@ class Reconciler:
             namespace=aw.metadata.namespace,
             cluster=status.clusterName,
             reason=str(exc)[:300],
-            permanent=exc.permanent,
+            users=isinstance(exc, UserInputError),
         )
-        if exc.permanent:
+        if isinstance(exc, UserInputError):
             transition = cond.mark_failed(
                 status, Reason.DISPATCH_FAILED, message, now=self._moment()[1]
             )
@@ -524,20 +559,6 @@ class Reconciler:
         # the end of the pause must come back by itself.
         return Result.soonest(self._pause(aw))
 
-    async def _remove_objects(self, aw: AppWrapper, member: Member) -> list[str]:
-        """Delete `aw`'s wrapped objects in `member`: those its latest dispatch recorded (the
-        spec may have been edited since), only if they carry its uid; returns the ones still
-        there."""
-        namespace = member.namespace_for(aw.metadata.namespace)
-        if namespace is None:
-            return []  # not mapped there (any more): no namespace to look in
-        return await delete_all(
-            member.client,
-            namespace,
-            dispatched_objects(aw, owner_reference=member.is_hub),
-            uid=aw.metadata.uid or "",
-        )
-
     async def _after_terminal(self, aw: AppWrapper, status: AppWrapperStatus) -> Result:
         """Failed AppWrappers give their capacity back: their objects are removed once.
         Completed ones keep theirs (finished pods hold nothing; logs stay readable)."""
@@ -548,7 +569,7 @@ class Reconciler:
         attempt = (aw.metadata.uid or "", status.lastDispatchedAt or "")
         if member is None or self._cleaned.get(aw.key) == attempt:
             return Result.done()
-        if await self._remove_objects(aw, member):
+        if await self._creator.remove(aw, member):
             return Result.after(1.0)
         self._cleaned[aw.key] = attempt
         return Result.done()
@@ -559,19 +580,7 @@ class Reconciler:
             return Result.done()
         member = self.member_of(aw.status or AppWrapperStatus())
         targets = [member] if member is not None else list(self._members.values())
-        remaining: list[str] = []
-        for target in targets:
-            try:
-                remaining += await self._remove_objects(aw, target)
-            except KubeError as exc:
-                self._log.warning(
-                    "deleting_objects_failed",
-                    appwrapper=aw.metadata.name,
-                    namespace=aw.metadata.namespace,
-                    cluster=target.name,
-                    error=str(exc)[:300],
-                )
-                remaining.append(f"{target.name}: {exc}")
+        remaining = await self._creator.remove_everywhere(aw, targets)
         if remaining:
             self._log.info(
                 "waiting_for_objects_to_go",
