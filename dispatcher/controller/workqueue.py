@@ -1,16 +1,28 @@
 """A key work queue in the style of client-go: dedupe, one worker per key, delayed adds,
-per-key exponential backoff on failure.
+per-key exponential backoff on failure; the `Result` a handler returns; and the workers'
+error policy (`serve`).
 
-Side effects: none beyond asyncio timers. Keys are "namespace/name" strings; the handler
-reads the current object, so collapsing many changes into one run loses nothing.
+Side effects: none beyond asyncio timers and the workers' log lines. Keys are
+"namespace/name" strings; the handler reads the current object, so collapsing many changes
+into one run loses nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections import deque
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+
+import structlog
+
+from dispatcher.kube.errors import Conflict, KubeError, NotFound
+
+CONFLICT_BACKOFF_SECONDS = 0.01
+"""First delay between runs of one key that keep meeting Conflict (doubling)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +158,45 @@ class WorkQueue:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+
+
+async def serve(
+    queue: WorkQueue,
+    handle: Callable[[str], Awaitable[Result]],
+    *,
+    taken: Callable[[str], None] = lambda key: None,
+    around: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+) -> None:
+    """One worker: take a key, run `handle` on it (inside `around()`), and act on how it
+    ended. `taken` is told of each key taken (hop counts).
+
+    The error policy: a Conflict (someone, often our own earlier write, changed it) runs
+    it again at once, then with backoff should it keep losing; NotFound means it went (the
+    watch says the rest); any other error is retried with the queue's per-key backoff and
+    logged (`reconcile_failed` for the API's, `reconcile_crashed` with the traceback for
+    the dispatcher's own). A handler's own verdicts come back as its Result."""
+    log = structlog.get_logger("worker")
+    while True:
+        key = await queue.get()
+        taken(key)
+        try:
+            with around():
+                result = await handle(key)
+            queue.forget(key)
+            if result.requeue_after is not None:
+                queue.add_after(key, result.requeue_after)
+        except Conflict:
+            queue.retry(key, base=CONFLICT_BACKOFF_SECONDS, first_at_once=True)
+        except NotFound:
+            queue.forget(key)
+        except KubeError as exc:
+            delay = queue.retry(key)
+            log.warning("reconcile_failed", appwrapper=key, error=str(exc)[:300], retry_in=delay)
+        except Exception:
+            delay = queue.retry(key)
+            log.exception("reconcile_crashed", appwrapper=key, retry_in=delay)
+        finally:
+            queue.done(key)
 
 
 _DONE = Result(None)
