@@ -25,19 +25,6 @@ class Hops:
     writes: int
 
 
-@dataclass(frozen=True, slots=True)
-class Notice:
-    """What an AppWrapper's newest object changed for others."""
-
-    key: str
-    decision: bool
-    """A scheduling decision may change (run a cycle; the queues' usage may move)."""
-    finished: bool
-    """Its life ended (Completed, Failed): count it and drop what only a live one needs."""
-    deleted: bool = False
-    """It is gone from the hub: drop everything held about it."""
-
-
 class Ledger:
     def __init__(
         self,

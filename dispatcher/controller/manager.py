@@ -11,7 +11,8 @@ Who does what (each step of an AppWrapper's life has one owner):
 - `Reconciler` (reconciler.py) creates (through its `Creator`, creating.py) and deletes
   wrapped objects and writes every later step (Running, Completed, Failed, requeues,
   backoff);
-- `StatusWriter` (status.py) is the one way status is written;
+- `StatusWriter` (status.py) is the one way status is written; what a write changed for
+  others goes through the `Outbox` (outbox.py), delivered after the write returned;
 - `Ledger` (ledger.py) counts lives and their hops, and has each part forget a finished one;
 - `Quotas` (quotas.py) reads the queue objects and writes their status;
 - `Upkeep` (upkeep.py) hands stranded work to the reconciler and collects orphans;
@@ -34,8 +35,9 @@ from dispatcher.config import Config, DeclaredPodResources
 from dispatcher.controller.admission import Admission
 from dispatcher.controller.cache import SchedulerCache
 from dispatcher.controller.creating import Creator
-from dispatcher.controller.ledger import Ledger, Notice
+from dispatcher.controller.ledger import Ledger
 from dispatcher.controller.models import Models, key_of, slimmer
+from dispatcher.controller.outbox import Notice, Outbox
 from dispatcher.controller.quotas import Quotas
 from dispatcher.controller.reconciler import Reconciler
 from dispatcher.controller.scheduler import Scheduler
@@ -116,6 +118,7 @@ class Manager:
             attribution=self.admission.attribution_problem,
             priority_policy=config.priority_policy,
         )
+        self.outbox = Outbox(self._deliver)
         self.status = StatusWriter(
             self.hub,
             self.events,
@@ -257,6 +260,7 @@ class Manager:
                     self.queue,
                     self.reconciler.reconcile,
                     taken=self.ledger.reconciled,
+                    around=self.outbox.holding,
                 )
                 self._child(worker, f"worker-{index}")
             self._child(self.scheduler.run(), "scheduler")
@@ -337,15 +341,18 @@ class Manager:
         key = key_of(obj)
         echo = self.status.observe(key, new)
         update = self.cache.update(key, new)
+        # The watch is inside nobody's write: what it changed is delivered at once.
         self._deliver(Notice(key, update.decision, update.finished, deleted=new is None))
         if new is not None and not echo:
             # Our own writes' echoes are skipped: whoever wrote already knows what follows.
             self.queue.add(key)
 
     def _on_written(self, key: str, obj: Obj) -> None:
-        """A status write returned `obj`: the cache records it, and the owners act."""
+        """A status write returned `obj`: the cache records it now (the next cycle must see
+        it); what that changes for others waits in the outbox until the write returned."""
         update = self.cache.update(key, obj)
-        self._deliver(Notice(key, update.decision, update.finished))
+        if update.decision or update.finished:
+            self.outbox.put(Notice(key, update.decision, update.finished))
 
     def _deliver(self, notice: Notice) -> None:
         if notice.deleted:
