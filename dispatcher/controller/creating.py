@@ -18,8 +18,7 @@ import structlog
 from dispatcher.api.models import AppWrapper, AppWrapperStatus, parse_time
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
-from dispatcher.controller.admission import Admission
-from dispatcher.controller.objects import (
+from dispatcher.cluster.objects import (
     DispatchError,
     Wrapped,
     create_all,
@@ -28,6 +27,7 @@ from dispatcher.controller.objects import (
     prepare_namespace,
     wrapped_objects,
 )
+from dispatcher.controller.admission import Admission
 from dispatcher.controller.quotas import QuotaLookup
 from dispatcher.kube.errors import KubeError
 

@@ -34,10 +34,7 @@ from dispatcher.api.constants import FINALIZER
 from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, parse_time
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
-from dispatcher.config import Config
-from dispatcher.controller.creating import Creator, NotYet, Refused
-from dispatcher.controller.models import Models
-from dispatcher.controller.objects import (
+from dispatcher.cluster.objects import (
     DispatchError,
     UserInputError,
     Wrapped,
@@ -46,6 +43,9 @@ from dispatcher.controller.objects import (
     target_namespace,
     wrapped_identities,
 )
+from dispatcher.config import Config
+from dispatcher.controller.creating import Creator, NotYet, Refused
+from dispatcher.controller.models import Models
 from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.status import StatusWriter
 from dispatcher.controller.workqueue import Result

@@ -18,7 +18,7 @@ import structlog
 from dispatcher.api.constants import LABEL_UID
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
-from dispatcher.controller.objects import made_by_dispatcher
+from dispatcher.cluster.objects import made_by_dispatcher
 from dispatcher.kube.errors import KubeError, UnknownKind, Unreachable
 
 COLLECT_EVERY = 60.0

@@ -12,8 +12,8 @@ from typing import Any, cast
 import pytest
 
 from dispatcher.api.models import AppWrapper
-from dispatcher.controller import objects as objects_module
-from dispatcher.controller.objects import (
+from dispatcher.cluster import objects as objects_module
+from dispatcher.cluster.objects import (
     DispatchError,
     UserInputError,
     create_all,

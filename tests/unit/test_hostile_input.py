@@ -23,13 +23,13 @@ from pydantic import ValidationError
 
 from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason
 from dispatcher.api.quantity import QuantityError, parse_milli
-from dispatcher.controller.models import without_bookkeeping
-from dispatcher.controller.objects import (
+from dispatcher.cluster.objects import (
     DispatchError,
     UserInputError,
     create_all,
     wrapped_objects,
 )
+from dispatcher.controller.models import without_bookkeeping
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.core import conditions as cond
 from dispatcher.core.validation import (
