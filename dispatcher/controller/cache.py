@@ -461,7 +461,7 @@ class SchedulerCache:
         queued = cond.is_queued(status) or cond.is_new(status)
         if queued or (status is not None and status.admission is not None):
             priority, error = self._models.priority(aw)
-            if error or self._models.refusal(aw):
+            if error or self._models.refusal(aw, obj):
                 return NOT_SCHEDULED
             workload = self._models.workload(aw, priority=priority, now=now)
             if isinstance(workload, Workload):

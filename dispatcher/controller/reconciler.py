@@ -170,7 +170,7 @@ class Reconciler:
         if phase is Phase.DISPATCHED:
             return await self._follow(aw, obj, status)
         priority, problem = self._models.priority(aw)
-        found = None if problem else self._spec_problem(aw, priority)
+        found = None if problem else self._spec_problem(aw, obj, priority)
         if found is not None:
             # Edited while queued (or requeued after an edit): the scheduler would skip it
             # for ever; say why instead.
@@ -198,7 +198,7 @@ class Reconciler:
         status write per AppWrapper."""
         moment = self._moment()[1]
         priority, problem = self._models.priority(aw)
-        found = (Reason.INVALID_SPEC, problem) if problem else self._spec_problem(aw, priority)
+        found = (Reason.INVALID_SPEC, problem) if problem else self._spec_problem(aw, obj, priority)
         if found is None:
             self._schedule_soon()
             return
@@ -215,13 +215,13 @@ class Reconciler:
         )
         await self._status.write(obj, status, transitions)
 
-    def _spec_problem(self, aw: AppWrapper, priority: int) -> tuple[Reason, str] | None:
+    def _spec_problem(self, aw: AppWrapper, obj: Obj, priority: int) -> tuple[Reason, str] | None:
         """Why `aw` can never be dispatched as written: its spec is invalid, or it may not
         be dispatched whatever the room (`Models.refusal`); None when neither."""
         workload = self._models.workload(aw, priority=priority, now=self._moment()[1])
         if isinstance(workload, InvalidSpec):
             return Reason.INVALID_SPEC, workload.message
-        refusal = self._models.refusal(aw)
+        refusal = self._models.refusal(aw, obj)
         return (Reason.FORBIDDEN, refusal) if refusal else None
 
     async def _backoff(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> Result:

@@ -61,3 +61,29 @@ def test_slimmed_appwrappers_share_their_keys() -> None:
     key_a = next(iter(first["spec"]))
     key_b = next(k for k in second["spec"] if k == key_a)
     assert key_a is key_b  # one string for both objects, not an equal copy each
+
+
+def test_parsing_does_not_verify_and_verify_checks_once_per_version() -> None:
+    checked: list[str] = []
+
+    def attribution(obj: dict[str, Any]) -> str:
+        checked.append(obj["metadata"]["resourceVersion"])
+        return "no creator record"
+
+    state = Models(
+        allowed_kinds=frozenset({"Deployment"}),
+        priority_class=lambda name: None,
+        attribution=attribution,
+    )
+    first = stored("a", "1")
+    model = state.parse(first)
+    assert checked == []  # reading is not verifying
+    assert state.refusal(model, first) == "no creator record"
+    assert state.verify(first) == "no creator record"
+    assert checked == ["1"]
+    second = stored("a", "2")
+    assert state.refusal(state.parse(second), second) == "no creator record"
+    assert checked == ["1", "2"]
+    state.forget("ns/a")
+    assert state.verify(second) == "no creator record"
+    assert checked == ["1", "2", "2"]
