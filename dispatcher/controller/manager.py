@@ -8,7 +8,7 @@ Who does what (each step of an AppWrapper's life has one owner):
 - `SchedulerCache` (cache.py) knows what the scheduler needs and hands out snapshots;
 - `Scheduler` (scheduler.py) decides and writes admissions and evictions as status;
 - `WaitingWriter` (waiting.py) writes "why it waits";
-- `Reconciler` (reconciler.py) creates (through its `Creator`, creating.py) and deletes
+- `Reconciler` (reconciler.py) creates (through its `Maker`, making.py) and deletes
   wrapped objects and writes every later step (Running, Completed, Failed, requeues,
   backoff);
 - `StatusWriter` (status.py) is the one way status is written; what a write changed for
@@ -32,10 +32,10 @@ from dispatcher.clock import Clock, SystemClock
 from dispatcher.cluster.capacity import pod_owner
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config, DeclaredPodResources
-from dispatcher.controller.admission import Admission
 from dispatcher.controller.cache import SchedulerCache
-from dispatcher.controller.creating import Creator
+from dispatcher.controller.gatekeeper import Gatekeeper
 from dispatcher.controller.ledger import Ledger
+from dispatcher.controller.making import Maker
 from dispatcher.controller.models import Models, key_of, slimmer
 from dispatcher.controller.outbox import Notice, Outbox
 from dispatcher.controller.quotas import Quotas
@@ -104,7 +104,7 @@ class Manager:
             cold=lambda obj: phase_of_raw(obj) is Phase.FINISHED,
         )
         self.priority_classes = Informer(self.hub, PRIORITY_CLASSES)
-        self.admission = Admission(
+        self.gatekeeper = Gatekeeper(
             config=config,
             hub=self.hub,
             discovery=[m.client for m in self.members.values()],
@@ -115,7 +115,7 @@ class Manager:
             declared_as_written=config.declared_pod_resources is DeclaredPodResources.AS_WRITTEN,
             # Through the informer each time: a relist replaces its store.
             priority_class=lambda name: self.priority_classes.store.get(name),
-            attribution=self.admission.attribution_problem,
+            attribution=self.gatekeeper.attribution_problem,
             priority_policy=config.priority_policy,
         )
         self.outbox = Outbox(self._deliver)
@@ -163,7 +163,7 @@ class Manager:
             schedule_soon=self._kick,
             start_task=self._child,
             wake_owner=self._wake_owner,
-            creator=Creator(admission=self.admission, quotas=self.quotas, clock=self.clock),
+            maker=Maker(gatekeeper=self.gatekeeper, quotas=self.quotas, clock=self.clock),
             quotas=self.quotas,
         )
         self.upkeep = Upkeep(

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from dispatcher.api.models import AppWrapper
-from dispatcher.core.admission import PriorityPolicy, priority_problems
+from dispatcher.core.gatekeeping import PriorityPolicy, priority_problems
 from dispatcher.core.model import Workload
 from dispatcher.core.validation import LAST_APPLIED, appwrapper_size, size_problem
 from dispatcher.core.workloads import InvalidSpec, queue_name_of, workload_of

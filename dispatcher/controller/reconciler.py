@@ -1,6 +1,6 @@
 """The reconciler: `reconcile(key) -> Result`, the one creator and deleter of wrapped objects.
 
-Side effects: creates (through its `Creator`, creating.py) and deletes wrapped objects in
+Side effects: creates (through its `Maker`, making.py) and deletes wrapped objects in
 member clusters; writes status (through the status writer) for every step after the
 scheduler's: invalid specs, backoff, Running, Completed, Failed and every requeue; adds and
 removes the finalizer.
@@ -44,7 +44,7 @@ from dispatcher.cluster.objects import (
     wrapped_identities,
 )
 from dispatcher.config import Config
-from dispatcher.controller.creating import Creator, NotYet, Refused
+from dispatcher.controller.making import Maker, NotYet, Refused
 from dispatcher.controller.models import Models
 from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.status import StatusWriter
@@ -90,11 +90,11 @@ class Reconciler:
         schedule_soon: Callable[[], None],
         start_task: Callable[[Coroutine[Any, Any, None], str], None],
         wake_owner: Callable[[str, Obj | None, Obj | None], None],
-        creator: Creator,
+        maker: Maker,
         quotas: QuotaLookup | None = None,
     ) -> None:
         self._config = config
-        self._creator = creator
+        self._maker = maker
         self._quotas = quotas or NO_QUOTAS
         self._models = models
         self._status = status
@@ -255,7 +255,7 @@ class Reconciler:
         """Every requeue: remove the objects (unless their member is out of reach; the
         collector takes them when it answers again), then back to the queue."""
         if remove_from is not None:
-            await self._creator.remove(aw, remove_from)
+            await self._maker.remove(aw, remove_from)
         transition = cond.mark_requeued(
             status,
             reason,
@@ -372,10 +372,10 @@ class Reconciler:
     async def _ensure_objects(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
     ) -> list[Wrapped] | Result:
-        """Make this attempt's objects exist in `member` (the creator's step) and write what
+        """Make this attempt's objects exist in `member` (the maker's step) and write what
         came of it: the objects built, or what to do when they cannot be (yet)."""
         try:
-            made = await self._creator.ensure(aw, obj, status, member)
+            made = await self._maker.ensure(aw, obj, status, member)
         except DispatchError as error:
             return await self._dispatch_failed(aw, obj, status, error, member)
         except Exception as exc:
@@ -569,7 +569,7 @@ class Reconciler:
         attempt = (aw.metadata.uid or "", status.lastDispatchedAt or "")
         if member is None or self._cleaned.get(aw.key) == attempt:
             return Result.done()
-        if await self._creator.remove(aw, member):
+        if await self._maker.remove(aw, member):
             return Result.after(1.0)
         self._cleaned[aw.key] = attempt
         return Result.done()
@@ -580,7 +580,7 @@ class Reconciler:
             return Result.done()
         member = self.member_of(aw.status or AppWrapperStatus())
         targets = [member] if member is not None else list(self._members.values())
-        remaining = await self._creator.remove_everywhere(aw, targets)
+        remaining = await self._maker.remove_everywhere(aw, targets)
         if remaining:
             self._log.info(
                 "waiting_for_objects_to_go",

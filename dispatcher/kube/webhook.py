@@ -1,7 +1,7 @@
 """The admission webhook's HTTPS endpoint: AdmissionReview v1 in, AdmissionReview out.
 
 Side effects: listens on a TCP port with TLS; with `ClientAuth`, reads the client CA file.
-What to answer is decided by the handlers it is given (dispatcher.controller.admission); this
+What to answer is decided by the handlers it is given (dispatcher.controller.gatekeeper); this
 module only speaks the protocol, checks who calls (`ClientAuth`: the API server's client
 certificate) and bounds how many requests are handled at once. Every replica serves it,
 leader or not: the API server may call any of them.

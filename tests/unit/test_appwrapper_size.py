@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from dispatcher.config import Config
-from dispatcher.controller.admission import Admission
+from dispatcher.controller.gatekeeper import Gatekeeper
 from dispatcher.controller.models import OVERSIZE, Models, slimmer
 from dispatcher.core.validation import (
     DEFAULT_MAX_APPWRAPPER_BYTES,
@@ -127,7 +127,7 @@ def _update(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 async def test_a_metadata_update_may_not_take_it_past_the_limit() -> None:
     config = Config(max_appwrapper_bytes=LIMIT, unattributed="allow")
     hub = FakeKube(name="hub")
-    admission = Admission(config=config, hub=hub, discovery=[hub], signing_keys=lambda: [])
+    admission = Gatekeeper(config=config, hub=hub, discovery=[hub], signing_keys=lambda: [])
     old = small()
     grown = small()
     grown["metadata"]["annotations"] = {"note": "n" * LIMIT}
@@ -204,7 +204,7 @@ def _now() -> datetime:
 async def test_the_webhook_refuses_it_before_reading_it() -> None:
     config = Config(max_appwrapper_bytes=LIMIT, unattributed="allow")
     hub = FakeKube(name="hub")
-    admission = Admission(config=config, hub=hub, discovery=[hub], signing_keys=lambda: [])
+    admission = Gatekeeper(config=config, hub=hub, discovery=[hub], signing_keys=lambda: [])
     obj = stuffed("spec.resources.Items", 100 * KIB)
     assert await admission.spec_problems(obj, "team") == [size_problem(obj, limit=LIMIT)]
     assert await admission.spec_problems(small(), "team") == []

@@ -27,7 +27,7 @@ from dispatcher.cluster.objects import (
     prepare_namespace,
     wrapped_objects,
 )
-from dispatcher.controller.admission import Admission
+from dispatcher.controller.gatekeeper import Gatekeeper
 from dispatcher.controller.quotas import QuotaLookup
 from dispatcher.kube.errors import KubeError
 
@@ -62,16 +62,16 @@ class Refused:
     message: str
 
 
-class Creator:
+class Maker:
     """`ensure(...)`: Made, NotYet or Refused; DispatchError when creating failed
     (UserInputError when the user's objects are refused); any other exception is a bug of
     the dispatcher's own, raised as it is."""
 
-    def __init__(self, *, admission: Admission | None, quotas: QuotaLookup, clock: Clock) -> None:
-        self._admission = admission
+    def __init__(self, *, gatekeeper: Gatekeeper | None, quotas: QuotaLookup, clock: Clock) -> None:
+        self._gatekeeper = gatekeeper
         self._quotas = quotas
         self._clock = clock
-        self._log = structlog.get_logger("creator")
+        self._log = structlog.get_logger("maker")
 
     async def ensure(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
@@ -85,8 +85,8 @@ class Creator:
             # The recorded creator's rights, asked again now: they may have been taken
             # away while it queued, or it may have been created past the webhook.
             refused = (
-                await self._admission.dispatch_problem(obj, member.client)
-                if self._admission is not None
+                await self._gatekeeper.dispatch_problem(obj, member.client)
+                if self._gatekeeper is not None
                 else ""
             )
         except KubeError as exc:
