@@ -26,7 +26,7 @@ from dispatcher.api.constants import FINALIZER
 from dispatcher.api.models import ConditionType, parse_time
 from dispatcher.cluster.capacity import Owner
 from dispatcher.cluster.member import Member
-from dispatcher.controller.models import Models, resource_version
+from dispatcher.controller.reading import AppWrapperReader, resource_version
 from dispatcher.core import conditions as cond
 from dispatcher.core.model import (
     AdmittedWorkload,
@@ -176,7 +176,7 @@ class SchedulerCache:
     def __init__(
         self,
         *,
-        models: Models,
+        models: AppWrapperReader,
         current: Callable[[str], Obj | None],
         members: Mapping[str, Member],
         flavors: Callable[[], Mapping[str, Flavor]] = dict,

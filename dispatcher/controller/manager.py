@@ -36,9 +36,9 @@ from dispatcher.controller.cache import SchedulerCache
 from dispatcher.controller.gatekeeper import Gatekeeper
 from dispatcher.controller.ledger import Ledger
 from dispatcher.controller.making import Maker
-from dispatcher.controller.models import Models, key_of, slimmer
 from dispatcher.controller.outbox import Notice, Outbox
 from dispatcher.controller.quotas import Quotas
+from dispatcher.controller.reading import AppWrapperReader, key_of, slimmer
 from dispatcher.controller.reconciler import Reconciler
 from dispatcher.controller.scheduler import Scheduler
 from dispatcher.controller.status import APPWRAPPERS, StatusWriter
@@ -91,7 +91,7 @@ class Manager:
     def _build_reading(self) -> None:
         """The watches, and the parts that read AppWrappers and write their status."""
         config = self.config
-        # One larger than the limit is kept as a stub (models.py): its spec is never held.
+        # One larger than the limit is kept as a stub (reading.py): its spec is never held.
         slim = slimmer(config.max_appwrapper_bytes)
         self.appwrappers = Informer(
             self.hub,
@@ -110,7 +110,7 @@ class Manager:
             discovery=[m.client for m in self.members.values()],
             signing_keys=lambda: self.signing_keys,
         )
-        self.models = Models(
+        self.reader = AppWrapperReader(
             allowed_kinds=frozenset(config.allowed_kinds),
             declared_as_written=config.declared_pod_resources is DeclaredPodResources.AS_WRITTEN,
             # Through the informer each time: a relist replaces its store.
@@ -131,19 +131,19 @@ class Manager:
     def _build_deciding(self) -> None:
         """The scheduler cache, the scheduler and the waiting writers."""
         self.cache = SchedulerCache(
-            models=self.models,
+            models=self.reader,
             current=self.status.current,
             members=self.members,
             flavors=lambda: self.quotas.tree().setup.flavors,
             queues=lambda: self.quotas.tree().setup.queues,
         )
         self.waiting = WaitingWriter(
-            models=self.models, status=self.status, clock=self.clock, on_conflict=self._kick
+            models=self.reader, status=self.status, clock=self.clock, on_conflict=self._kick
         )
         self.scheduler = Scheduler(
             config=self.config,
             cache=self.cache,
-            models=self.models,
+            models=self.reader,
             status=self.status,
             waiting=self.waiting,
             members=self.members,
@@ -156,7 +156,7 @@ class Manager:
         """The reconciler, upkeep and the ledger of lives."""
         self.reconciler = Reconciler(
             config=self.config,
-            models=self.models,
+            reader=self.reader,
             status=self.status,
             members=self.members,
             clock=self.clock,
@@ -180,9 +180,9 @@ class Manager:
             cycles=self.scheduler.considered,
             writes=self.status.writes,
             live=lambda key: self.cache.phase(key) not in (None, Phase.FINISHED),
-            on_finished=[self.models.forget, self.reconciler.forget, self.waiting.forget],
+            on_finished=[self.reader.forget, self.reconciler.forget, self.waiting.forget],
             on_deleted=[
-                self.models.forget,
+                self.reader.forget,
                 self.reconciler.forget_all,
                 self.waiting.forget,
                 self.status.forget,

@@ -45,8 +45,8 @@ from dispatcher.cluster.objects import (
 )
 from dispatcher.config import Config
 from dispatcher.controller.making import Maker, NotYet, Refused
-from dispatcher.controller.models import Models
 from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
+from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.status import StatusWriter
 from dispatcher.controller.workqueue import Result
 from dispatcher.core import conditions as cond
@@ -83,7 +83,7 @@ class Reconciler:
         self,
         *,
         config: Config,
-        models: Models,
+        reader: AppWrapperReader,
         status: StatusWriter,
         members: Mapping[str, Member],
         clock: Clock,
@@ -96,7 +96,7 @@ class Reconciler:
         self._config = config
         self._maker = maker
         self._quotas = quotas or NO_QUOTAS
-        self._models = models
+        self._reader = reader
         self._status = status
         self._members = members
         self._clock = clock
@@ -139,7 +139,7 @@ class Reconciler:
         if obj is None:
             return Result.done()
         try:
-            aw = self._models.parse(obj)
+            aw = self._reader.parse(obj)
         except ValidationError as exc:
             meta = obj.get("metadata") or {}
             if meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or []):
@@ -169,7 +169,7 @@ class Reconciler:
             return Result.done()
         if phase is Phase.DISPATCHED:
             return await self._follow(aw, obj, status)
-        priority, problem = self._models.priority(aw)
+        priority, problem = self._reader.priority(aw)
         found = None if problem else self._spec_problem(aw, obj, priority)
         if found is not None:
             # Edited while queued (or requeued after an edit): the scheduler would skip it
@@ -197,7 +197,7 @@ class Reconciler:
         whose first decision (dispatch or wait) writes Init and Queueing with it, saving a
         status write per AppWrapper."""
         moment = self._moment()[1]
-        priority, problem = self._models.priority(aw)
+        priority, problem = self._reader.priority(aw)
         found = (Reason.INVALID_SPEC, problem) if problem else self._spec_problem(aw, obj, priority)
         if found is None:
             self._schedule_soon()
@@ -217,11 +217,11 @@ class Reconciler:
 
     def _spec_problem(self, aw: AppWrapper, obj: Obj, priority: int) -> tuple[Reason, str] | None:
         """Why `aw` can never be dispatched as written: its spec is invalid, or it may not
-        be dispatched whatever the room (`Models.refusal`); None when neither."""
-        workload = self._models.workload(aw, priority=priority, now=self._moment()[1])
+        be dispatched whatever the room (`AppWrapperReader.refusal`); None when neither."""
+        workload = self._reader.workload(aw, priority=priority, now=self._moment()[1])
         if isinstance(workload, InvalidSpec):
             return Reason.INVALID_SPEC, workload.message
-        refusal = self._models.refusal(aw, obj)
+        refusal = self._reader.refusal(aw, obj)
         return (Reason.FORBIDDEN, refusal) if refusal else None
 
     async def _backoff(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> Result:
@@ -407,7 +407,7 @@ class Reconciler:
             succeeded=counts.succeeded,
             failed=counts.failed,
         )
-        workload = self._models.workload(aw, priority=status.priority or 0, now=moment)
+        workload = self._reader.workload(aw, priority=status.priority or 0, now=moment)
         expected = pod_count(workload.pod_sets) if isinstance(workload, Workload) else 0
         min_available = aw.spec.schedulingSpec.minAvailable
         if min_available is None:

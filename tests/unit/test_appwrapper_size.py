@@ -14,7 +14,7 @@ import pytest
 
 from dispatcher.config import Config
 from dispatcher.controller.gatekeeper import Gatekeeper
-from dispatcher.controller.models import OVERSIZE, Models, slimmer
+from dispatcher.controller.reading import OVERSIZE, AppWrapperReader, slimmer
 from dispatcher.core.validation import (
     DEFAULT_MAX_APPWRAPPER_BYTES,
     LAST_APPLIED,
@@ -187,7 +187,9 @@ def test_one_above_the_limit_is_kept_as_a_stub_without_its_spec() -> None:
 
 
 def test_a_stub_reads_as_an_invalid_spec_with_the_size_message() -> None:
-    models = Models(allowed_kinds=frozenset({"Deployment"}), priority_class=lambda name: None)
+    models = AppWrapperReader(
+        allowed_kinds=frozenset({"Deployment"}), priority_class=lambda name: None
+    )
     obj = stuffed("spec.service", 100 * KIB)
     stub = slimmer(LIMIT)(obj)
     found = models.workload(models.parse(stub), priority=0, now=_now())

@@ -29,7 +29,7 @@ from dispatcher.cluster.objects import (
     create_all,
     wrapped_objects,
 )
-from dispatcher.controller.models import without_bookkeeping
+from dispatcher.controller.reading import without_bookkeeping
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.core import conditions as cond
 from dispatcher.core.validation import (
@@ -465,7 +465,7 @@ async def test_a_template_that_cannot_be_built_after_dispatch_fails_and_deletes(
         current = await env.get("late")
         assert (current.get("status") or {}).get("state") == "Running"
         env.manager.reconciler._ensured.clear()
-        model = env.manager.models.parse(env.manager.status.current(current_key(current)) or {})
+        model = env.manager.reader.parse(env.manager.status.current(current_key(current)) or {})
         item = model.spec.resources.generic_items[0]
         item.generictemplate["metadata"]["ownerReferences"] = 1
         # As if dispatched with it (not an edit after dispatch, which would be requeued).

@@ -24,7 +24,7 @@ from dispatcher.core.workloads import InvalidSpec, queue_name_of, workload_of
 
 Obj = dict[str, Any]
 PARSED_LIMIT = 512
-"""Models kept (most recently used): a model weighs about twice its object."""
+"""AppWrapperReader kept (most recently used): a model weighs about twice its object."""
 OVERSIZE = "oversize"
 """Top-level key of a stub (`slimmer`): why the AppWrapper is refused. No stored AppWrapper
 has it: the CRD's structural schema prunes unknown top-level fields."""
@@ -137,7 +137,7 @@ def _empty_like(value: Any) -> Any:
 WorkloadStamp = tuple[str, int, int, int, str, str]
 
 
-class Models:
+class AppWrapperReader:
     """Validated models (per resourceVersion, bounded) and workloads (per uid, generation,
     priority and queueing time) of AppWrappers."""
 
