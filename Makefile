@@ -32,6 +32,7 @@ lint: venv
 	$(VENV)/bin/ruff check dispatcher tests benchmarks
 	$(VENV)/bin/ruff format --check dispatcher tests benchmarks
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/vulture
 
 typecheck: venv
 	$(VENV)/bin/mypy
