@@ -2,9 +2,9 @@
 # (IMAGE=registry.example.com/appwrapper-dispatcher:TAG to name it; docker, podman or buildah).
 #
 # Only the runtime goes in: the Python dependencies at the exact versions and hashes of
-# requirements/image.txt, and the package without dispatcher/testing and dispatcher/demo.py
-# (.dockerignore keeps them out of the build context; tests/unit/test_runtime_imports.py
-# proves nothing at run time imports them). Regenerate the lock with the command at its top.
+# requirements/image.txt, and the package without dispatcher/testing (the test kit and the
+# demo: .dockerignore keeps it out of the build context, setup.cfg out of the wheel;
+# tests/unit/test_runtime_imports.py proves nothing at run time imports it). Regenerate the lock with the command at its top.
 ARG PYTHON_IMAGE=python:3.11-slim
 
 # The wheel of the package, built from the sources alone by the pinned setuptools.
@@ -16,7 +16,7 @@ COPY setup.cfg pyproject.toml README.md ./
 COPY dispatcher ./dispatcher
 # Refuse a context that still holds the left-out modules (a builder that ignored
 # .dockerignore) rather than ship them.
-RUN test ! -e dispatcher/testing && test ! -e dispatcher/demo.py \
+RUN test ! -e dispatcher/testing \
     && pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}

@@ -32,6 +32,7 @@ lint: venv
 	$(VENV)/bin/ruff check dispatcher tests benchmarks
 	$(VENV)/bin/ruff format --check dispatcher tests benchmarks
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/vulture
 
 typecheck: venv
 	$(VENV)/bin/mypy
@@ -51,10 +52,10 @@ test: lint typecheck testenv
 # The main job: a local control plane with fake GPU nodes and KubeRay, the dispatcher
 # running on it, the samples applied, their conditions shown.
 demo: venv testenv
-	$(PY) -m dispatcher.demo
+	$(PY) -m dispatcher.testing.demo
 
 demo-multi: venv testenv
-	$(PY) -m dispatcher.demo --members 2
+	$(PY) -m dispatcher.testing.demo --members 2
 
 # The peer benchmark needs `make peers` first. Two runs of 3 alternated pairs each: ours, MCAD
 # and Kueue at the full sizes (1,000 workloads; 2,000 for 100 slots; 200 gangs for 20; about

@@ -39,7 +39,6 @@ import yaml
 from benchmarks import conformance
 from dispatcher.testing.localcluster import DEFAULT_CACHE, LocalCluster, free_port
 
-MCAD_MODULE = conformance.MODULE
 MCAD_VERSION = conformance.VERSION
 KUEUE_MODULE = "sigs.k8s.io/kueue"
 KUEUE_VERSION = "v0.15.0"

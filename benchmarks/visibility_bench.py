@@ -36,7 +36,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from dispatcher.controller.admission import AccessReviews
+from dispatcher.controller.gatekeeper import AccessReviews
 from dispatcher.controller.visibility_api import BASE, FrontProxy, VisibilityApi
 from dispatcher.core.visibility import Active, Durations, Waiting, pending_view
 from dispatcher.kube import certplan

@@ -11,8 +11,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dispatcher.core.admission import PriorityPolicy
 from dispatcher.core.faulttolerance import FaultToleranceBounds
+from dispatcher.core.gatekeeping import PriorityPolicy
 from dispatcher.core.model import QueueMode
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS, DEFAULT_MAX_APPWRAPPER_BYTES
 

@@ -18,7 +18,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 
 from dispatcher.config import Config
-from dispatcher.controller.admission import AccessReviews
+from dispatcher.controller.gatekeeper import AccessReviews
 from dispatcher.controller.manager import Manager
 from dispatcher.controller.visibility_api import FrontProxy, VisibilityApi
 from dispatcher.controller.webview import QueueRow, Usage

@@ -6,7 +6,7 @@ What runs there: certificates made, rotated and reloaded (dispatcher.kube.certs)
 endpoint (dispatcher.kube.webhook), with the API server's client certificate checked when
 `webhook.client_ca_file` is set; whether its MutatingWebhookConfiguration calls this replica
 (dispatcher.kube.registration: no record is signed otherwise); and the answers
-(dispatcher.controller.admission, an `Admission` of its own with bounded discovery).
+(dispatcher.controller.gatekeeper, an `Gatekeeper` of its own with bounded discovery).
 
 What crosses between the threads: the settings (read only), the signing keys (handed to the
 controller's loop with `call_soon_threadsafe`, so that loop's state changes only on that
@@ -29,7 +29,7 @@ from typing import Any
 import structlog
 
 from dispatcher.config import Config
-from dispatcher.controller.admission import Admission, DiscoveryBounds
+from dispatcher.controller.gatekeeper import DiscoveryBounds, Gatekeeper
 from dispatcher.kube import webhook
 from dispatcher.kube.certs import WebhookCerts
 from dispatcher.kube.client import KubeClient
@@ -138,7 +138,7 @@ class WebhookService:
                 "where that cannot be done, let only the API server reach the port "
                 "(manifests/network-policy/)",
             )
-        admission = Admission(
+        admission = Gatekeeper(
             config=self._config,
             hub=hub,
             discovery=members,

@@ -26,7 +26,7 @@ from dispatcher.api.constants import FINALIZER
 from dispatcher.api.models import ConditionType, parse_time
 from dispatcher.cluster.capacity import Owner
 from dispatcher.cluster.member import Member
-from dispatcher.controller.models import Models, resource_version
+from dispatcher.controller.reading import AppWrapperReader, resource_version
 from dispatcher.core import conditions as cond
 from dispatcher.core.model import (
     AdmittedWorkload,
@@ -176,7 +176,7 @@ class SchedulerCache:
     def __init__(
         self,
         *,
-        models: Models,
+        models: AppWrapperReader,
         current: Callable[[str], Obj | None],
         members: Mapping[str, Member],
         flavors: Callable[[], Mapping[str, Flavor]] = dict,
@@ -474,7 +474,7 @@ class SchedulerCache:
         queued = cond.is_queued(status) or cond.is_new(status)
         if queued or (status is not None and status.admission is not None):
             priority, error = self._models.priority(aw)
-            if error or self._models.refusal(aw):
+            if error or self._models.refusal(aw, obj):
                 return NOT_SCHEDULED
             workload = self._models.workload(aw, priority=priority, now=now)
             if isinstance(workload, Workload):

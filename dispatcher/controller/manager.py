@@ -1,4 +1,5 @@
-"""The manager: builds the controller's parts, wires the watches to them, runs them.
+"""The manager: builds the controller's parts, connects them, runs them. It decides
+nothing itself: every handler below only routes what happened to the part that owns it.
 
 Side effects: all of them, through its parts — watches on the hub and members, the
 reconcile workers, the scheduler, the waiting writers, upkeep, Events.
@@ -7,18 +8,22 @@ Who does what (each step of an AppWrapper's life has one owner):
 - `SchedulerCache` (cache.py) knows what the scheduler needs and hands out snapshots;
 - `Scheduler` (scheduler.py) decides and writes admissions and evictions as status;
 - `WaitingWriter` (waiting.py) writes "why it waits";
-- `Reconciler` (reconciler.py) creates and deletes wrapped objects and writes every later
-  step (Running, Completed, Failed, requeues, backoff);
-- `StatusWriter` (status.py) is the one way status is written;
-- `Upkeep` (upkeep.py) hands stranded work to the reconciler and collects orphans.
+- `Reconciler` (reconciler.py) creates (through its `Maker`, making.py) and deletes
+  wrapped objects and writes every later step (Running, Completed, Failed, requeues,
+  backoff);
+- `StatusWriter` (status.py) is the one way status is written; what a write changed for
+  others goes through the `Outbox` (outbox.py), delivered after the write returned;
+- `Ledger` (ledger.py) counts lives and their hops, and has each part forget a finished one;
+- `Quotas` (quotas.py) reads the queue objects and writes their status;
+- `Upkeep` (upkeep.py) hands stranded work to the reconciler and collects orphans;
+- the workers (`serve`, workqueue.py) run reconciles with the error policy.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass
+from collections.abc import Coroutine
 from typing import Any
 
 import structlog
@@ -27,23 +32,23 @@ from dispatcher.clock import Clock, SystemClock
 from dispatcher.cluster.capacity import pod_owner
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config, DeclaredPodResources
-from dispatcher.controller.admission import Admission
 from dispatcher.controller.cache import SchedulerCache
-from dispatcher.controller.models import Models, key_of, slimmer
+from dispatcher.controller.gatekeeper import Gatekeeper
+from dispatcher.controller.ledger import Ledger
+from dispatcher.controller.making import Maker
+from dispatcher.controller.outbox import Notice, Outbox
 from dispatcher.controller.quotas import Quotas
+from dispatcher.controller.reading import AppWrapperReader, key_of, slimmer
 from dispatcher.controller.reconciler import Reconciler
 from dispatcher.controller.scheduler import Scheduler
 from dispatcher.controller.status import APPWRAPPERS, StatusWriter
 from dispatcher.controller.upkeep import Upkeep
 from dispatcher.controller.visibility import Visibility
 from dispatcher.controller.waiting import WaitingWriter
-from dispatcher.controller.workqueue import WorkQueue
+from dispatcher.controller.workqueue import WorkQueue, serve
 from dispatcher.core.phase import Phase, phase_of_raw
-from dispatcher.core.quota.model import Charge, Flavor
-from dispatcher.core.quota.resolve import Queued, resolve
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
-from dispatcher.kube.errors import Conflict, KubeError, NotFound
 from dispatcher.kube.events import EventRecorder
 from dispatcher.kube.informer import Informer
 from dispatcher.metrics import ManagerCollector, Recorder
@@ -52,17 +57,7 @@ Obj = dict[str, Any]
 PRIORITY_CLASSES = ResourceInfo(
     "scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False
 )
-CONFLICT_BACKOFF_SECONDS = 0.01
-"""First delay between reconciles of one AppWrapper that keep meeting Conflict (doubling)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Hops:
-    """What one AppWrapper's life cost the controller, counted until it finished."""
-
-    reconciles: int
-    cycles: int
-    writes: int
+STRANDED = frozenset({Phase.DISPATCHED, Phase.EVICTING})
 
 
 class Manager:
@@ -82,11 +77,27 @@ class Manager:
         self.clock = clock or SystemClock()
         self.queue = WorkQueue()
         self.events = EventRecorder(hub)
+        self.signing_keys: list[bytes] = []
+        """Keys of the admission webhook's creator records (set before `run`)."""
         self.recorder = Recorder()
-        # One larger than the limit is kept as a stub (models.py): its spec is never held.
+        self._build_reading()
+        self._build_deciding()
+        self._build_acting()
+        self.ready = asyncio.Event()
+        self.fenced = False
+        self._group: asyncio.TaskGroup | None = None
+        self._children: set[asyncio.Task[None]] = set()
+        self._running: asyncio.Task[Any] | None = None
+        self._log = structlog.get_logger("manager")
+        self._connect()
+
+    def _build_reading(self) -> None:
+        """The watches, and the parts that read AppWrappers and write their status."""
+        config = self.config
+        # One larger than the limit is kept as a stub (reading.py): its spec is never held.
         slim = slimmer(config.max_appwrapper_bytes)
         self.appwrappers = Informer(
-            hub,
+            self.hub,
             APPWRAPPERS,
             transform=slim,
             # A page is decoded whole, and AppWrappers may weigh up to etcd's 1.5 MiB each
@@ -95,40 +106,42 @@ class Manager:
             # A finished one is read again only when it is deleted: kept as text.
             cold=lambda obj: phase_of_raw(obj) is Phase.FINISHED,
         )
-        self.priority_classes = Informer(hub, PRIORITY_CLASSES)
-        self.signing_keys: list[bytes] = []
-        """Keys of the admission webhook's creator records (set before `run`)."""
-        self.admission = Admission(
+        self.priority_classes = Informer(self.hub, PRIORITY_CLASSES)
+        self.gatekeeper = Gatekeeper(
             config=config,
-            hub=hub,
-            discovery=[m.client for m in members],
+            hub=self.hub,
+            discovery=[m.client for m in self.members.values()],
             signing_keys=lambda: self.signing_keys,
         )
-        self.models = Models(
+        self.reader = AppWrapperReader(
             allowed_kinds=frozenset(config.allowed_kinds),
             declared_as_written=config.declared_pod_resources is DeclaredPodResources.AS_WRITTEN,
             # Through the informer each time: a relist replaces its store.
             priority_class=lambda name: self.priority_classes.store.get(name),
-            attribution=self.admission.attribution_problem,
+            attribution=self.gatekeeper.attribution_problem,
             priority_policy=config.priority_policy,
         )
+        self.outbox = Outbox(self._deliver)
         self.status = StatusWriter(
-            hub,
+            self.hub,
             self.events,
             watched=lambda key: self.appwrappers.store.get(key),
             on_written=self._on_written,
             slim=slim,
         )
-        self.quotas = Quotas(hub=hub, config=config, events=self.events, clock=self.clock)
+        self.quotas = Quotas(hub=self.hub, config=config, events=self.events, clock=self.clock)
+
+    def _build_deciding(self) -> None:
+        """The scheduler cache, the scheduler and the waiting writers."""
         self.cache = SchedulerCache(
-            models=self.models,
+            models=self.reader,
             current=self.status.current,
             members=self.members,
-            flavors=self._flavors,
+            flavors=lambda: self.quotas.tree().setup.flavors,
             queues=lambda: self.quotas.tree().setup.queues,
         )
         self.waiting = WaitingWriter(
-            models=self.models, status=self.status, clock=self.clock, on_conflict=self._kick
+            models=self.reader, status=self.status, clock=self.clock, on_conflict=self._kick
         )
         self.visibility = Visibility(
             running=self.cache.running,
@@ -136,9 +149,9 @@ class Manager:
             finished=lambda key: self.cache.phase(key) is Phase.FINISHED,
         )
         self.scheduler = Scheduler(
-            config=config,
+            config=self.config,
             cache=self.cache,
-            models=self.models,
+            models=self.reader,
             status=self.status,
             waiting=self.waiting,
             members=self.members,
@@ -148,46 +161,69 @@ class Manager:
             recorder=self.recorder,
             observe=self.visibility.observe,
         )
+
+    def _build_acting(self) -> None:
+        """The reconciler, upkeep and the ledger of lives."""
         self.reconciler = Reconciler(
-            config=config,
-            models=self.models,
+            config=self.config,
+            reader=self.reader,
             status=self.status,
             members=self.members,
             clock=self.clock,
             schedule_soon=self._kick,
-            start_task=self._start,
+            start_task=self._child,
             wake_owner=self._wake_owner,
+            maker=Maker(gatekeeper=self.gatekeeper, quotas=self.quotas, clock=self.clock),
             quotas=self.quotas,
-            admission=self.admission,
             recorder=self.recorder,
         )
         self.upkeep = Upkeep(
             members=self.members,
             clock=self.clock,
-            timeout=config.member_timeout_seconds,
-            stranded_on=self._stranded_on,
+            timeout=self.config.member_timeout_seconds,
             reconcile=self.queue.add,
-            placements=self._placements,
+            current=self.status.current,
+            appwrappers=lambda: self.appwrappers.store,
+            dispatched=lambda: self.cache.keys(STRANDED),
+            assumed_cluster=self.cache.assumed_cluster,
         )
-        self.states: Counter[str] = Counter()
-        """AppWrappers in the cache by status.state, kept by the watch handler (metrics)."""
-        self.reconciles: Counter[str] = Counter()
-        self.finished: Counter[str] = Counter()
-        """Sums of hops over the AppWrappers that finished: reconciles, cycles, writes, count."""
-        self.ready = asyncio.Event()
-        self.fenced = False
-        self._group: asyncio.TaskGroup | None = None
-        self._children: set[asyncio.Task[None]] = set()
-        self._running: asyncio.Task[Any] | None = None
-        self._log = structlog.get_logger("manager")
+        self.ledger = Ledger(
+            cycles=self.scheduler.considered,
+            writes=self.status.writes,
+            live=lambda key: self.cache.phase(key) not in (None, Phase.FINISHED),
+            on_finished=[self.reader.forget, self.reconciler.forget, self.waiting.forget],
+            on_deleted=[
+                self.reader.forget,
+                self.reconciler.forget_all,
+                self.waiting.forget,
+                self.status.forget,
+            ],
+        )
+
+    def _connect(self) -> None:
+        """The watches and the quota objects to the handlers below."""
         self.appwrappers.add_handler(self._on_appwrapper)
         self.priority_classes.add_handler(self._on_priority_class)
         self.quotas.on_change(self._on_quota_object)
-        self.quotas.usage_from(self._quota_usage)
-        for member in members:
+        self.quotas.usage_from(self.cache.quota_usage)
+        for member in self.members.values():
             member.capacity.on_change = self._on_capacity
             member.pods.add_handler(self._on_pod)
         self.recorder.registry.register(ManagerCollector(self))
+
+    @property
+    def states(self) -> Counter[str]:
+        """AppWrappers in the cache by status.state (metrics)."""
+        return self.ledger.states
+
+    @property
+    def reconciles(self) -> Counter[str]:
+        return self.ledger.reconciles
+
+    @property
+    def finished(self) -> Counter[str]:
+        """Sums of hops over the AppWrappers that finished: reconciles, cycles, writes, count."""
+        return self.ledger.finished
 
     @property
     def cycles(self) -> int:
@@ -233,7 +269,13 @@ class Manager:
             for key in list(self.appwrappers.store):
                 self.queue.add(key)
             for index in range(self.config.workers):
-                self._child(self._worker(), f"worker-{index}")
+                worker = serve(
+                    self.queue,
+                    self.reconciler.reconcile,
+                    taken=self.ledger.reconciled,
+                    around=self.outbox.holding,
+                )
+                self._child(worker, f"worker-{index}")
             self._child(self.scheduler.run(), "scheduler")
             self._child(self.waiting.run(), "waiting-writers")
             self._child(self.upkeep.run(), "upkeep")
@@ -264,7 +306,7 @@ class Manager:
         """A member that was not synced at start: once it is, it takes part."""
         await member.wait_synced()
         self._log.info("member_synced", cluster=member.name)
-        for key in self._stranded_on(member.name):
+        for key in self.upkeep.stranded_on(member.name):
             self.queue.add(key)  # their pods can be judged now
         self._kick()
 
@@ -303,42 +345,37 @@ class Manager:
     def _kick(self) -> None:
         self.scheduler.kick()
 
-    def _start(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        self._child(coro, name)
-
-    # -- handlers (they only record and enqueue) ------------------------------------------
+    # -- handlers: each routes what happened to the part that owns it ---------------------
 
     def _on_appwrapper(self, kind: str, old: Obj | None, new: Obj | None) -> None:
-        if old is not None:
-            self.states[_state_of(old)] -= 1
-        if new is not None:
-            self.states[_state_of(new)] += 1
+        self.ledger.observed(old, new)
         obj = new or old
         if obj is None:
             return
         key = key_of(obj)
         echo = self.status.observe(key, new)
-        if new is None:
-            self.cache.update(key, None)
-            self._forget(key)
-            self._kick()
-            self.quotas.touch()
-            return
-        self._record(key, new)
-        if not echo:
+        update = self.cache.update(key, new)
+        # The watch is inside nobody's write: what it changed is delivered at once.
+        self._deliver(Notice(key, update.decision, update.finished, deleted=new is None))
+        if new is not None and not echo:
             # Our own writes' echoes are skipped: whoever wrote already knows what follows.
             self.queue.add(key)
 
     def _on_written(self, key: str, obj: Obj) -> None:
-        self._record(key, obj)
-
-    def _record(self, key: str, obj: Obj) -> None:
+        """A status write returned `obj`: the cache records it now (the next cycle must see
+        it); what that changes for others waits in the outbox until the write returned."""
         update = self.cache.update(key, obj)
-        if update.decision:
+        if update.decision or update.finished:
+            self.outbox.put(Notice(key, update.decision, update.finished))
+
+    def _deliver(self, notice: Notice) -> None:
+        if notice.deleted:
+            self.ledger.delete(notice.key)
+        elif notice.finished:
+            self.ledger.finish(notice.key)
+        if notice.decision or notice.deleted:
             self._kick()
             self.quotas.touch()
-        if update.finished:
-            self._retire(key)
 
     def _on_priority_class(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         # A queued AppWrapper's priority comes from its class: derive every standing again.
@@ -354,23 +391,6 @@ class Manager:
         # they are charged: derive every standing again.
         self.cache.forget_standings()
         self._kick()
-
-    def _flavors(self) -> Mapping[str, Flavor]:
-        return self.quotas.tree().setup.flavors
-
-    def _quota_usage(self) -> tuple[list[Charge], list[Queued], dict[str, str], set[str]]:
-        charges, pending, local_of, releasing = self.cache.quota_usage(self.clock.time())
-        tree = self.quotas.tree()
-        queued = []
-        for workload in pending:
-            namespace = workload.key.partition("/")[0]
-            found = resolve(namespace, workload.queue_name, tree.setup, tree)
-            if isinstance(found, Queued):
-                queued.append(found)
-            elif found is not None and found.local:
-                # Held back by its queue (stopped, inactive...): still pending there.
-                queued.append(Queued(found.local, found.queue))
-        return charges, queued, local_of, releasing
 
     def _on_capacity(self, reason: str) -> None:
         if reason != "pod-changed":
@@ -390,94 +410,6 @@ class Manager:
         if owner is not None:
             self.queue.add(owner[0])
 
-    def _retire(self, key: str) -> None:
-        """It finished: count its hops; drop what only a live AppWrapper needs."""
-        hops = Hops(
-            reconciles=self.reconciles.pop(key, 0),
-            cycles=self.scheduler.considered.pop(key, 0),
-            writes=self.status.writes.pop(key, 0),
-        )
-        self.finished.update(
-            reconciles=hops.reconciles, cycles=hops.cycles, writes=hops.writes, count=1
-        )
-        self._log.info(
-            "lifecycle_hops",
-            appwrapper=key,
-            reconciles=hops.reconciles,
-            cycles=hops.cycles,
-            writes=hops.writes,
-        )
-        self.models.forget(key)
-        self.reconciler.forget(key)
-        self.waiting.forget(key)
-
-    def _forget(self, key: str) -> None:
-        self.models.forget(key)
-        self.reconciler.forget_all(key)
-        self.waiting.forget(key)
-        self.status.forget(key)
-        self.reconciles.pop(key, None)
-        self.scheduler.considered.pop(key, None)
-
-    # -- upkeep's questions -----------------------------------------------------------------
-
-    def _stranded_on(self, member: str) -> list[str]:
-        stranded = []
-        for key in self.cache.keys(frozenset({Phase.DISPATCHED, Phase.EVICTING})):
-            obj = self.status.current(key)
-            if obj is not None and (obj.get("status") or {}).get("clusterName") == member:
-                stranded.append(key)
-        return stranded
-
-    def _placements(self) -> tuple[dict[str, tuple[str, str]], set[tuple[str, str]]]:
-        keep: dict[str, tuple[str, str]] = {}
-        kinds: set[tuple[str, str]] = set()
-        for key in list(self.appwrappers.store):
-            obj = self.status.current(key)
-            if obj is None:
-                continue
-            meta = obj["metadata"]
-            for item in ((obj.get("spec") or {}).get("resources") or {}).get("GenericItems") or []:
-                template = item.get("generictemplate") or {}
-                if template.get("apiVersion") and template.get("kind"):
-                    kinds.add((str(template["apiVersion"]), str(template["kind"])))
-            cluster = self.cache.assumed_cluster(key) or (obj.get("status") or {}).get(
-                "clusterName"
-            )
-            if cluster and not meta.get("deletionTimestamp"):
-                keep[key] = (meta.get("uid", ""), cluster)
-        return keep, kinds
-
-    # -- reconcile workers ------------------------------------------------------------------
-
-    async def _worker(self) -> None:
-        while True:
-            key = await self.queue.get()
-            if self.cache.phase(key) not in (None, Phase.FINISHED):  # gone, or counted
-                self.reconciles[key] += 1
-            try:
-                result = await self.reconciler.reconcile(key)
-                self.queue.forget(key)
-                if result.requeue_after is not None:
-                    self.queue.add_after(key, result.requeue_after)
-            except Conflict:
-                # Someone (often our own earlier write) changed it: re-read at once. Again
-                # and again means a writer we keep losing to, or a cache that lags: back
-                # off (per key, reset by a success) rather than spin.
-                self.queue.retry(key, base=CONFLICT_BACKOFF_SECONDS, first_at_once=True)
-            except NotFound:
-                self.queue.forget(key)  # it went meanwhile; the watch says the rest
-            except KubeError as exc:
-                delay = self.queue.retry(key)
-                self._log.warning(
-                    "reconcile_failed", appwrapper=key, error=str(exc)[:300], retry_in=delay
-                )
-            except Exception:
-                delay = self.queue.retry(key)
-                self._log.exception("reconcile_crashed", appwrapper=key, retry_in=delay)
-            finally:
-                self.queue.done(key)
-
     async def drain(self, timeout: float = 10) -> None:
         """Let in-flight writes finish (bounded) before shutdown."""
         await self.scheduler.drain(timeout)
@@ -486,7 +418,3 @@ class Manager:
 
 def _pod_phase(pod: Obj) -> str:
     return str((pod.get("status") or {}).get("phase") or "Pending")
-
-
-def _state_of(obj: Obj) -> str:
-    return str((obj.get("status") or {}).get("state") or "New")

@@ -25,9 +25,10 @@ from dispatcher.api.models import AppWrapperStatus
 from dispatcher.api.queues import QUEUE_KINDS, parse
 from dispatcher.clock import Clock
 from dispatcher.config import Config
+from dispatcher.core.model import Workload
 from dispatcher.core.quota.model import Charge, CohortSpec, Flavor, QuotaSetup, StopPolicy
 from dispatcher.core.quota.read import setup_of
-from dispatcher.core.quota.resolve import Queued
+from dispatcher.core.quota.resolve import Queued, resolve
 from dispatcher.core.quota.summary import QueueSummary, summarize
 from dispatcher.core.quota.tree import Node, QuotaTree
 from dispatcher.kube.api import KubeApi
@@ -44,7 +45,9 @@ INFOS = {
 NAMESPACES = ResourceInfo("v1", "Namespace", "namespaces", namespaced=False)
 STATUS_EVERY_SECONDS = 1.0
 
-Usage = Callable[[], tuple[list[Charge], list[Queued], dict[str, str], set[str]]]
+Usage = Callable[[float], tuple[list[Charge], list[Workload], dict[str, str], set[str]]]
+"""now -> (charges of the dispatched, the queued workloads, dispatched key -> AppQueue, the
+queued ones still charged while their last dispatch's pods go): the scheduler cache's."""
 """(charges of admitted AppWrappers, pending ones' queues, admitted key -> AppQueue, keys
 of queued ones still charged while their last dispatch's pods go)."""
 
@@ -98,7 +101,7 @@ class Quotas:
         self._tree: QuotaTree | None = None
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
-        self._usage: Usage = lambda: ([], [], {}, set())
+        self._usage: Usage = lambda now: ([], [], {}, set())
         self.summaries: dict[str, QueueSummary] = {}
         """Each cluster queue as its status was last computed (metrics read it)."""
         self.local_summaries: dict[str, QueueSummary] = {}
@@ -112,7 +115,23 @@ class Quotas:
         self._listeners.append(listener)
 
     def usage_from(self, usage: Usage) -> None:
+        """Where the queues' usage is read (the scheduler cache)."""
         self._usage = usage
+
+    def _queued_usage(self) -> tuple[list[Charge], list[Queued], dict[str, str], set[str]]:
+        """The usage, each queued workload resolved to the queue it waits in."""
+        charges, pending, local_of, releasing = self._usage(self._clock.time())
+        tree = self.tree()
+        queued = []
+        for workload in pending:
+            namespace = workload.key.partition("/")[0]
+            found = resolve(namespace, workload.queue_name, tree.setup, tree)
+            if isinstance(found, Queued):
+                queued.append(found)
+            elif found is not None and found.local:
+                # Held back by its queue (stopped, inactive...): still pending there.
+                queued.append(Queued(found.local, found.queue))
+        return charges, queued, local_of, releasing
 
     def touch(self) -> None:
         """Something a queue's status shows may have changed."""
@@ -210,7 +229,7 @@ class Quotas:
         tree = self.tree()
         if not (tree.setup.enabled or tree.setup.cohorts or tree.setup.flavors):
             return
-        charges, pending, local_of, releasing = self._usage()
+        charges, pending, local_of, releasing = self._queued_usage()
         queues, locals_ = summarize(tree, charges, pending, local_of, releasing)
         self.summaries, self.local_summaries = queues, locals_
         now = datetime.fromtimestamp(self._clock.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,8 +1,13 @@
 """The reconciler: `reconcile(key) -> Result`, the one creator and deleter of wrapped objects.
 
-Side effects: creates and deletes wrapped objects in member clusters; writes status (through
-the status writer) for every step after the scheduler's: invalid specs, backoff, Running,
-Completed, Failed and every requeue; adds and removes the finalizer.
+Side effects: creates (through its `Maker`, making.py) and deletes wrapped objects in
+member clusters; writes status (through the status writer) for every step after the
+scheduler's: invalid specs, backoff, Running, Completed, Failed and every requeue; adds and
+removes the finalizer.
+
+Only errors about the user's input (an invalid spec, `UserInputError` from creating the
+objects) fail the user's AppWrapper. A bug of the dispatcher's own met while making the
+objects leaves it dispatched, says so in its status and is retried with growing pauses.
 
 Level-based: it reads the newest AppWrapper (the status writer's overlay or the watch cache)
 and makes the world match it, so a missed event or a restart costs nothing:
@@ -19,7 +24,6 @@ and makes the world match it, so a missed event or a restart costs nothing:
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,60 +34,41 @@ from dispatcher.api.constants import FINALIZER
 from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, Requeuing, parse_time
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
-from dispatcher.config import Config
-from dispatcher.controller.admission import Admission
-from dispatcher.controller.models import Models
-from dispatcher.controller.objects import (
+from dispatcher.cluster.objects import (
     DispatchError,
+    UserInputError,
     Wrapped,
     completion,
-    create_all,
-    delete_all,
-    dispatched_objects,
-    prepare_namespace,
     spec_change,
     target_namespace,
     wrapped_identities,
-    wrapped_objects,
 )
+from dispatcher.config import Config
+from dispatcher.controller.making import Maker, NotYet, Refused
 from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
+from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.status import StatusWriter
+from dispatcher.controller.workqueue import Result
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
 from dispatcher.core.faulttolerance import effective_requeuing
-from dispatcher.core.lifecycle import Progress, Verdict, assess
+from dispatcher.core.lifecycle import Assessment, Progress, Verdict, assess
 from dispatcher.core.model import Workload, tracked_pod_count
 from dispatcher.core.phase import Phase, phase_of
 from dispatcher.core.workloads import InvalidSpec
-from dispatcher.kube.errors import KubeError
 from dispatcher.metrics.recorder import Recorder
 
 Obj = dict[str, Any]
 C = cond.C
 COUNTS_INTERVAL = 5.0
 """Seconds between status writes that only update pod counts."""
-TERMINATING_RETRY = 0.5
-"""Seconds before trying again to create objects whose earlier copies are being deleted."""
-TERMINATING_LIMIT = 300.0
-"""Seconds after dispatch that a dispatch waits for earlier copies to go before it requeues."""
 POLL_SECONDS = 2.0
 """When a wrapped object's status was read by GET, look again this much later."""
-TERMINATING_POLL_SECONDS = 1.0
-"""How often a dispatch waiting for an earlier attempt's pods to go looks again (their
-deletion also wakes it)."""
+OWN_ERROR_FIRST_SECONDS = 1.0
+OWN_ERROR_MAX_SECONDS = 300.0
+"""Pauses (doubling) between attempts to make objects that met a bug of the dispatcher's."""
 UNSYNCED_RECHECK_SECONDS = 5.0
 """A dispatched AppWrapper on a member whose caches have not synced: look again then."""
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    """What should happen next: `requeue_after` seconds, reconcile again (None: only when
-    something changes)."""
-
-    requeue_after: float | None = None
-
-
-DONE = Result()
 
 
 def _seconds_since(stamp: str | None, now: float) -> float:
@@ -95,32 +80,27 @@ def _seconds_since(stamp: str | None, now: float) -> float:
         return 0.0
 
 
-def _soonest(*delays: float | None) -> Result:
-    given = [d for d in delays if d is not None]
-    return Result(min(given)) if given else DONE
-
-
 class Reconciler:
     def __init__(
         self,
         *,
         config: Config,
-        models: Models,
+        reader: AppWrapperReader,
         status: StatusWriter,
         members: Mapping[str, Member],
         clock: Clock,
         schedule_soon: Callable[[], None],
         start_task: Callable[[Coroutine[Any, Any, None], str], None],
         wake_owner: Callable[[str, Obj | None, Obj | None], None],
+        maker: Maker,
         quotas: QuotaLookup | None = None,
-        admission: Admission | None = None,
         recorder: Recorder | None = None,
     ) -> None:
         self._config = config
+        self._maker = maker
         self._recorder = recorder or Recorder()
-        self._admission = admission
         self._quotas = quotas or NO_QUOTAS
-        self._models = models
+        self._reader = reader
         self._status = status
         self._members = members
         self._clock = clock
@@ -133,12 +113,15 @@ class Reconciler:
         """key -> (uid, lastDispatchedAt) of the failed attempt whose objects were removed."""
         self._counts_written: dict[str, float] = {}
         """key -> when pod counts alone were last written."""
+        self._own_errors: dict[str, int] = {}
+        """key -> dispatcher's own errors met making its objects since they last were made."""
         self._log = structlog.get_logger("reconciler")
 
     def forget(self, key: str) -> None:
         """It finished or went: drop what only a live AppWrapper needs."""
         self._ensured.pop(key, None)
         self._counts_written.pop(key, None)
+        self._own_errors.pop(key, None)
 
     def forget_all(self, key: str) -> None:
         self.forget(key)
@@ -158,9 +141,9 @@ class Reconciler:
     async def reconcile(self, key: str) -> Result:
         obj = self._status.current(key)
         if obj is None:
-            return DONE
+            return Result.done()
         try:
-            aw = self._models.parse(obj)
+            aw = self._reader.parse(obj)
         except ValidationError as exc:
             meta = obj.get("metadata") or {}
             if meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or []):
@@ -169,9 +152,9 @@ class Reconciler:
                 # (the garbage collector takes them); members' are swept as orphans.
                 await self._status.set_finalizer(obj, present=False)
                 self.forget_all(key)
-                return DONE
+                return Result.done()
             await self._fail_unreadable(obj, exc)
-            return DONE
+            return Result.done()
         phase = phase_of(aw)
         status = (aw.status or AppWrapperStatus()).editable_copy()
         if phase is Phase.DELETING:
@@ -184,33 +167,26 @@ class Reconciler:
             return await self._suspend(aw, obj, status, dispatched=phase is Phase.DISPATCHED)
         if cond.is_new(status):
             await self._initialize(aw, obj, status)
-            return DONE
+            return Result.done()
         if phase is Phase.BACKOFF:
             return await self._backoff(aw, obj, status)
         if phase is Phase.EVICTING:
             await self._evict(aw, obj, status)
-            return DONE
+            return Result.done()
         if phase is Phase.DISPATCHED:
             return await self._follow(aw, obj, status)
-        priority, problem = self._models.priority(aw)
-        if not problem:
-            workload = self._models.workload(aw, priority=priority, now=self._moment()[1])
-            refusal = self._models.refusal(aw)
-            if isinstance(workload, InvalidSpec) or refusal:
-                # Edited while queued (or requeued after an edit): the scheduler would skip
-                # it for ever; say why instead.
-                reason, message = (
-                    (Reason.FORBIDDEN, refusal)
-                    if refusal
-                    else (Reason.INVALID_SPEC, getattr(workload, "message", ""))
-                )
-                transition = cond.mark_failed(status, reason, message, now=self._moment()[1])
-                await self._status.write(obj, status, [transition])
-                return DONE
+        priority, problem = self._reader.priority(aw)
+        found = None if problem else self._spec_problem(aw, obj, priority)
+        if found is not None:
+            # Edited while queued (or requeued after an edit): the scheduler would skip it
+            # for ever; say why instead.
+            transition = cond.mark_failed(status, *found, now=self._moment()[1])
+            await self._status.write(obj, status, [transition])
+            return Result.done()
         if cond.set_priority(status, priority):
             await self._status.write(obj, status, [])
         self._schedule_soon()
-        return DONE
+        return Result.done()
 
     async def _fail_unreadable(self, obj: Obj, exc: ValidationError) -> None:
         message = "spec does not match the AppWrapper API: " + "; ".join(
@@ -227,18 +203,12 @@ class Reconciler:
         whose first decision (dispatch or wait) writes Init and Queueing with it, saving a
         status write per AppWrapper."""
         moment = self._moment()[1]
-        priority, problem = self._models.priority(aw)
-        reason = Reason.INVALID_SPEC
-        if not problem:
-            workload = self._models.workload(aw, priority=priority, now=moment)
-            if isinstance(workload, InvalidSpec):
-                problem = workload.message
-        if not problem:
-            problem = self._models.refusal(aw)
-            reason = Reason.FORBIDDEN
-        if not problem:
+        priority, problem = self._reader.priority(aw)
+        found = (Reason.INVALID_SPEC, problem) if problem else self._spec_problem(aw, obj, priority)
+        if found is None:
             self._schedule_soon()
             return
+        reason, problem = found
         transitions = [
             cond.initialize(status, priority=priority, now=moment),
             cond.mark_failed(status, reason, problem, now=moment),
@@ -251,16 +221,25 @@ class Reconciler:
         )
         await self._status.write(obj, status, transitions)
 
+    def _spec_problem(self, aw: AppWrapper, obj: Obj, priority: int) -> tuple[Reason, str] | None:
+        """Why `aw` can never be dispatched as written: its spec is invalid, or it may not
+        be dispatched whatever the room (`AppWrapperReader.refusal`); None when neither."""
+        workload = self._reader.workload(aw, priority=priority, now=self._moment()[1])
+        if isinstance(workload, InvalidSpec):
+            return Reason.INVALID_SPEC, workload.message
+        refusal = self._reader.refusal(aw, obj)
+        return (Reason.FORBIDDEN, refusal) if refusal else None
+
     async def _backoff(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> Result:
         now, moment = self._moment()
         backoff = status.condition(C.BACKOFF)
         seconds = self._pause(aw)
         waited = _seconds_since(backoff.lastTransitionMicroTime if backoff else None, now)
         if waited < seconds:
-            return Result(seconds - waited)
+            return Result.after(seconds - waited)
         await self._status.write(obj, status, [cond.end_backoff(status, now=moment)])
         self._schedule_soon()
-        return DONE
+        return Result.done()
 
     def _requeuing(self, aw: AppWrapper) -> Requeuing:
         """The spec's requeuing with the v1beta2 fault-tolerance annotations applied."""
@@ -287,7 +266,7 @@ class Reconciler:
         """Every requeue: remove the objects (unless their member is out of reach; the
         collector takes them when it answers again), then back to the queue."""
         if remove_from is not None:
-            await self._remove_objects(aw, remove_from)
+            await self._maker.remove(aw, remove_from)
         transition = cond.mark_requeued(
             status,
             reason,
@@ -323,12 +302,12 @@ class Reconciler:
                 backoff=False,
                 remove_from=self.member_of(status),
             )
-            return DONE
-        priority, _ = self._models.priority(aw)
+            return Result.done()
+        priority, _ = self._reader.priority(aw)
         transition = cond.mark_suspended(status, priority=priority, now=self._moment()[1])
         if transition is not None:
             await self._status.write(obj, status, [transition])
-        return DONE
+        return Result.done()
 
     async def _evict(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> None:
         preempted = status.condition(C.PREEMPTED)
@@ -347,22 +326,10 @@ class Reconciler:
         )
 
     async def _follow(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> Result:
-        """A dispatched AppWrapper: its objects exist; its pods and objects say how it does."""
-        key = aw.key
-        now, moment = self._moment()
+        """A dispatched AppWrapper, step by step: its member still there; its dispatch still
+        wanted; its objects there; its pods and objects counted; the verdict acted on."""
         member = self.member_of(status)
-        stranded = ""
-        if member is None:
-            stranded = f"dispatched to cluster {status.clusterName!r}, which is not configured"
-        elif not member.is_hub and member.silent_for() > self._config.member_timeout_seconds:
-            stranded = (
-                f"cluster {member.name} has not answered for {int(member.silent_for())}s; "
-                "requeued (its copies are removed when it answers again)"
-            )
-        if member is not None and not stranded and not member.synced:
-            # Its pods are not known yet (it has not answered since the start): judging them
-            # would be deciding on a partial view. Its sync, or upkeep, brings this back.
-            return Result(UNSYNCED_RECHECK_SECONDS)
+        stranded = self._stranded(member, status)
         if member is None or stranded:
             await self._requeue(
                 aw,
@@ -373,95 +340,100 @@ class Reconciler:
                 backoff=False,
                 remove_from=None,
             )
-            return DONE
+            return Result.done()
+        if not member.synced:
+            # Its pods are not known yet (it has not answered since the start): judging them
+            # would be deciding on a partial view. Its sync, or upkeep, brings this back.
+            return Result.after(UNSYNCED_RECHECK_SECONDS)
+        moved = await self._dispatch_moved(aw, obj, status, member)
+        if moved is not None:
+            return moved
+        objects: list[Wrapped] = []
+        if self._ensured.get(aw.key) != (status.lastDispatchedAt or ""):
+            ensured = await self._ensure_objects(aw, obj, status, member)
+            if isinstance(ensured, Result):
+                return ensured
+            objects = ensured
+        progress, counts_changed, polled = await self._progress(aw, status, member, objects)
+        verdict = assess(
+            progress,
+            requeuing=self._requeuing(aw),
+            duration_limit=aw.spec.schedulingSpec.dispatchDuration.limit,
+        )
+        return await self._act_on(aw, obj, status, member, verdict, counts_changed, polled)
+
+    def _stranded(self, member: Member | None, status: AppWrapperStatus) -> str:
+        """Why an AppWrapper dispatched to `member` cannot be followed there ("" if it can)."""
+        if member is None:
+            return f"dispatched to cluster {status.clusterName!r}, which is not configured"
+        if not member.is_hub and member.silent_for() > self._config.member_timeout_seconds:
+            return (
+                f"cluster {member.name} has not answered for {int(member.silent_for())}s; "
+                "requeued (its copies are removed when it answers again)"
+            )
+        return ""
+
+    async def _dispatch_moved(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
+    ) -> Result | None:
+        """Requeue it when its dispatch is no longer wanted as made (its queue drained, its
+        objects edited); None when it stands."""
         drained = self._quotas.draining(status)
         if drained:
             await self._requeue(
                 aw, obj, status, Reason.QUEUE_DRAINED, drained, backoff=False, remove_from=member
             )
-            return DONE
+            return Result.done()
         change = spec_change(aw)
-        if change:
-            # Edited after dispatch: what was dispatched goes, and the new spec is validated
-            # and fitted like any other before anything of it is created.
-            await self._requeue(
-                aw,
-                obj,
-                status,
-                Reason.SPEC_CHANGED,
-                f"the wrapped objects changed after dispatch ({change}); requeued so the new "
-                "spec is validated and scheduled again",
-                backoff=False,
-                remove_from=member,
+        if not change:
+            return None
+        # Edited after dispatch: what was dispatched goes, and the new spec is validated
+        # and fitted like any other before anything of it is created.
+        await self._requeue(
+            aw,
+            obj,
+            status,
+            Reason.SPEC_CHANGED,
+            f"the wrapped objects changed after dispatch ({change}); requeued so the new "
+            "spec is validated and scheduled again",
+            backoff=False,
+            remove_from=member,
+        )
+        # Back here at once: a new spec that is invalid, or no longer attributed, is
+        # answered here (the scheduler passes over it without a word).
+        return Result.now()
+
+    async def _ensure_objects(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
+    ) -> list[Wrapped] | Result:
+        """Make this attempt's objects exist in `member` (the maker's step) and write what
+        came of it: the objects built, or what to do when they cannot be (yet)."""
+        try:
+            made = await self._maker.ensure(aw, obj, status, member)
+        except DispatchError as error:
+            return await self._dispatch_failed(aw, obj, status, error, member)
+        except Exception as exc:
+            return await self._own_error(aw, obj, status, exc)
+        self._own_errors.pop(aw.key, None)
+        if isinstance(made, NotYet):
+            return Result.after(made.seconds)
+        if isinstance(made, Refused):
+            forbidden = cond.mark_failed(
+                status, Reason.FORBIDDEN, made.message, now=self._moment()[1]
             )
-            # Back here at once: a new spec that is invalid, or no longer attributed, is
-            # answered here (the scheduler passes over it without a word).
-            return Result(0.0)
-        objects: list[Wrapped] = []
-        stamp = status.lastDispatchedAt or ""
-        if self._ensured.get(key) != stamp:
-            if any(p.deleting for p in member.capacity.owned_pods(key, aw.metadata.uid or "")):
-                # An earlier attempt's pods are still terminating: objects made now would
-                # make a second gang, bound wherever kube-scheduler finds room (room the
-                # dispatcher has given to others) while the first still holds its own.
-                return Result(TERMINATING_POLL_SECONDS)
-            try:
-                # The recorded creator's rights, asked again now: they may have been taken
-                # away while it queued, or it may have been created past the webhook.
-                refused = (
-                    await self._admission.dispatch_problem(obj, member.client)
-                    if self._admission is not None
-                    else ""
-                )
-            except KubeError as exc:
-                error = DispatchError(f"checking the creator's rights: {exc}", permanent=False)
-                return await self._dispatch_failed(aw, obj, status, error, member)
-            if refused:
-                forbidden = cond.mark_failed(status, Reason.FORBIDDEN, refused, now=moment)
-                await self._status.write(obj, status, [forbidden])
-                return await self._after_terminal(aw, status)
-            # Built only when needed: it deep-copies every template, and following runs on
-            # every pod change of every dispatched AppWrapper.
-            try:
-                objects = wrapped_objects(
-                    aw, owner_reference=member.is_hub, flavors=self._quotas.flavors_of(status)
-                )
-                namespace = await prepare_namespace(member, aw.metadata.namespace)
-                made = await create_all(
-                    member.client, namespace, objects, uid=aw.metadata.uid or ""
-                )
-            except (DispatchError, KubeError) as exc:
-                error = (
-                    exc
-                    if isinstance(exc, DispatchError)
-                    else DispatchError(str(exc), permanent=False)
-                )
-                return await self._dispatch_failed(aw, obj, status, error, member)
-            except Exception as exc:  # user data must not wedge the AppWrapper
-                # Anything else while building or creating comes from the template: retrying
-                # would meet it again, so it ends the AppWrapper with the reason.
-                error = DispatchError(f"{type(exc).__name__}: {str(exc)[:300]}", permanent=True)
-                return await self._dispatch_failed(aw, obj, status, error, member)
-            if made.terminating:
-                # An earlier attempt's objects are still going (a requeue deleted them):
-                # adopting them would leave this attempt with objects about to vanish.
-                if _seconds_since(status.lastDispatchedAt, now) > TERMINATING_LIMIT:
-                    # Held by a finalizer nobody removes: give the room back and retry later.
-                    stuck = DispatchError(
-                        f"{', '.join(made.terminating[:5])} still being deleted after "
-                        f"{int(TERMINATING_LIMIT)}s",
-                        permanent=False,
-                    )
-                    return await self._dispatch_failed(aw, obj, status, stuck, member)
-                self._log.info(
-                    "waiting_for_old_objects",
-                    appwrapper=aw.metadata.name,
-                    namespace=aw.metadata.namespace,
-                    objects=list(made.terminating[:5]),
-                )
-                return Result(TERMINATING_RETRY)
-            self._ensured[key] = stamp
-        counts = member.capacity.pod_counts(key, aw.metadata.uid or "")
+            await self._status.write(obj, status, [forbidden])
+            return await self._after_terminal(aw, status)
+        self._ensured[aw.key] = status.lastDispatchedAt or ""
+        return made.objects
+
+    async def _progress(
+        self, aw: AppWrapper, status: AppWrapperStatus, member: Member, objects: list[Wrapped]
+    ) -> tuple[Progress, bool, bool]:
+        """How it does: its pods counted (into `status`), its objects' completion read.
+        Returns the progress, whether the pod counts changed, and whether some object's
+        status was read by GET (it will not announce itself: look again later)."""
+        now, moment = self._moment()
+        counts = member.capacity.pod_counts(aw.key, aw.metadata.uid or "")
         changed = cond.set_pod_counts(
             status,
             pending=counts.pending,
@@ -469,7 +441,7 @@ class Reconciler:
             succeeded=counts.succeeded,
             failed=counts.failed,
         )
-        workload = self._models.workload(aw, priority=status.priority or 0, now=moment)
+        workload = self._reader.workload(aw, priority=status.priority or 0, now=moment)
         expected = tracked_pod_count(workload.pod_sets) if isinstance(workload, Workload) else 0
         min_available = aw.spec.schedulingSpec.minAvailable
         if min_available is None:
@@ -510,19 +482,31 @@ class Reconciler:
             completed_items=done_items,
             failed_object=failed_object,
         )
-        verdict = assess(
-            progress,
-            requeuing=self._requeuing(aw),
-            duration_limit=aw.spec.schedulingSpec.dispatchDuration.limit,
-        )
+        return progress, changed, polled
+
+    async def _act_on(
+        self,
+        aw: AppWrapper,
+        obj: Obj,
+        status: AppWrapperStatus,
+        member: Member,
+        verdict: Assessment,
+        counts_changed: bool,
+        polled: bool,
+    ) -> Result:
+        """Write what the verdict says (a requeue, a milestone, or pod counts alone, at most
+        every COUNTS_INTERVAL) and when to look again."""
+        key = aw.key
+        now, moment = self._moment()
+        was_running = status.is_true(C.RUNNING)
         message = verdict.message
-        transition: Transition | None = None
         if verdict.verdict is Verdict.REQUEUE:
             assert verdict.reason is not None
             await self._requeue(
                 aw, obj, status, verdict.reason, message, backoff=True, remove_from=member
             )
-            return DONE
+            return Result.done()
+        transition: Transition | None = None
         if verdict.verdict is Verdict.RUNNING:
             transition = cond.mark_running(status, message, now=moment)
         elif verdict.verdict is Verdict.HOLD_COMPLETION:
@@ -538,12 +522,12 @@ class Reconciler:
         if transition is not None:
             await self._status.write(obj, status, [transition])
             self._counts_written[key] = now
-            if not progress.reached_running and status.is_true(C.RUNNING):  # Running at last
+            if not was_running and status.is_true(C.RUNNING):  # Running at last
                 self._recorder.running(aw, status, _seconds_since(status.lastDispatchedAt, now))
             if verdict.verdict is Verdict.FAILED:
                 return await self._after_terminal(aw, status)  # give the capacity back
-            return _soonest(poll, recheck)
-        if changed:
+            return Result.soonest(poll, recheck)
+        if counts_changed:
             # Pod counts alone move often (every pod start); write them at most every few
             # seconds so a large gang does not cost a status write per pod. The first ones
             # after a dispatch wait for the Running write that usually follows.
@@ -555,8 +539,35 @@ class Reconciler:
                 await self._status.write(obj, status, [])
                 self._counts_written[key] = now
             else:
-                return _soonest(poll, recheck, COUNTS_INTERVAL - since)
-        return _soonest(poll, recheck)
+                return Result.soonest(poll, recheck, COUNTS_INTERVAL - since)
+        return Result.soonest(poll, recheck)
+
+    async def _own_error(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: Exception
+    ) -> Result:
+        """A bug of the dispatcher's met while making the objects: not the user's doing, so
+        never Failed. It stays dispatched (its room held), says so in its status (once per
+        error), and is tried again with growing pauses, as the work queue does."""
+        attempts = self._own_errors.get(aw.key, 0)
+        self._own_errors[aw.key] = attempts + 1
+        delay = min(OWN_ERROR_FIRST_SECONDS * 2.0 ** min(attempts, 20), OWN_ERROR_MAX_SECONDS)
+        self._log.error(
+            "dispatch_crashed",
+            appwrapper=aw.metadata.name,
+            namespace=aw.metadata.namespace,
+            cluster=status.clusterName,
+            attempts=attempts + 1,
+            retry_in=delay,
+            exc_info=exc,
+        )
+        message = (
+            "creating the wrapped objects met an error of the dispatcher's own, not of this "
+            f"AppWrapper; retrying: {type(exc).__name__}: {str(exc)[:200]}"
+        )
+        stalled = cond.mark_stalled(status, Reason.DISPATCH_FAILED, message, now=self._moment()[1])
+        if stalled is not None:
+            await self._status.write(obj, status, [stalled])
+        return Result.after(delay)
 
     async def _dispatch_failed(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: DispatchError, member: Member
@@ -568,9 +579,9 @@ class Reconciler:
             namespace=aw.metadata.namespace,
             cluster=status.clusterName,
             reason=str(exc)[:300],
-            permanent=exc.permanent,
+            users=isinstance(exc, UserInputError),
         )
-        if exc.permanent:
+        if isinstance(exc, UserInputError):
             transition = cond.mark_failed(
                 status, Reason.DISPATCH_FAILED, message, now=self._moment()[1]
             )
@@ -583,56 +594,30 @@ class Reconciler:
         )
         # Nothing of this attempt may be left to wake it (no objects, so no pod events):
         # the end of the pause must come back by itself.
-        return Result(self._pause(aw))
-
-    async def _remove_objects(self, aw: AppWrapper, member: Member) -> list[str]:
-        """Delete `aw`'s wrapped objects in `member`: those its latest dispatch recorded (the
-        spec may have been edited since), only if they carry its uid; returns the ones still
-        there."""
-        namespace = member.namespace_for(aw.metadata.namespace)
-        if namespace is None:
-            return []  # not mapped there (any more): no namespace to look in
-        return await delete_all(
-            member.client,
-            namespace,
-            dispatched_objects(aw, owner_reference=member.is_hub),
-            uid=aw.metadata.uid or "",
-        )
+        return Result.soonest(self._pause(aw))
 
     async def _after_terminal(self, aw: AppWrapper, status: AppWrapperStatus) -> Result:
         """Failed AppWrappers give their capacity back: their objects are removed once.
         Completed ones keep theirs (finished pods hold nothing; logs stay readable)."""
         self.forget(aw.key)
         if not status.is_true(C.FAILED):
-            return DONE
+            return Result.done()
         member = self.member_of(status)
         attempt = (aw.metadata.uid or "", status.lastDispatchedAt or "")
         if member is None or self._cleaned.get(aw.key) == attempt:
-            return DONE
-        if await self._remove_objects(aw, member):
-            return Result(1.0)
+            return Result.done()
+        if await self._maker.remove(aw, member):
+            return Result.after(1.0)
         self._cleaned[aw.key] = attempt
-        return DONE
+        return Result.done()
 
     async def _finalize(self, aw: AppWrapper, obj: Obj) -> Result:
         """Deletion: remove the wrapped objects wherever they may be, then our finalizer."""
         if FINALIZER not in aw.metadata.finalizers:
-            return DONE
+            return Result.done()
         member = self.member_of(aw.status or AppWrapperStatus())
         targets = [member] if member is not None else list(self._members.values())
-        remaining: list[str] = []
-        for target in targets:
-            try:
-                remaining += await self._remove_objects(aw, target)
-            except KubeError as exc:
-                self._log.warning(
-                    "deleting_objects_failed",
-                    appwrapper=aw.metadata.name,
-                    namespace=aw.metadata.namespace,
-                    cluster=target.name,
-                    error=str(exc)[:300],
-                )
-                remaining.append(f"{target.name}: {exc}")
+        remaining = await self._maker.remove_everywhere(aw, targets)
         if remaining:
             self._log.info(
                 "waiting_for_objects_to_go",
@@ -640,11 +625,11 @@ class Reconciler:
                 namespace=aw.metadata.namespace,
                 remaining=remaining[:5],
             )
-            return Result(0.5)
+            return Result.after(0.5)
         await self._status.set_finalizer(obj, present=False)
         self.forget_all(aw.key)
         self._schedule_soon()
-        return DONE
+        return Result.done()
 
 
-__all__ = ["DONE", "Reconciler", "Result"]
+__all__ = ["Reconciler", "Result"]

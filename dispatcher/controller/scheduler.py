@@ -36,7 +36,7 @@ from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config, Fit
 from dispatcher.controller.cache import SchedulerCache
-from dispatcher.controller.models import Models
+from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.status import Change, StatusWriter
 from dispatcher.controller.waiting import WaitingWriter
 from dispatcher.core import conditions as cond
@@ -68,7 +68,7 @@ class Scheduler:
         *,
         config: Config,
         cache: SchedulerCache,
-        models: Models,
+        models: AppWrapperReader,
         status: StatusWriter,
         waiting: WaitingWriter,
         members: Mapping[str, Member],

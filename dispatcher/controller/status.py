@@ -26,7 +26,7 @@ from typing import Any
 
 from dispatcher.api.constants import API_VERSION, FINALIZER, KIND, PLURAL
 from dispatcher.api.models import AppWrapperStatus, status_to_kube
-from dispatcher.controller.models import key_of, resource_version, without_bookkeeping
+from dispatcher.controller.reading import key_of, resource_version, without_bookkeeping
 from dispatcher.core.conditions import Transition
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo

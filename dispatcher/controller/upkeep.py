@@ -18,7 +18,7 @@ import structlog
 from dispatcher.api.constants import LABEL_UID
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
-from dispatcher.controller.objects import made_by_dispatcher
+from dispatcher.cluster.objects import made_by_dispatcher
 from dispatcher.kube.errors import KubeError, UnknownKind, Unreachable
 
 COLLECT_EVERY = 60.0
@@ -98,8 +98,7 @@ async def collect(
     return deleted
 
 
-Placements = Callable[[], tuple[dict[str, tuple[str, str]], set[tuple[str, str]]]]
-"""() -> (AppWrapper key -> (uid, member it is or is being dispatched to), kinds wrapped)."""
+Obj = dict[str, Any]
 
 
 class Upkeep:
@@ -112,16 +111,23 @@ class Upkeep:
         members: Mapping[str, Member],
         clock: Clock,
         timeout: float,
-        stranded_on: Callable[[str], list[str]],
         reconcile: Callable[[str], None],
-        placements: Placements,
+        current: Callable[[str], Obj | None],
+        appwrappers: Callable[[], Iterable[str]],
+        dispatched: Callable[[], Iterable[str]],
+        assumed_cluster: Callable[[str], str | None],
     ) -> None:
+        """`current`: the newest AppWrapper of a key; `appwrappers`: every key the hub holds;
+        `dispatched`: those dispatched or being evicted; `assumed_cluster`: the member an
+        admission in flight sends it to."""
         self._members = members
         self._clock = clock
         self._timeout = timeout
-        self._stranded_on = stranded_on
         self._reconcile = reconcile
-        self._placements = placements
+        self._current = current
+        self._appwrappers = appwrappers
+        self._dispatched = dispatched
+        self._assumed_cluster = assumed_cluster
         self._collected: dict[str, float] = {}
         self._lost: set[str] = set()
         self._collecting: dict[str, asyncio.Task[None]] = {}
@@ -143,7 +149,7 @@ class Upkeep:
                 continue  # objects there are owned by their AppWrapper (garbage collector)
             if member.silent_for() > self._timeout:
                 self._lost.add(member.name)
-                for key in self._stranded_on(member.name):
+                for key in self.stranded_on(member.name):
                     self._reconcile(key)
                 continue
             if not member.reachable() or member.name in self._collecting:
@@ -159,8 +165,34 @@ class Upkeep:
                 task = asyncio.get_running_loop().create_task(self._collect(member))
                 self._collecting[member.name] = task
 
+    def stranded_on(self, member: str) -> list[str]:
+        """The AppWrappers dispatched (or being evicted) to `member`."""
+        stranded = []
+        for key in list(self._dispatched()):
+            obj = self._current(key)
+            if obj is not None and (obj.get("status") or {}).get("clusterName") == member:
+                stranded.append(key)
+        return stranded
+
+    def placements(self) -> tuple[dict[str, tuple[str, str]], set[tuple[str, str]]]:
+        """(AppWrapper key -> (uid, member it is or is being dispatched to), the kinds their
+        templates name), read from the objects as stored: a sweep must not wait for (nor
+        fail on) validating each."""
+        keep: dict[str, tuple[str, str]] = {}
+        kinds: set[tuple[str, str]] = set()
+        for key in list(self._appwrappers()):
+            obj = self._current(key)
+            if obj is None:
+                continue
+            meta = obj["metadata"]
+            kinds.update(_kinds_named(obj))
+            cluster = self._assumed_cluster(key) or (obj.get("status") or {}).get("clusterName")
+            if cluster and not meta.get("deletionTimestamp"):
+                keep[key] = (meta.get("uid", ""), cluster)
+        return keep, kinds
+
     async def _collect(self, member: Member) -> None:
-        keep, kinds = self._placements()
+        keep, kinds = self.placements()
         try:
             deleted = await collect(member, kinds=kinds | set(KNOWN_KINDS), keep=keep)
         except KubeError as exc:
@@ -170,3 +202,13 @@ class Upkeep:
             del self._collecting[member.name]
         for what in deleted:
             self._log.info("collected_orphan", cluster=member.name, object=what)
+
+
+def _kinds_named(obj: Obj) -> set[tuple[str, str]]:
+    """(apiVersion, kind) of each template of a stored AppWrapper that names both."""
+    kinds = set()
+    for item in ((obj.get("spec") or {}).get("resources") or {}).get("GenericItems") or []:
+        template = item.get("generictemplate") if isinstance(item, dict) else None
+        if isinstance(template, dict) and template.get("apiVersion") and template.get("kind"):
+            kinds.add((str(template["apiVersion"]), str(template["kind"])))
+    return kinds

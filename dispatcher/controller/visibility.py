@@ -10,7 +10,7 @@ the scheduler cache; the durations of those that finished feed the start estimat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,8 +140,3 @@ def _queues(resolved: Queued | QueueProblem | None) -> tuple[str, str]:
     if resolved is None:
         return "", ""
     return resolved.queue, resolved.local
-
-
-def pending_counts(view: PendingView) -> Mapping[str, int]:
-    """Pending AppWrappers per cluster queue ("" for capacity-only work)."""
-    return {queue: len(items) for queue, items in view.by_queue.items()}

@@ -36,9 +36,9 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from dispatcher.api.constants import GROUP as APPWRAPPER_GROUP
-from dispatcher.controller.admission import AccessReviews
+from dispatcher.controller.gatekeeper import AccessReviews
 from dispatcher.controller.webview import QueueRow, appwrapper_page, queues_page
-from dispatcher.core.admission import Access, Creator
+from dispatcher.core.gatekeeping import Access, Creator
 from dispatcher.core.visibility import Pending, PendingView, rfc3339
 from dispatcher.kube.webhook import certificate_names
 

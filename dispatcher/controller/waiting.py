@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from dispatcher.api.models import AppWrapperStatus, Reason
 from dispatcher.clock import Clock
-from dispatcher.controller.models import Models
+from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.status import Change, StatusWriter
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
@@ -37,7 +37,7 @@ class WaitingWriter:
     def __init__(
         self,
         *,
-        models: Models,
+        models: AppWrapperReader,
         status: StatusWriter,
         clock: Clock,
         on_conflict: Callable[[], None],

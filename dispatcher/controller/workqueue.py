@@ -1,14 +1,72 @@
 """A key work queue in the style of client-go: dedupe, one worker per key, delayed adds,
-per-key exponential backoff on failure.
+per-key exponential backoff on failure; the `Result` a handler returns; and the workers'
+error policy (`serve`).
 
-Side effects: none beyond asyncio timers. Keys are "namespace/name" strings; the handler
-reads the current object, so collapsing many changes into one run loses nothing.
+Side effects: none beyond asyncio timers and the workers' log lines. Keys are
+"namespace/name" strings; the handler reads the current object, so collapsing many changes
+into one run loses nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 from collections import deque
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import structlog
+
+from dispatcher.kube.errors import Conflict, KubeError, NotFound
+
+CONFLICT_BACKOFF_SECONDS = 0.01
+"""First delay between runs of one key that keep meeting Conflict (doubling)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What the queue does with a key after its handler ran: nothing until something
+    changes it (`done()`), run it again at once (`now()`), or after `seconds` (`after`).
+
+    Built through those three only: in controller-runtime a zero delay means "no requeue",
+    and a bare number cannot say which of "now" and "never" it meant."""
+
+    requeue_after: float | None
+    """None: not again until an event adds the key; 0: at once; else seconds."""
+
+    def __post_init__(self) -> None:
+        if self.requeue_after is not None and not (
+            math.isfinite(self.requeue_after) and self.requeue_after >= 0
+        ):
+            raise ValueError(f"a requeue delay is a finite number >= 0: {self.requeue_after}")
+
+    @classmethod
+    def done(cls) -> Result:
+        """Not again until something changes (an event adds the key)."""
+        return _DONE
+
+    @classmethod
+    def now(cls) -> Result:
+        """Again at once (behind the keys already queued)."""
+        return _NOW
+
+    @classmethod
+    def after(cls, seconds: float) -> Result:
+        """Again in `seconds` (> 0: at once is `now()`, never is `done()`)."""
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"Result.after takes seconds > 0, not {seconds}")
+        return cls(seconds)
+
+    @classmethod
+    def soonest(cls, *delays: float | None) -> Result:
+        """After the shortest of `delays` (None: no reason to come back); done if none."""
+        given = [d for d in delays if d is not None]
+        if not given:
+            return _DONE
+        shortest = min(given)
+        return cls.after(shortest) if shortest > 0 else _NOW
 
 
 class WorkQueue:
@@ -100,3 +158,46 @@ class WorkQueue:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+
+
+async def serve(
+    queue: WorkQueue,
+    handle: Callable[[str], Awaitable[Result]],
+    *,
+    taken: Callable[[str], None] = lambda key: None,
+    around: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+) -> None:
+    """One worker: take a key, run `handle` on it (inside `around()`), and act on how it
+    ended. `taken` is told of each key taken (hop counts).
+
+    The error policy: a Conflict (someone, often our own earlier write, changed it) runs
+    it again at once, then with backoff should it keep losing; NotFound means it went (the
+    watch says the rest); any other error is retried with the queue's per-key backoff and
+    logged (`reconcile_failed` for the API's, `reconcile_crashed` with the traceback for
+    the dispatcher's own). A handler's own verdicts come back as its Result."""
+    log = structlog.get_logger("worker")
+    while True:
+        key = await queue.get()
+        taken(key)
+        try:
+            with around():
+                result = await handle(key)
+            queue.forget(key)
+            if result.requeue_after is not None:
+                queue.add_after(key, result.requeue_after)
+        except Conflict:
+            queue.retry(key, base=CONFLICT_BACKOFF_SECONDS, first_at_once=True)
+        except NotFound:
+            queue.forget(key)
+        except KubeError as exc:
+            delay = queue.retry(key)
+            log.warning("reconcile_failed", appwrapper=key, error=str(exc)[:300], retry_in=delay)
+        except Exception:
+            delay = queue.retry(key)
+            log.exception("reconcile_crashed", appwrapper=key, retry_in=delay)
+        finally:
+            queue.done(key)
+
+
+_DONE = Result(None)
+_NOW = Result(0.0)

@@ -323,6 +323,17 @@ def mark_completed(status: AppWrapperStatus, message: str, *, now: datetime) -> 
     return Transition(Reason.WORKLOAD_COMPLETED, message)
 
 
+def mark_stalled(
+    status: AppWrapperStatus, reason: Reason, message: str, *, now: datetime
+) -> Transition | None:
+    """Dispatched, its objects not made yet for a reason of the dispatcher's own (it tries
+    again): said on Running (False) and in the message; no milestone moves, nothing ends."""
+    if not set_condition(status, C.RUNNING, true=False, reason=reason, message=message, now=now):
+        return None
+    _settle(status, status.state or AppWrapperState.RUNNING, message)
+    return Transition(reason, message, warning=True)
+
+
 def mark_failed(
     status: AppWrapperStatus, reason: Reason, message: str, *, now: datetime
 ) -> Transition | None:

@@ -16,9 +16,9 @@ from typing import Any
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.clock import ManualClock
 from dispatcher.cluster.member import NODES, PODS, Member
+from dispatcher.cluster.objects import ensure_namespace
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.manager import Manager
-from dispatcher.controller.objects import ensure_namespace
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.testing.fakekube import FakeKube
 

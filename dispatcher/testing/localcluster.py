@@ -24,7 +24,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,7 +248,6 @@ class LocalCluster(KubectlMixin):
         *,
         binaries: Binaries | None = None,
         kuberay: bool = False,
-        api_qps: int = 0,
         audit: bool = False,
         audit_reads: bool = False,
         kwok_stages: Sequence[Path] | None = None,
@@ -608,19 +607,3 @@ def _lost_port(log: Path, offset: int) -> bool:
     with log.open("rb") as handle:
         handle.seek(offset)
         return b"address already in use" in handle.read()
-
-
-@contextlib.contextmanager
-def local_clusters(
-    names: Sequence[str], workdir: Path, *, kuberay: bool = False
-) -> Iterator[list[LocalCluster]]:
-    """Start several independent clusters (one after another) and stop them all at the end."""
-    binaries = ensure_binaries()
-    started: list[LocalCluster] = []
-    try:
-        for name in names:
-            started.append(LocalCluster.start(name, workdir, binaries=binaries, kuberay=kuberay))
-        yield started
-    finally:
-        for cluster in started:
-            cluster.stop()

@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from dispatcher.config import Config
-from dispatcher.core.admission import USER
+from dispatcher.core.gatekeeping import USER
 from dispatcher.testing.localcluster import LocalCluster, free_port
 from dispatcher.testing.waits import wait_until
 from tests.e2e.conftest import wait_established

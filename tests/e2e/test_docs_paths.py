@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from dispatcher.core.admission import SIGNATURE, USER
+from dispatcher.core.gatekeeping import SIGNATURE, USER
 from dispatcher.devmode import (
     DEV_NAME,
     INSTALLED_NAME,

@@ -21,7 +21,7 @@ from cryptography import x509
 
 from dispatcher.app import running
 from dispatcher.config import WebhookConfig
-from dispatcher.core.admission import SIGNATURE, USER, PriorityPolicy, PriorityRule
+from dispatcher.core.gatekeeping import SIGNATURE, USER, PriorityPolicy, PriorityRule
 from dispatcher.testing.localcluster import KubectlError, free_port
 from dispatcher.testing.manifests import webhook_configurations
 from dispatcher.testing.waits import async_wait_until

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from dispatcher.config import WebhookConfig
-from dispatcher.core.admission import SIGNATURE, USER, attribution
+from dispatcher.core.gatekeeping import SIGNATURE, USER, attribution
 from dispatcher.kube.certplan import SIGNING_KEY, KeyPolicy, verification_keys
 from dispatcher.testing import manifests
 from dispatcher.testing.localcluster import KubectlError

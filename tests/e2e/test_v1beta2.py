@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from dispatcher.core.admission import SIGNATURE, USER
 from dispatcher.core.convert import V1BETA1_FIELDS
+from dispatcher.core.gatekeeping import SIGNATURE, USER
 from dispatcher.testing.converter import crd_calling, v1beta1_only
 from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (

@@ -43,8 +43,6 @@ from tests.e2e.conftest import (
 
 pytestmark = [pytest.mark.cluster]
 
-USER_ROLE = "appwrapper-visibility-test"
-
 
 def pod(name: str, cpu: str) -> dict[str, Any]:
     return {

@@ -33,7 +33,7 @@ import aiohttp
 import pytest
 import yaml
 
-from dispatcher.core.admission import SIGNATURE, USER
+from dispatcher.core.gatekeeping import SIGNATURE, USER
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
 from dispatcher.kube.client import KubeClient
 from dispatcher.kube.errors import KubeError

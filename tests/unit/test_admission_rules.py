@@ -1,4 +1,4 @@
-"""The admission rules (dispatcher.core.admission): creator records, signatures, updates,
+"""The admission rules (dispatcher.core.gatekeeping): creator records, signatures, updates,
 priority policy."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher.core.admission import (
+from dispatcher.core.gatekeeping import (
     SIGNATURE,
     USER,
     Access,

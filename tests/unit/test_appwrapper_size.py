@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from dispatcher.config import Config
-from dispatcher.controller.admission import Admission
-from dispatcher.controller.models import OVERSIZE, Models, slimmer
+from dispatcher.controller.gatekeeper import Gatekeeper
+from dispatcher.controller.reading import OVERSIZE, AppWrapperReader, slimmer
 from dispatcher.core.validation import (
     DEFAULT_MAX_APPWRAPPER_BYTES,
     LAST_APPLIED,
@@ -127,7 +127,7 @@ def _update(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 async def test_a_metadata_update_may_not_take_it_past_the_limit() -> None:
     config = Config(max_appwrapper_bytes=LIMIT, unattributed="allow")
     hub = FakeKube(name="hub")
-    admission = Admission(config=config, hub=hub, discovery=[hub], signing_keys=lambda: [])
+    admission = Gatekeeper(config=config, hub=hub, discovery=[hub], signing_keys=lambda: [])
     old = small()
     grown = small()
     grown["metadata"]["annotations"] = {"note": "n" * LIMIT}
@@ -187,7 +187,9 @@ def test_one_above_the_limit_is_kept_as_a_stub_without_its_spec() -> None:
 
 
 def test_a_stub_reads_as_an_invalid_spec_with_the_size_message() -> None:
-    models = Models(allowed_kinds=frozenset({"Deployment"}), priority_class=lambda name: None)
+    models = AppWrapperReader(
+        allowed_kinds=frozenset({"Deployment"}), priority_class=lambda name: None
+    )
     obj = stuffed("spec.service", 100 * KIB)
     stub = slimmer(LIMIT)(obj)
     found = models.workload(models.parse(stub), priority=0, now=_now())
@@ -204,7 +206,7 @@ def _now() -> datetime:
 async def test_the_webhook_refuses_it_before_reading_it() -> None:
     config = Config(max_appwrapper_bytes=LIMIT, unattributed="allow")
     hub = FakeKube(name="hub")
-    admission = Admission(config=config, hub=hub, discovery=[hub], signing_keys=lambda: [])
+    admission = Gatekeeper(config=config, hub=hub, discovery=[hub], signing_keys=lambda: [])
     obj = stuffed("spec.resources.Items", 100 * KIB)
     assert await admission.spec_problems(obj, "team") == [size_problem(obj, limit=LIMIT)]
     assert await admission.spec_problems(small(), "team") == []

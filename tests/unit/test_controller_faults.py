@@ -11,9 +11,9 @@ import pytest
 
 from dispatcher.clock import ManualClock
 from dispatcher.cluster.member import NODES, Member
+from dispatcher.cluster.objects import ensure_namespace
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.manager import Manager
-from dispatcher.controller.objects import ensure_namespace
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.kube.errors import Conflict, Forbidden
 from dispatcher.testing.fakeenv import NAMESPACE, fake_env, node

@@ -19,9 +19,9 @@ import pytest
 from dispatcher.api.constants import FIELD_MANAGER, LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.clock import ManualClock
 from dispatcher.cluster.member import NODES, PODS, Member
+from dispatcher.cluster.objects import NAMESPACES, ensure_namespace
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.manager import Manager
-from dispatcher.controller.objects import NAMESPACES, ensure_namespace
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.testing.fakeenv import node

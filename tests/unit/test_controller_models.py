@@ -6,9 +6,9 @@ import copy
 import json
 from typing import Any
 
-from dispatcher.controller import models as models_module
-from dispatcher.controller.models import LAST_APPLIED, Models
-from dispatcher.controller.models import without_bookkeeping as _without_bookkeeping
+from dispatcher.controller import reading as reading_module
+from dispatcher.controller.reading import LAST_APPLIED, AppWrapperReader
+from dispatcher.controller.reading import without_bookkeeping as _without_bookkeeping
 from dispatcher.testing.manifests import appwrapper, deployment
 
 
@@ -18,8 +18,10 @@ def stored(name: str, version: str) -> dict[str, Any]:
     return obj
 
 
-def new_models() -> Models:
-    return Models(allowed_kinds=frozenset({"Deployment"}), priority_class=lambda name: None)
+def new_models() -> AppWrapperReader:
+    return AppWrapperReader(
+        allowed_kinds=frozenset({"Deployment"}), priority_class=lambda name: None
+    )
 
 
 def test_parse_reuses_a_model_until_the_resource_version_moves() -> None:
@@ -30,7 +32,7 @@ def test_parse_reuses_a_model_until_the_resource_version_moves() -> None:
 
 
 def test_parse_cache_keeps_only_the_most_recently_used(monkeypatch: Any) -> None:
-    monkeypatch.setattr(models_module, "PARSED_LIMIT", 3)
+    monkeypatch.setattr(reading_module, "PARSED_LIMIT", 3)
     state = new_models()
     models = {name: state.parse(stored(name, "1")) for name in ("a", "b", "c")}
     state.parse(stored("a", "1"))  # "a" is now the most recent, "b" the oldest
@@ -61,3 +63,29 @@ def test_slimmed_appwrappers_share_their_keys() -> None:
     key_a = next(iter(first["spec"]))
     key_b = next(k for k in second["spec"] if k == key_a)
     assert key_a is key_b  # one string for both objects, not an equal copy each
+
+
+def test_parsing_does_not_verify_and_verify_checks_once_per_version() -> None:
+    checked: list[str] = []
+
+    def attribution(obj: dict[str, Any]) -> str:
+        checked.append(obj["metadata"]["resourceVersion"])
+        return "no creator record"
+
+    state = AppWrapperReader(
+        allowed_kinds=frozenset({"Deployment"}),
+        priority_class=lambda name: None,
+        attribution=attribution,
+    )
+    first = stored("a", "1")
+    model = state.parse(first)
+    assert checked == []  # reading is not verifying
+    assert state.refusal(model, first) == "no creator record"
+    assert state.verify(first) == "no creator record"
+    assert checked == ["1"]
+    second = stored("a", "2")
+    assert state.refusal(state.parse(second), second) == "no creator record"
+    assert checked == ["1", "2"]
+    state.forget("ns/a")
+    assert state.verify(second) == "no creator record"
+    assert checked == ["1", "2", "2"]

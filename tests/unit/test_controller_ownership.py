@@ -11,7 +11,7 @@ from typing import Any
 
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.cluster.member import PODS
-from dispatcher.controller.objects import ensure_namespace
+from dispatcher.cluster.objects import ensure_namespace
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.testing.fakeenv import NAMESPACE, FakeEnv, fake_env

@@ -44,7 +44,6 @@ SEEDS = int(os.environ.get("APPWRAPPER_RANDOM_SEEDS", "30"))
 STEPS = int(os.environ.get("APPWRAPPER_RANDOM_STEPS", "60"))
 ONLY = os.environ.get("APPWRAPPER_RANDOM_SEED", "")
 MAX_APPWRAPPERS = 8
-CLAIM_SECONDS = 120.0  # the scheduler cache's CLAIM_TIMEOUT
 SETTLE_ROUNDS = 30
 
 

@@ -23,8 +23,13 @@ from pydantic import ValidationError
 
 from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason
 from dispatcher.api.quantity import QuantityError, parse_milli
-from dispatcher.controller.models import without_bookkeeping
-from dispatcher.controller.objects import DispatchError, create_all, wrapped_objects
+from dispatcher.cluster.objects import (
+    DispatchError,
+    UserInputError,
+    create_all,
+    wrapped_objects,
+)
+from dispatcher.controller.reading import without_bookkeeping
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.core import conditions as cond
 from dispatcher.core.validation import (
@@ -271,13 +276,12 @@ def test_owner_references_of_the_wrong_type_are_refused_before_dispatch() -> Non
     assert message == "item 0 (ConfigMap/?): metadata is not an object"
 
 
-def test_building_an_unbuildable_template_is_a_permanent_dispatch_error() -> None:
+def test_building_an_unbuildable_template_is_a_user_input_error() -> None:
     template = config_map()
     template["metadata"]["ownerReferences"] = 1
     model = AppWrapper.from_kube(wrap(template))
-    with pytest.raises(DispatchError) as raised:
+    with pytest.raises(UserInputError) as raised:
         wrapped_objects(model, owner_reference=True)
-    assert raised.value.permanent
     assert "item 0" in str(raised.value)
     [kept] = wrapped_objects(model, owner_reference=True, lenient=True)
     assert (kept.api_version, kept.kind, kept.name) == ("v1", "ConfigMap", "c")
@@ -461,7 +465,7 @@ async def test_a_template_that_cannot_be_built_after_dispatch_fails_and_deletes(
         current = await env.get("late")
         assert (current.get("status") or {}).get("state") == "Running"
         env.manager.reconciler._ensured.clear()
-        model = env.manager.models.parse(env.manager.status.current(current_key(current)) or {})
+        model = env.manager.reader.parse(env.manager.status.current(current_key(current)) or {})
         item = model.spec.resources.generic_items[0]
         item.generictemplate["metadata"]["ownerReferences"] = 1
         # As if dispatched with it (not an edit after dispatch, which would be requeued).
@@ -536,7 +540,7 @@ async def test_a_create_answered_not_found_forgets_the_kinds_discovery() -> None
     objects = wrapped_objects(model, owner_reference=False)
     with pytest.raises(DispatchError) as raised:
         await create_all(cast(KubeApi, Gone()), "ns", objects, uid="u-1")
-    assert not raised.value.permanent
+    assert not isinstance(raised.value, UserInputError)
     assert forgotten == ["x.io/v1"]
 
 

@@ -17,6 +17,7 @@ from importlib.metadata import PackageNotFoundError, packages_distributions, req
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from setuptools import find_packages
 
 import dispatcher
 from tests.unit.test_runtime_imports import PACKAGE_DIR, left_out, module_name
@@ -164,8 +165,21 @@ def test_the_dockerfile_installs_the_lock_and_leaves_testing_and_the_demo_out() 
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     # Later lines win: the exclusions must come after the line that lets dispatcher/ in.
     assert ignored.index("dispatcher/testing") > ignored.index("!dispatcher")
-    assert ignored.index("dispatcher/demo.py") > ignored.index("!dispatcher")
     assert "!requirements/image.txt" in ignored
+
+
+def test_the_wheel_leaves_the_test_kit_and_the_demo_out() -> None:
+    """setup.cfg's package list, as setuptools finds it: `pip wheel .` (and so the image's
+    wheel stage) builds exactly these; the demo lives in the test kit."""
+    found = setup_cfg()["options.packages.find"]
+    packages = find_packages(
+        str(ROOT), include=found["include"].split(), exclude=found["exclude"].split()
+    )
+    assert "dispatcher" in packages
+    assert "dispatcher.controller" in packages
+    assert [p for p in packages if left_out(p)] == []
+    assert not (PACKAGE_DIR / "demo.py").exists()
+    assert (PACKAGE_DIR / "testing" / "demo.py").exists()
 
 
 def test_one_version_for_the_package_the_image_and_the_changelog() -> None:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from dispatcher.app import SECRETS, _kubeconfig_from_secret, refuse_plugins
-from dispatcher.controller.objects import ensure_namespace
+from dispatcher.cluster.objects import ensure_namespace
 from dispatcher.testing.fakekube import FakeKube
 
 EXEC = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "/bin/sh"}}

@@ -10,7 +10,7 @@ import pytest
 
 from dispatcher.api.constants import LABEL_UID, MCAD_LABEL_APPWRAPPER, MCAD_LABEL_RESOURCE
 from dispatcher.api.models import AppWrapper
-from dispatcher.controller.objects import wrapped_objects
+from dispatcher.cluster.objects import wrapped_objects
 from dispatcher.core.validation import is_label_value
 from dispatcher.core.workloads import InvalidSpec, workload_of
 from dispatcher.testing.manifests import appwrapper, deployment, job, service

@@ -1,12 +1,13 @@
 """The runtime never imports what the image leaves out.
 
-The image (Dockerfile, .dockerignore) ships the package without `dispatcher/testing` and
-`dispatcher/demo.py`: they need the local control plane's binaries and are for tests, the demo
-and the benchmarks only. A runtime module that imported either would start on a laptop and
-fail in the cluster, so every runtime module is imported here in a fresh interpreter in which
-those two cannot be imported (a meta path hook, installed by a `sitecustomize` before anything
-else runs), and the command is run there as the image runs it; an import inside a function,
-which importing the module does not reach, is caught by reading each module's source."""
+The image (Dockerfile, .dockerignore) and the wheel (setup.cfg) ship the package without
+`dispatcher/testing` (the test kit and the demo): it needs the local control plane's binaries
+and is for tests, the demo and the benchmarks only. A runtime module that imported it
+would start on a laptop and fail in the cluster, so every runtime module is imported here in
+a fresh interpreter in which it cannot be imported (a meta path hook, installed by a
+`sitecustomize` before anything else runs), and the command is run there as the image runs
+it; an import inside a function, which importing the module does not reach, is caught by
+reading each module's source."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 import dispatcher
 
 PACKAGE_DIR = Path(dispatcher.__file__).parent
-LEFT_OUT = ("dispatcher.testing", "dispatcher.demo")
+LEFT_OUT = ("dispatcher.testing",)
 """Modules the image does not contain (with everything under them)."""
 
 HOOK = f"""
@@ -136,7 +137,7 @@ def test_imports_read_from_source_resolve_relative_names(tmp_path: Path) -> None
         "from ..testing import fakekube\n"
         "from . import api\n"
         "def later():\n"
-        "    import dispatcher.demo\n"
+        "    import dispatcher.testing.demo\n"
     )
     names = imported_names(source, "dispatcher.kube.x")
     assert names == [
@@ -144,12 +145,12 @@ def test_imports_read_from_source_resolve_relative_names(tmp_path: Path) -> None
         "dispatcher.testing.fakekube",
         "dispatcher.kube",
         "dispatcher.kube.api",
-        "dispatcher.demo",
+        "dispatcher.testing.demo",
     ]
     assert [name for name in names if left_out(name)] == [
         "dispatcher.testing",
         "dispatcher.testing.fakekube",
-        "dispatcher.demo",
+        "dispatcher.testing.demo",
     ]
     assert module_name(PACKAGE_DIR / "kube" / "__init__.py") == "dispatcher.kube"
 

@@ -1,4 +1,4 @@
-"""What one admission request may cost in discovery (the webhook's `Admission`, with
+"""What one admission request may cost in discovery (the webhook's `Gatekeeper`, with
 `DiscoveryBounds`), the kinds pinned to their groups (dispatcher.core.kindgroups), and when a
 replica counts as registered (dispatcher.kube.registration.calls_us). Discovery is a stub
 that counts lookups; the API server's side is tests/e2e/test_security.py."""
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dispatcher.config import Config, WebhookConfig
-from dispatcher.controller.admission import Admission, DiscoveryBounds
+from dispatcher.controller.gatekeeper import DiscoveryBounds, Gatekeeper
 from dispatcher.core.kindgroups import group_problem
 from dispatcher.kube.client import RequestStats, ResourceInfo
 from dispatcher.kube.errors import Forbidden, UnknownKind
@@ -89,10 +89,10 @@ def request(*items: dict[str, Any]) -> dict[str, Any]:
 
 def webhook_admission(
     *, bounds: DiscoveryBounds | None, clock: Clock | None = None
-) -> tuple[Admission, Cluster, Cluster]:
+) -> tuple[Gatekeeper, Cluster, Cluster]:
     hub, member = Cluster("hub"), Cluster("member")
     config = Config(allowed_kinds=["Pod", "Widget"])
-    admission = Admission(
+    admission = Gatekeeper(
         config=config,
         hub=hub,  # type: ignore[arg-type]
         discovery=[member],  # type: ignore[list-item]
@@ -165,7 +165,7 @@ async def test_the_operator_pins_a_kind_of_their_own() -> None:
 
 
 async def test_the_check_before_dispatch_has_no_bounds() -> None:
-    """The leader's Admission (no bounds) leaves nothing out of the rights it asks for."""
+    """The leader's Gatekeeper (no bounds) leaves nothing out of the rights it asks for."""
     admission, hub, _ = webhook_admission(bounds=None)
     answer = await admission.validate(request(item("x1.example/v1", "Pod", "p")))
     assert "member does not serve Pod in x1.example/v1" in refusal(answer)

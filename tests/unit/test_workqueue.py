@@ -1,50 +1,39 @@
-"""The key work queue: dedupe, one worker per key, delayed adds, backoff."""
+"""The work queue's vocabulary: what a handler's Result asks of it."""
 
 from __future__ import annotations
 
-import asyncio
+import math
 
-from dispatcher.controller.workqueue import WorkQueue
+import pytest
 
-
-async def test_duplicates_collapse_and_order_is_kept() -> None:
-    queue = WorkQueue()
-    for key in ("a", "b", "a", "c", "b"):
-        queue.add(key)
-    assert len(queue) == 3
-    assert [await queue.get() for _ in range(3)] == ["a", "b", "c"]
+from dispatcher.controller.workqueue import Result
 
 
-async def test_key_added_while_active_runs_again_after_done() -> None:
-    queue = WorkQueue()
-    queue.add("a")
-    key = await queue.get()
-    queue.add("a")  # a change arrives while "a" is being handled
-    assert len(queue) == 0  # not handed to a second worker
-    queue.done(key)
-    assert await asyncio.wait_for(queue.get(), 1) == "a"
+@pytest.mark.parametrize(
+    ("result", "want_requeue_after"),
+    [
+        pytest.param(Result.done(), None, id="done-never-again"),
+        pytest.param(Result.now(), 0.0, id="now-at-once"),
+        pytest.param(Result.after(2.5), 2.5, id="after-seconds"),
+        pytest.param(Result.soonest(None, None), None, id="soonest-of-nothing-is-done"),
+        pytest.param(Result.soonest(None, 3.0, 1.0), 1.0, id="soonest-shortest"),
+        pytest.param(Result.soonest(0.0, 4.0), 0.0, id="soonest-zero-is-now"),
+    ],
+)
+def test_result_says_what_it_means(result: Result, want_requeue_after: float | None) -> None:
+    assert result.requeue_after == want_requeue_after
 
 
-async def test_add_after_and_earliest_timer_wins() -> None:
-    queue = WorkQueue()
-    queue.add_after("a", 5.0)
-    queue.add_after("a", 0.01)
-    assert await asyncio.wait_for(queue.get(), 1) == "a"
-    queue.shutdown()
+@pytest.mark.parametrize(
+    "seconds", [0.0, -1.0, math.inf, math.nan], ids=["zero", "negative", "inf", "nan"]
+)
+def test_after_refuses_what_is_not_a_delay(seconds: float) -> None:
+    """Zero is `now()`; a delay that is no delay at all is a bug of the caller's."""
+    with pytest.raises(ValueError, match="seconds > 0"):
+        Result.after(seconds)
 
 
-async def test_retry_backs_off_exponentially_and_forget_resets() -> None:
-    queue = WorkQueue(base_delay=0.01, max_delay=0.04)
-    delays = [queue.retry("a") for _ in range(4)]
-    assert delays == [0.01, 0.02, 0.04, 0.04]
-    queue.forget("a")
-    assert queue.retry("a") == 0.01
-    queue.shutdown()
-
-
-async def test_waiting_worker_wakes_on_add() -> None:
-    queue = WorkQueue()
-    getter = asyncio.create_task(queue.get())
-    await asyncio.sleep(0)
-    queue.add("x")
-    assert await asyncio.wait_for(getter, 1) == "x"
+def test_done_and_now_differ() -> None:
+    """controller-runtime's zero means "no requeue"; here "done" and "now" cannot be
+    mistaken for one another."""
+    assert Result.done() != Result.now()

@@ -1,8 +1,9 @@
-"""The admission webhook's answers and the permission check before dispatch, with the
-requests they need: SubjectAccessReviews, discovery, PriorityClasses.
+"""The gatekeeper: the admission webhook's answers and the permission check before
+dispatch, with the requests they need: SubjectAccessReviews, discovery, PriorityClasses.
+(Named for who gets in; "admission" is the quota record, `status.admission`.)
 
 Side effects: reads from and creates SubjectAccessReviews in the hub. The rules are in
-`dispatcher.core.admission`; this module asks the API server what they need to know.
+`dispatcher.core.gatekeeping`; this module asks the API server what they need to know.
 Every replica answers the webhook (followers too), so nothing here reads the manager's
 informers: PriorityClasses are read by name, discovery is the clients' own.
 """
@@ -23,8 +24,8 @@ from pydantic import ValidationError
 
 from dispatcher.api.models import AppWrapper
 from dispatcher.config import Config, DeclaredPodResources
-from dispatcher.core import admission as rules
-from dispatcher.core.admission import Access, Creator
+from dispatcher.core import gatekeeping as rules
+from dispatcher.core.gatekeeping import Access, Creator
 from dispatcher.core.kindgroups import group_problem
 from dispatcher.core.validation import bounded_message, size_problem
 from dispatcher.core.workloads import InvalidSpec, workload_of
@@ -104,7 +105,7 @@ class AccessReviews:
         return rules.refusal(user, refused) if refused else ""
 
 
-class Admission:
+class Gatekeeper:
     """Answers AdmissionReviews for AppWrappers, and checks an AppWrapper before dispatch."""
 
     def __init__(

@@ -17,14 +17,14 @@ from datetime import datetime
 from typing import Any
 
 from dispatcher.api.models import AppWrapper
-from dispatcher.core.admission import PriorityPolicy, priority_problems
+from dispatcher.core.gatekeeping import PriorityPolicy, priority_problems
 from dispatcher.core.model import Workload
 from dispatcher.core.validation import LAST_APPLIED, appwrapper_size, size_problem
 from dispatcher.core.workloads import InvalidSpec, queue_name_of, workload_of
 
 Obj = dict[str, Any]
 PARSED_LIMIT = 512
-"""Models kept (most recently used): a model weighs about twice its object."""
+"""AppWrapperReader kept (most recently used): a model weighs about twice its object."""
 OVERSIZE = "oversize"
 """Top-level key of a stub (`slimmer`): why the AppWrapper is refused. No stored AppWrapper
 has it: the CRD's structural schema prunes unknown top-level fields."""
@@ -137,7 +137,7 @@ def _empty_like(value: Any) -> Any:
 WorkloadStamp = tuple[str, int, int, int, str, str]
 
 
-class Models:
+class AppWrapperReader:
     """Validated models (per resourceVersion, bounded) and workloads (per uid, generation,
     priority and queueing time) of AppWrappers."""
 
@@ -155,9 +155,10 @@ class Models:
         self._priority_class = priority_class
         self._attribution = attribution
         self._priority_policy = priority_policy
-        # Why each AppWrapper may not be dispatched for want of a trusted creator, read from
-        # its object (the signature covers the spec as stored) when it is parsed.
-        self._unattributed: dict[str, str] = {}
+        # key -> (resourceVersion, why it may not be dispatched for want of a trusted
+        # creator): `verify`'s answers, read from the object (the signature covers the spec
+        # as stored), once per version.
+        self._verified: dict[str, tuple[str, str]] = {}
         # Why each AppWrapper held as a stub (larger than the size limit) is refused.
         self._oversize: dict[str, str] = {}
         self._parsed: dict[str, tuple[str, AppWrapper]] = {}
@@ -165,6 +166,7 @@ class Models:
 
     def parse(self, obj: Obj) -> AppWrapper:
         """The model of `obj`, validated once per resourceVersion (ValidationError if bad).
+        Its creator's record is not checked here: that is `verify`'s.
 
         The returned model is shared: callers copy the status before changing it.
         """
@@ -182,12 +184,6 @@ class Models:
             self._oversize[key] = str(oversize)
         else:
             self._oversize.pop(key, None)
-        # A stub has no record to check: it fails for its size alone.
-        problem = "" if oversize else self._attribution(obj)
-        if problem:
-            self._unattributed[key] = problem
-        else:
-            self._unattributed.pop(key, None)
         if len(self._parsed) > PARSED_LIMIT:
             del self._parsed[next(iter(self._parsed))]
         return model
@@ -202,12 +198,27 @@ class Models:
             return aw.spec.priority, f"PriorityClass {name!r} not found"
         return int(found.get("value", 0)), ""
 
-    def refusal(self, aw: AppWrapper) -> str:
-        """Why `aw` may not be dispatched however much room there is: no creator record the
-        admission webhook signed (when the operator refuses those), or a priority its
-        namespace may not use. "" when it may. Only for queued AppWrappers: one dispatched
-        before a policy changed keeps running and keeps its room."""
-        problem = self._unattributed.get(aw.key, "")
+    def verify(self, obj: Obj) -> str:
+        """Why `obj` may not be dispatched for want of a creator record the admission
+        webhook signed (when the operator refuses those); "" when it may. The signature is
+        checked once per resourceVersion."""
+        meta = obj.get("metadata", {})
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        version = str(meta.get("resourceVersion", ""))
+        known = self._verified.get(key)
+        if known is not None and known[0] == version and version:
+            return known[1]
+        # A stub has no record to check: it fails for its size alone.
+        problem = "" if obj.get(OVERSIZE) else self._attribution(obj)
+        self._verified[key] = (version, problem)
+        return problem
+
+    def refusal(self, aw: AppWrapper, obj: Obj) -> str:
+        """Why `aw` (the model of `obj`) may not be dispatched however much room there is:
+        its creator unverified (`verify`), or a priority its namespace may not use. "" when
+        it may. Only for queued AppWrappers: one dispatched before a policy changed keeps
+        running and keeps its room."""
+        problem = self.verify(obj)
         if problem or self._priority_policy is None:
             return problem
         spec = {"priorityClassName": aw.spec.priorityClassName, "priority": aw.spec.priority}
@@ -252,5 +263,5 @@ class Models:
         """It finished or went: a finished AppWrapper is read again only when deleted."""
         self._parsed.pop(key, None)
         self._workloads.pop(key, None)
-        self._unattributed.pop(key, None)
+        self._verified.pop(key, None)
         self._oversize.pop(key, None)

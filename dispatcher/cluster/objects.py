@@ -49,16 +49,17 @@ NAMESPACES = ResourceInfo("v1", "Namespace", "namespaces", namespaced=False)
 
 
 class DispatchError(Exception):
-    """Creating the wrapped objects failed; everything created was removed again.
+    """Creating the wrapped objects failed for a reason that may pass (the server
+    unreachable or overloaded, the namespace no longer mapped to the member): everything
+    created was removed again, and the AppWrapper goes back to the queue."""
 
-    `permanent` errors (invalid object, unknown kind, forbidden, taken name, the member's
-    namespace missing) end in Failed; others (server unreachable, overloaded, its namespace
-    no longer mapped to the member) send the AppWrapper back to the queue.
-    """
 
-    def __init__(self, message: str, *, permanent: bool) -> None:
-        super().__init__(message)
-        self.permanent = permanent
+class UserInputError(DispatchError):
+    """The objects as the user wrote them cannot be created: a template that cannot be
+    built, a kind the member does not serve or that is cluster-scoped, a body the member
+    refuses (invalid, forbidden), a name another object holds, the namespace missing in the
+    member (only an operator can change that). The one dispatch error that fails the
+    user's AppWrapper; any other exception met while dispatching is the dispatcher's own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,7 @@ def wrapped_objects(
     """The objects to create, labelled with the AppWrapper (and owned by it on the hub).
 
     Templates are user data that validation has passed, but building must not depend on
-    that: an item that cannot be built raises DispatchError (permanent) naming it, or, with
+    that: an item of a shape that cannot be built raises UserInputError naming it, or, with
     `lenient` (deleting, where only identity matters), is reduced to its apiVersion, kind
     and name, or left out when those are not well formed (it was never created). The
     `flavors` of its admission go into every pod template they apply to.
@@ -116,12 +117,16 @@ def wrapped_objects(
                     completion=item.completion_conditions(),
                 )
             )
-        except Exception as exc:  # any user data; RecursionError included
+        except Exception as exc:
             if not lenient:
-                raise DispatchError(
+                if not isinstance(exc, UserInputError | RecursionError):
+                    # Only the shapes `_build` refuses, and nesting deeper than the
+                    # interpreter goes, are the template's fault; anything else is a bug of
+                    # the dispatcher's, which must not fail the user's AppWrapper.
+                    raise
+                raise UserInputError(
                     f"item {index}: the object cannot be built: {type(exc).__name__}: "
-                    f"{str(exc)[:200]}",
-                    permanent=True,
+                    f"{str(exc)[:200]}"
                 ) from exc
             identity = _identity(item.generictemplate)
             if identity is not None:
@@ -177,8 +182,8 @@ def _identity(template: Any) -> tuple[str, str, str] | None:
 def _build(
     aw: AppWrapper, template: dict[str, Any], labels: dict[str, str], owner_reference: bool
 ) -> dict[str, Any]:
-    """The body to create; raises (TypeError, RecursionError...) on a template of the wrong
-    shape."""
+    """The body to create; UserInputError on a template of a shape it cannot build
+    (RecursionError on one nested too deep)."""
     body = inject_labels(template, labels)
     metadata = body.setdefault("metadata", {})
     metadata["namespace"] = aw.metadata.namespace
@@ -190,7 +195,7 @@ def _build(
         # dispatcher is not running when the AppWrapper goes.
         owners = metadata.get("ownerReferences") or []
         if not isinstance(owners, list):
-            raise TypeError("metadata.ownerReferences is not a list")
+            raise UserInputError("metadata.ownerReferences is not a list")
         metadata["ownerReferences"] = [
             *owners,
             {
@@ -203,7 +208,7 @@ def _build(
         ]
     api_version, kind, name = body.get("apiVersion"), body.get("kind"), metadata.get("name")
     if not (isinstance(api_version, str) and isinstance(kind, str) and isinstance(name, str)):
-        raise TypeError("apiVersion, kind and metadata.name must be strings")
+        raise UserInputError("apiVersion, kind and metadata.name must be strings")
     return body
 
 
@@ -257,8 +262,12 @@ def _deletable(index: int, ref: WrappedRef) -> Wrapped:
     return Wrapped(index, ref.apiVersion, ref.kind, ref.name, {}, ())
 
 
-def _permanent(exc: KubeError) -> bool:
-    return isinstance(exc, BadRequest | Forbidden | Invalid | UnknownKind)
+def dispatch_error(message: str, exc: KubeError) -> DispatchError:
+    """What a member's answer means for the dispatch: the body refused (bad request,
+    invalid, forbidden, kind not served) is the user's input; anything else may pass."""
+    if isinstance(exc, BadRequest | Forbidden | Invalid | UnknownKind):
+        return UserInputError(message)
+    return DispatchError(message)
 
 
 async def ensure_namespace(
@@ -279,13 +288,12 @@ async def ensure_namespace(
 def target_namespace(member: Member, namespace: str) -> str:
     """The namespace of `member` where objects of an AppWrapper of hub namespace `namespace`
     go. One that it does not take was dispatched there before the mapping changed (the
-    scheduler sends nothing else): DispatchError, not permanent, so the AppWrapper goes back
+    scheduler sends nothing else): DispatchError (not the user's), so the AppWrapper goes back
     to the queue, where only members that take it are considered."""
     placed = member.namespace_for(namespace)
     if placed is None:
         raise DispatchError(
-            f"namespace {namespace} is not mapped to cluster {member.name} (members[].namespaces)",
-            permanent=False,
+            f"namespace {namespace} is not mapped to cluster {member.name} (members[].namespaces)"
         )
     return placed
 
@@ -298,9 +306,8 @@ async def prepare_namespace(member: Member, namespace: str) -> str:
         try:
             await ensure_namespace(member.client, placed, labels=member.namespace_labels)
         except KubeError as exc:
-            raise DispatchError(
-                f"creating namespace {placed} in cluster {member.name}: {exc}",
-                permanent=_permanent(exc),
+            raise dispatch_error(
+                f"creating namespace {placed} in cluster {member.name}: {exc}", exc
             ) from exc
     return placed
 
@@ -338,7 +345,8 @@ async def create_all(
     An object of that name being deleted (an earlier attempt's, removed by a requeue) is
     neither adopted nor replaced: it is reported in `terminating`, and the caller tries again
     once it is gone. On any other failure, removes what this call created and raises
-    DispatchError naming the object and the reason.
+    DispatchError (UserInputError where the user's objects are refused) naming the object
+    and the reason; any other exception is raised as it is (the dispatcher's own).
     """
     created: list[tuple[ResourceInfo, Wrapped]] = []
     terminating: list[str] = []
@@ -347,9 +355,9 @@ async def create_all(
         try:
             info = await client.resource_info(obj.api_version, obj.kind)
         except UnknownKind as exc:
-            raise DispatchError(f"{obj.label}: {exc}", permanent=True) from exc
+            raise UserInputError(f"{obj.label}: {exc}") from exc
         if not info.namespaced:
-            raise DispatchError(f"{obj.label}: kind {obj.kind} is cluster-scoped", permanent=True)
+            raise UserInputError(f"{obj.label}: kind {obj.kind} is cluster-scoped")
         # The member's namespace, whatever the template or the hub says (labels keep the
         # hub's identity).
         body = {**obj.body, "metadata": {**obj.body["metadata"], "namespace": namespace}}
@@ -365,18 +373,16 @@ async def create_all(
                 return
             meta = existing.get("metadata", {})
             if (meta.get("labels") or {}).get(LABEL_UID) != uid:
-                raise DispatchError(
+                raise UserInputError(
                     f"{obj.label} already exists in namespace {namespace} and does not belong "
-                    "to this AppWrapper",
-                    permanent=True,
+                    "to this AppWrapper"
                 ) from exc
             if meta.get("deletionTimestamp"):
                 terminating.append(obj.label)
             elif not made_by_dispatcher(existing):
-                raise DispatchError(
+                raise UserInputError(
                     f"{obj.label} exists in namespace {namespace} and was not created by the "
-                    "dispatcher",
-                    permanent=True,
+                    "dispatcher"
                 ) from exc
         except KubeError as exc:
             if isinstance(exc, NotFound) and _missing_namespace(exc, namespace):
@@ -384,16 +390,15 @@ async def create_all(
                 # and only an operator can change that. Requeued, the AppWrapper would be
                 # sent to the same member again (it fits there) and fail again, at the cost
                 # of status writes and Events each time, for as long as nobody acts.
-                raise DispatchError(
+                raise UserInputError(
                     f"namespace {namespace} does not exist in cluster {client.name}: create "
-                    "it there, or set members[].create_namespaces",
-                    permanent=True,
+                    "it there, or set members[].create_namespaces"
                 ) from exc
             if isinstance(exc, NotFound):
                 # A create answered 404: the kind may no longer be served (its CRD went);
                 # the next attempt asks discovery again instead of trusting the cache.
                 client.forget_discovery(obj.api_version)
-            raise DispatchError(f"{obj.label}: {exc}", permanent=_permanent(exc)) from exc
+            raise dispatch_error(f"{obj.label}: {exc}", exc) from exc
 
     results = await asyncio.gather(*(one(o) for o in objects), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
@@ -406,7 +411,7 @@ async def create_all(
         if isinstance(first, DispatchError):
             raise first
         if isinstance(first, KubeError):
-            raise DispatchError(str(first), permanent=_permanent(first)) from first
+            raise dispatch_error(str(first), first) from first
         raise first
     return Created(len(created), tuple(sorted(terminating)))
 

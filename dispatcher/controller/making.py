@@ -1,0 +1,169 @@
+"""Making one dispatch attempt's wrapped objects exist in its member cluster: the creator's
+rights asked again, the objects built (with the admission's flavors), their namespace
+prepared, all created or none (adopted after a restart); and removing them again.
+
+Side effects: API requests to the member (creates and deletes), access reviews through the
+webhook's rules. It writes no status: it says what came of the
+attempt, and the reconciler writes that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import structlog
+
+from dispatcher.api.models import AppWrapper, AppWrapperStatus, parse_time
+from dispatcher.clock import Clock
+from dispatcher.cluster.member import Member
+from dispatcher.cluster.objects import (
+    DispatchError,
+    Wrapped,
+    create_all,
+    delete_all,
+    dispatched_objects,
+    prepare_namespace,
+    wrapped_objects,
+)
+from dispatcher.controller.gatekeeper import Gatekeeper
+from dispatcher.controller.quotas import QuotaLookup
+from dispatcher.kube.errors import KubeError
+
+Obj = dict[str, Any]
+TERMINATING_RETRY = 0.5
+"""Seconds before trying again to create objects whose earlier copies are being deleted."""
+TERMINATING_LIMIT = 300.0
+"""Seconds after dispatch that a dispatch waits for earlier copies to go before it requeues."""
+TERMINATING_POLL_SECONDS = 1.0
+"""How often a dispatch waiting for an earlier attempt's pods to go looks again (their
+deletion also wakes it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Made:
+    """The attempt's objects exist (created now or earlier)."""
+
+    objects: list[Wrapped]
+
+
+@dataclass(frozen=True, slots=True)
+class NotYet:
+    """An earlier attempt's pods or objects are still going: try again in `seconds`."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The recorded creator may not create these objects (any more): why."""
+
+    message: str
+
+
+class Maker:
+    """`ensure(...)`: Made, NotYet or Refused; DispatchError when creating failed
+    (UserInputError when the user's objects are refused); any other exception is a bug of
+    the dispatcher's own, raised as it is."""
+
+    def __init__(self, *, gatekeeper: Gatekeeper | None, quotas: QuotaLookup, clock: Clock) -> None:
+        self._gatekeeper = gatekeeper
+        self._quotas = quotas
+        self._clock = clock
+        self._log = structlog.get_logger("maker")
+
+    async def ensure(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
+    ) -> Made | NotYet | Refused:
+        if any(p.deleting for p in member.capacity.owned_pods(aw.key, aw.metadata.uid or "")):
+            # An earlier attempt's pods are still terminating: objects made now would
+            # make a second gang, bound wherever kube-scheduler finds room (room the
+            # dispatcher has given to others) while the first still holds its own.
+            return NotYet(TERMINATING_POLL_SECONDS)
+        try:
+            # The recorded creator's rights, asked again now: they may have been taken
+            # away while it queued, or it may have been created past the webhook.
+            refused = (
+                await self._gatekeeper.dispatch_problem(obj, member.client)
+                if self._gatekeeper is not None
+                else ""
+            )
+        except KubeError as exc:
+            raise DispatchError(f"checking the creator's rights: {exc}") from exc
+        if refused:
+            return Refused(refused)
+        # Built only when needed: it deep-copies every template, and following runs on
+        # every pod change of every dispatched AppWrapper.
+        try:
+            objects = wrapped_objects(
+                aw, owner_reference=member.is_hub, flavors=self._quotas.flavors_of(status)
+            )
+            namespace = await prepare_namespace(member, aw.metadata.namespace)
+            made = await create_all(member.client, namespace, objects, uid=aw.metadata.uid or "")
+        except KubeError as exc:
+            raise DispatchError(str(exc)) from exc
+        if made.terminating:
+            return self._old_objects_linger(aw, status, made.terminating)
+        return Made(objects)
+
+    async def remove(self, aw: AppWrapper, member: Member) -> list[str]:
+        """Delete `aw`'s wrapped objects in `member`: those its latest dispatch recorded (the
+        spec may have been edited since), only if they carry its uid; returns the ones still
+        there."""
+        namespace = member.namespace_for(aw.metadata.namespace)
+        if namespace is None:
+            return []  # not mapped there (any more): no namespace to look in
+        return await delete_all(
+            member.client,
+            namespace,
+            dispatched_objects(aw, owner_reference=member.is_hub),
+            uid=aw.metadata.uid or "",
+        )
+
+    async def remove_everywhere(self, aw: AppWrapper, members: list[Member]) -> list[str]:
+        """`remove` from each of `members`; what is still there, or which could not be
+        asked (logged)."""
+        remaining: list[str] = []
+        for member in members:
+            try:
+                remaining += await self.remove(aw, member)
+            except KubeError as exc:
+                self._log.warning(
+                    "deleting_objects_failed",
+                    appwrapper=aw.metadata.name,
+                    namespace=aw.metadata.namespace,
+                    cluster=member.name,
+                    error=str(exc)[:300],
+                )
+                remaining.append(f"{member.name}: {exc}")
+        return remaining
+
+    def _old_objects_linger(
+        self, aw: AppWrapper, status: AppWrapperStatus, terminating: tuple[str, ...]
+    ) -> NotYet:
+        """An earlier attempt's objects are still going (a requeue deleted them): adopting
+        them would leave this attempt with objects about to vanish. Wait, within limits."""
+        dispatched = _stamp(status.lastDispatchedAt)
+        if dispatched is not None and self._clock.time() - dispatched > TERMINATING_LIMIT:
+            # Held by a finalizer nobody removes: give the room back and retry later.
+            raise DispatchError(
+                f"{', '.join(terminating[:5])} still being deleted after {int(TERMINATING_LIMIT)}s"
+            )
+        self._log.info(
+            "waiting_for_old_objects",
+            appwrapper=aw.metadata.name,
+            namespace=aw.metadata.namespace,
+            objects=list(terminating[:5]),
+        )
+        return NotYet(TERMINATING_RETRY)
+
+
+def _stamp(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        moment: datetime = parse_time(text)
+    except ValueError:
+        return None
+    return moment.timestamp()
