@@ -73,6 +73,8 @@ class CycleResult:
     preemptions: tuple[Preempt, ...] = ()
     head_key: str | None = None  # the first workload in queue order not admitted
     heads: frozenset[str] = frozenset()  # with queues: the first of each queue too
+    held: frozenset[str] = frozenset()  # clusters held for a preemptor or a starving one
+    blocking: frozenset[str] = frozenset()  # StrictFIFO heads that block those after them
 
 
 def queue_order_key(workload: Workload) -> tuple[int, float, str]:
@@ -190,6 +192,7 @@ def schedule(
     starvation_after: float,
     preemption: PreemptionPolicy | None,
     quotas: QuotaView | None = None,
+    presorted: bool = False,
 ) -> CycleResult:
     """Decide, for every pending workload, admit (where) or wait (why); maybe preempt.
 
@@ -211,11 +214,14 @@ def schedule(
       blocks only its queue; a workload held back by its queue (a broken link, a stopped
       queue) or by quota holds no cluster. With fair sharing, queues that borrow the least
       weighted share of their cohort go first.
+
+    `presorted`: `pending` is in queue order already (a `core.queues.QueueManager` keeps it
+    so); it is not sorted again.
     """
     # 1. Order the queue: priority, then age, then key; with quotas, those within their
     #    queue's nominal quota before those that would borrow (with fair sharing instead,
     #    queues that borrow less of their cohort go first).
-    in_order = sorted(pending, key=queue_order_key)
+    in_order = list(pending) if presorted else sorted(pending, key=queue_order_key)
     ordered: Iterable[Workload] = in_order
     resolved = {w.key: quotas.resolve(w) for w in in_order} if quotas is not None else {}
     if quotas is not None and quotas.setup.fair_sharing:
@@ -231,6 +237,7 @@ def schedule(
     heads: dict[str, str] = {}  # queue ("" for none) -> its first workload not admitted
     blocked: str | None = None  # StrictFIFO: the message of every workload after the head
     blocked_queues: dict[str, Wait] = {}  # the same, per cluster queue (key left blank)
+    blocking: set[str] = set()  # the heads that block them
 
     # 3. Fit, or preempt, each workload in order.
     for workload in ordered:
@@ -267,6 +274,7 @@ def schedule(
                 waits.append(Wait(workload.key, message, Reason.QUOTA_EXCEEDED))
                 heads.setdefault(queued.queue, workload.key)
                 if strict and not outcome.never:
+                    blocking.add(workload.key)
                     blocked_queues[queued.queue] = Wait(
                         "",
                         f"waiting behind {workload.key} (head of queue {queued.queue})",
@@ -309,6 +317,7 @@ def schedule(
         if strict:
             if any(cycle.could_ever_fit(gang, c) for c in usable):
                 why = f"waiting behind {workload.key} (head of line)"
+                blocking.add(workload.key)
                 if queued is None:
                     blocked = why
                 else:
@@ -331,6 +340,8 @@ def schedule(
         preemptions=tuple(preemptions),
         head_key=next(iter(heads.values()), None),
         heads=frozenset(heads.values()),
+        held=frozenset(cycle.held),
+        blocking=frozenset(blocking),
     )
 
 
