@@ -26,11 +26,12 @@ woken when the head goes (`blocked`).
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import islice
+
+from sortedcontainers import SortedList
 
 from dispatcher.core.model import Workload
 
@@ -57,8 +58,8 @@ class Line:
     """One line's workloads: all of them in order (active and parked), and its buckets."""
 
     name: str
-    keys: list[OrderKey] = field(default_factory=list)
-    buckets: dict[tuple[object, ...], list[OrderKey]] = field(default_factory=dict)
+    keys: SortedList = field(default_factory=SortedList)  # of OrderKey
+    buckets: dict[tuple[object, ...], SortedList] = field(default_factory=dict)
     """(wake, shape, placement) -> the parked workloads of that question, in order."""
     behind: str = ""
     """StrictFIFO: the blocked head everything after it waits behind ("" if none)."""
@@ -79,7 +80,7 @@ class QueueManager:
         self._lines: dict[str, Line] = {}
         self._workloads: dict[str, Workload] = {}
         self._line_of: dict[str, str] = {}
-        self._active: list[OrderKey] = []  # in order, across lines
+        self._active = SortedList()  # OrderKeys of the work cycles take, across lines
         self._parked: dict[str, _Parked] = {}
         self._starving: list[tuple[float, str]] = []  # heap of (queued_since, key), parked
 
@@ -95,12 +96,12 @@ class QueueManager:
         if target is None:
             target = self._lines[line] = Line(line)
         key = order_key(workload)
-        insort(target.keys, key)
+        target.keys.add(key)
         head = target.behind
         if head and key > order_key(self._workloads[head]):
             self._parked[workload.key] = _Parked(line, (), "")
         else:
-            insort(self._active, key)
+            self._active.add(key)
 
     def remove(self, key: str) -> Workload | None:
         """A workload is no longer pending (admitted, deleted, no longer queued)."""
@@ -110,12 +111,12 @@ class QueueManager:
         name = self._line_of.pop(key)
         line = self._lines[name]
         okey = order_key(workload)
-        _discard(line.keys, okey)
+        line.keys.discard(okey)
         parked = self._parked.pop(key, None)
         if parked is None:
-            _discard(self._active, okey)
+            self._active.discard(okey)
         elif parked.bucket:
-            _discard(line.buckets[parked.bucket], okey)
+            line.buckets[parked.bucket].discard(okey)
             if not line.buckets[parked.bucket]:
                 del line.buckets[parked.bucket]
         if line.behind == key:
@@ -134,8 +135,8 @@ class QueueManager:
         placement = None if workload.placement.anywhere else workload.placement
         bucket = (wake, root, workload.shape, placement)
         okey = order_key(workload)
-        _discard(self._active, okey)
-        insort(line.buckets.setdefault(bucket, []), okey)
+        self._active.discard(okey)
+        line.buckets.setdefault(bucket, SortedList()).add(okey)
         self._parked[key] = _Parked(name, bucket, root)
         heapq.heappush(self._starving, (workload.queued_since, key))
 
@@ -149,10 +150,9 @@ class QueueManager:
         if line.behind and order_key(self._workloads[line.behind]) <= okey_head:
             return  # an earlier head blocks it already
         line.behind = head
-        start = bisect_left(line.keys, okey_head) + 1
-        for okey in line.keys[start:]:
+        for okey in line.keys.irange(okey_head, inclusive=(False, True)):
             if okey[2] not in self._parked:
-                _discard(self._active, okey)
+                self._active.discard(okey)
                 self._parked[okey[2]] = _Parked(name, (), "")
 
     def admitted(self, key: str, *, preemption: bool = False) -> None:
@@ -252,10 +252,10 @@ class QueueManager:
         if parked.bucket:
             line = self._lines[parked.line]
             keys = line.buckets[parked.bucket]
-            _discard(keys, okey)
+            keys.discard(okey)
             if not keys:
                 del line.buckets[parked.bucket]
-        insort(self._active, okey)
+        self._active.add(okey)
 
     def _unblock(self, line: Line) -> None:
         line.behind = ""
@@ -263,10 +263,5 @@ class QueueManager:
             parked = self._parked.get(okey[2])
             if parked is not None and not parked.bucket:
                 del self._parked[okey[2]]
-                insort(self._active, okey)
+                self._active.add(okey)
 
-
-def _discard(keys: list[OrderKey], okey: OrderKey) -> None:
-    index = bisect_left(keys, okey)
-    if index < len(keys) and keys[index] == okey:
-        del keys[index]
