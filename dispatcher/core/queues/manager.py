@@ -264,4 +264,3 @@ class QueueManager:
             if parked is not None and not parked.bucket:
                 del self._parked[okey[2]]
                 self._active.add(okey)
-
