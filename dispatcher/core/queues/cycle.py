@@ -43,6 +43,7 @@ def take(
     preemption: PreemptionPolicy | None,
     quotas: QuotaView | None = None,
     held_before: frozenset[str] = frozenset(),
+    per_line: int | None = None,
 ) -> CycleResult:
     """One cycle over `manager.active()`; admitted work leaves the manager, refused work
     is parked. `held_before`: the clusters the previous cycle held (its `held`): while
@@ -51,7 +52,7 @@ def take(
     if held_before:
         manager.capacity_freed()
     result = schedule(
-        manager.active(),
+        manager.active(per_line),
         clusters,
         mode=mode,
         now=now,

@@ -203,10 +203,24 @@ class QueueManager:
 
     # -- reads ---------------------------------------------------------------------------
 
-    def active(self) -> list[Workload]:
-        """The workloads the next cycle decides about, in order (not parked)."""
+    def active(self, per_line: int | None = None) -> list[Workload]:
+        """The workloads the next cycle decides about, in order (not parked). With
+        `per_line`, at most that many of each line (the first ones): the rest wait for a
+        later cycle, so that a cycle costs what its lines' heads cost (Kueue's heads)."""
         workloads = self._workloads
-        return [workloads[okey[2]] for okey in self._active]
+        if per_line is None:
+            return [workloads[okey[2]] for okey in self._active]
+        taken: dict[str, int] = {}
+        line_of = self._line_of
+        found = []
+        for okey in self._active:
+            key = okey[2]
+            line = line_of[key]
+            count = taken.get(line, 0)
+            if count < per_line:
+                taken[line] = count + 1
+                found.append(workloads[key])
+        return found
 
     def in_line(self, line: str, limit: int | None = None) -> Iterator[Workload]:
         """The line's pending workloads (active and parked) in the order the scheduler
