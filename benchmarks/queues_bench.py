@@ -121,14 +121,16 @@ def _timed_full(
     preemption: str,
     tree: QuotaTree | None,
     runs: int,
-) -> tuple[float, CycleResult]:
-    times, result = [], None
+) -> tuple[float, float, CycleResult]:
+    """Median wall-clock and CPU ms of today's cycle, and its decisions."""
+    times, cpus, result = [], [], None
     for _ in range(runs):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         result = _full(pending, state, mode, preemption, tree)
         times.append(_ms(started))
+        cpus.append((time.process_time() - cpu) * 1000)
     assert result is not None
-    return statistics.median(times), result
+    return statistics.median(times), statistics.median(cpus), result
 
 
 def _kept(
@@ -217,7 +219,8 @@ def compare(
     if quotas != "none":
         tree = QuotaTree(scenario.setup_for(mode, fair=quotas == "fair sharing"))
     state = _State(list(scenario.clusters), {c.key: c for c in scenario.charges}, [])
-    full_first_ms, first = _timed_full(scenario.pending, state, mode, preemption, tree, full_runs)
+    full_first = _timed_full(scenario.pending, state, mode, preemption, tree, full_runs)
+    first = full_first[2]
     admits = [a.key for a in first.admits]
     exact = _kept(scenario, mode, preemption, tree, None, admits)
     heads = _kept(scenario, mode, preemption, tree, 1, admits)
@@ -225,15 +228,17 @@ def compare(
     after: _State = exact.pop("state")
     left: dict[str, Workload] = exact.pop("pending")
     heads.pop("state"), heads.pop("pending")
-    full_steady_ms, _ = _timed_full(list(left.values()), after, mode, preemption, tree, full_runs)
+    full_steady = _timed_full(list(left.values()), after, mode, preemption, tree, full_runs)
     return {
         "pending": len(scenario.pending),
         "mode": mode.value,
         "quotas": quotas,
         "preemption": preemption,
         "first_admits": len(first.admits),
-        "full_first_ms": round(full_first_ms, 1),
-        "full_steady_ms": round(full_steady_ms, 1),
+        "full_first_ms": round(full_first[0], 1),
+        "full_first_cpu_ms": round(full_first[1], 1),
+        "full_steady_ms": round(full_steady[0], 1),
+        "full_steady_cpu_ms": round(full_steady[1], 1),
         "kept": exact,
         "kept_heads": heads,
     }
@@ -241,34 +246,47 @@ def compare(
 
 HEADER = (
     f"{'N':>5} {'mode':<14} {'quotas':<12} {'preemption':<19} "
-    f"{'full 1st':>8} {'full st.':>8} {'kept 1st':>8} {'kept st.':>8} {'cpu':>6} "
-    f"{'active':>6} {'idle':>5} {'heads st.':>9} {'cpu':>6} {'active':>6} {'fill':>5}"
+    f"{'full 1st':>8} {'full st.':>8} {'kept 1st':>8} {'kept st.':>8} {'active':>6} "
+    f"{'idle':>6} {'heads st.':>9} {'active':>6} {'fill ms':>7}"
 )
 
 
 def _row(row: dict[str, Any]) -> str:
+    """CPU ms of each cycle (wall-clock times are in the JSON)."""
     kept, heads = row["kept"], row["kept_heads"]
     count = f"{row['pending'] // 1000}k"
     return (
         f"{count:>5} {row['mode']:<14} {row['quotas']:<12} {row['preemption']:<19} "
-        f"{row['full_first_ms']:>8.1f} {row['full_steady_ms']:>8.1f} "
-        f"{kept['first_ms']:>8.1f} {kept['steady_ms']:>8.1f} {kept['steady_cpu_ms']:>6.1f} "
-        f"{max(kept['steady_active']):>6} {kept['idle_ms']:>5.1f} "
-        f"{heads['steady_ms']:>9.1f} {heads['steady_cpu_ms']:>6.1f} "
-        f"{max(heads['steady_active']):>6} {kept['fill_ms']:>5.0f}"
+        f"{row['full_first_cpu_ms']:>8.1f} {row['full_steady_cpu_ms']:>8.1f} "
+        f"{kept['first_cpu_ms']:>8.1f} {kept['steady_cpu_ms']:>8.1f} "
+        f"{max(kept['steady_active']):>6} {kept['idle_cpu_ms']:>6.1f} "
+        f"{heads['steady_cpu_ms']:>9.1f} {max(heads['steady_active']):>6} "
+        f"{kept['fill_ms']:>7.0f}"
     )
 
 
-def side_by_side(pendings: Sequence[int], nodes: int, clusters: int) -> list[dict[str, Any]]:
+def side_by_side(
+    pendings: Sequence[int], nodes: int, clusters: int, out: Path | None = None
+) -> list[dict[str, Any]]:
+    """Every mode at every count; with `out`, the JSON is rewritten after each row (a long
+    run on a shared machine keeps what it measured)."""
     print(HEADER, flush=True)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for count in pendings:
         scenario = build_quota_scenario(count, nodes, clusters)
         for mode, quotas, preemption in MODES:
             row = compare(scenario, mode, quotas, preemption, 1 if count >= 50_000 else 3)
             print(_row(row), flush=True)
             rows.append(row)
+            if out is not None:
+                _write(out, nodes, clusters, rows)
     return rows
+
+
+def _write(out: Path, nodes: int, clusters: int, rows: list[dict[str, Any]]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    document = {"machine": machine(), "nodes_per_cluster": nodes, "clusters": clusters}
+    out.write_text(json.dumps({**document, "rows": rows}, indent=2) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -280,15 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     pendings, nodes = ([1000, 10_000], 200) if args.quick else ([1000, 10_000, 100_000], 1000)
     info = machine()
     print(f"python {info['python']}, {info['cpu_count']} cpus, load {info['load_average'][0]}")
-    print("ms: wall-clock; cpu: this process's CPU ms (the machine may be shared)")
-    rows = side_by_side(pendings, nodes, 3)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {"machine": info, "nodes_per_cluster": nodes, "clusters": 3, "rows": rows}, indent=2
-        )
-        + "\n"
-    )
+    print("CPU ms per cycle (wall-clock in the JSON; the machine may be shared)")
+    side_by_side(pendings, nodes, 3, out)
     print(f"wrote {out}")
     return 0
 

@@ -8,9 +8,9 @@ decided exactly as before; a parked one is one whose answer could not have chang
 gets no new `Wait` (its last one still says why).
 
 Not parked, as their answer may change from one cycle to the next on its own: a workload
-that asked for victims and got some (it is preempting), one past the starvation guard's
-limit (it holds clusters), and the head of a StrictFIFO line (it blocks those behind it,
-which are parked behind it instead).
+that asked for victims and got some (it is preempting), and one past the starvation
+guard's limit (it holds clusters). A StrictFIFO head that blocks its line is parked by its
+own question like any other; those behind it are parked behind it until it goes.
 """
 
 from __future__ import annotations
@@ -64,26 +64,17 @@ def take(
     for admit in result.admits:
         manager.admitted(admit.key, preemption=preemption is not None)
     preempting = {p.key for p in result.preemptions}
-    for head in result.blocking:  # those after it wait for it, parked with it
+    for head in result.blocking - preempting:  # those after it wait for it, parked with it
         manager.blocked(head)
     for wait in result.waits:
         key = wait.key
-        if key in preempting or key in result.blocking or manager.is_parked(key):
+        if key in preempting or manager.is_parked(key):
             continue
-        if key in result.heads and _strict(manager, key, mode, quotas):
-            continue  # it would block what comes after it, though nothing is yet
         workload = manager.workload(key)
         if workload is None or now - workload.queued_since > starvation_after:
             continue
         manager.park(key, _WAKE.get(wait.reason, Wake.CAPACITY), root=_root(manager, key, quotas))
     return result
-
-
-def _strict(manager: QueueManager, key: str, mode: QueueMode, quotas: QuotaView | None) -> bool:
-    line = manager.line_of(key)
-    if not line or quotas is None or line not in quotas.setup.queues:
-        return mode is QueueMode.STRICT_FIFO
-    return quotas.spec(line).strategy is QueueMode.STRICT_FIFO
 
 
 def _root(manager: QueueManager, key: str, quotas: QuotaView | None) -> str:

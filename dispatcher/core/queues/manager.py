@@ -19,8 +19,9 @@ wakes it again:
 Parked work is kept in *buckets* of one line and one gang shape (and placement): workloads
 that ask the same question get the same answer, so an event wakes the first of each bucket
 only; when that one is admitted, the next of its bucket is woken for the next cycle
-(`admitted`). In a StrictFIFO line everything behind a blocked head is parked with it and
-woken when the head goes (`blocked`).
+(`admitted`). In a StrictFIFO line everything behind a blocking head is parked behind it
+and woken with the head (when it goes, or is woken to be tried again: `blocked`); the head
+itself is parked by its own question, and keeps blocking while it is.
 """
 
 from __future__ import annotations
@@ -263,13 +264,22 @@ class QueueManager:
     def _wake_key(self, key: str) -> None:
         parked = self._parked.pop(key)
         okey = order_key(self._workloads[key])
+        line = self._lines[parked.line]
         if parked.bucket:
-            line = self._lines[parked.line]
             keys = line.buckets[parked.bucket]
             keys.discard(okey)
             if not keys:
                 del line.buckets[parked.bucket]
+        if line.behind and okey > order_key(self._workloads[line.behind]):
+            # A StrictFIFO head blocks it now: it waits for that head to go.
+            self._parked[key] = _Parked(parked.line, (), "")
+            return
         self._active.add(okey)
+        if line.behind == key:
+            # The head is tried again: if it is admitted, those behind it are next in the
+            # same cycle (as a cycle over all of them would take them); if not, they are
+            # parked behind it again.
+            self._unblock(line)
 
     def _unblock(self, line: Line) -> None:
         line.behind = ""
