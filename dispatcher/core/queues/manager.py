@@ -20,8 +20,9 @@ Parked work is kept in *buckets* of one line and one gang shape (and placement):
 that ask the same question get the same answer, so an event wakes the first of each bucket
 only; when that one is admitted, the next of its bucket is woken for the next cycle
 (`admitted`). In a StrictFIFO line everything behind a blocking head is parked behind it
-and woken with the head (when it goes, or is woken to be tried again: `blocked`); the head
-itself is parked by its own question, and keeps blocking while it is.
+and woken when it goes (`blocked`); the head itself is parked by its own question and keeps
+blocking while it is; woken to be tried again, it takes the first `LOOKAHEAD` behind it
+along (if it is admitted they are next in the same cycle).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from dispatcher.core.model import Workload
 __all__ = ["Line", "QueueManager", "Wake", "order_key"]
 
 OrderKey = tuple[int, float, str]
+LOOKAHEAD = 64
+"""A StrictFIFO head woken to be tried again takes this many of those behind it along."""
 
 
 def order_key(workload: Workload) -> OrderKey:
@@ -64,6 +67,8 @@ class Line:
     """(wake, shape, placement) -> the parked workloads of that question, in order."""
     behind: str = ""
     """StrictFIFO: the blocked head everything after it waits behind ("" if none)."""
+    lookahead: list[OrderKey] = field(default_factory=list)
+    """Those behind it woken with it, to be parked behind it again if it still blocks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +153,17 @@ class QueueManager:
             return
         line = self._lines[name]
         okey_head = order_key(self._workloads[head])
-        if line.behind and order_key(self._workloads[line.behind]) <= okey_head:
+        if line.behind == head:
+            for okey in line.lookahead:  # it was tried again and still blocks
+                if okey[2] in self._workloads and okey[2] not in self._parked:
+                    self._active.discard(okey)
+                    self._parked[okey[2]] = _Parked(name, (), "")
+            line.lookahead = []
+            return
+        if line.behind and order_key(self._workloads[line.behind]) < okey_head:
             return  # an earlier head blocks it already
         line.behind = head
+        line.lookahead = []
         for okey in line.keys.irange(okey_head, inclusive=(False, True)):
             if okey[2] not in self._parked:
                 self._active.discard(okey)
@@ -277,12 +290,20 @@ class QueueManager:
         self._active.add(okey)
         if line.behind == key:
             # The head is tried again: if it is admitted, those behind it are next in the
-            # same cycle (as a cycle over all of them would take them); if not, they are
-            # parked behind it again.
-            self._unblock(line)
+            # same cycle (as a cycle over all of them would take them), the first LOOKAHEAD
+            # of them (the rest in the next cycle); if not, they are parked behind it again.
+            for behind in line.keys.irange(okey, inclusive=(False, True)):
+                if len(line.lookahead) >= LOOKAHEAD:
+                    break
+                parked_behind = self._parked.get(behind[2])
+                if parked_behind is not None and not parked_behind.bucket:
+                    del self._parked[behind[2]]
+                    self._active.add(behind)
+                    line.lookahead.append(behind)
 
     def _unblock(self, line: Line) -> None:
         line.behind = ""
+        line.lookahead = []
         for okey in line.keys:
             parked = self._parked.get(okey[2])
             if parked is not None and not parked.bucket:
