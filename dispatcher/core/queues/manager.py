@@ -40,7 +40,7 @@ from dispatcher.core.model import Workload
 __all__ = ["Line", "QueueManager", "Wake", "order_key"]
 
 OrderKey = tuple[int, float, str]
-LOOKAHEAD = 64
+LOOKAHEAD = 4
 """A StrictFIFO head woken to be tried again takes this many of those behind it along."""
 
 
