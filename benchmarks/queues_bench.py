@@ -19,7 +19,8 @@ The quota scenario of `benchmarks.quota_bench` (100 cluster queues in 14 cohorts
 
 Times are wall-clock medians (`time.perf_counter`); the full cycle at 100k is timed once.
 The admitted AppWrappers' room is added to the clusters as reservations of their pods as
-declared (not flavored), which is what the next cycle's snapshot would hold.
+made (with their flavors' node selectors), which is what the next cycle's snapshot would
+hold.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ from benchmarks.core_bench import NOW, STARVATION_AFTER, _policy, machine
 from benchmarks.quota_bench import QuotaScenario, build_quota_scenario
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Reservation, Workload
 from dispatcher.core.queues import QueueManager, take
-from dispatcher.core.quota.model import Charge
+from dispatcher.core.quota.flavors import with_flavors
+from dispatcher.core.quota.model import Charge, Flavor
 from dispatcher.core.quota.resolve import Queued
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.usage import Usage
@@ -65,10 +67,14 @@ class _State:
     charges: dict[str, Charge]
     admitted: list[tuple[str, Workload, str]]  # (cluster, workload, its queue)
 
+    flavors: Mapping[str, Flavor]
+
     def admit(self, result: CycleResult, pending: dict[str, Workload]) -> None:
         added: dict[str, list[Reservation]] = {}
         for admit in result.admits:
             item = pending.pop(admit.key)
+            if admit.assignment is not None:  # its pods as made: on its flavors' nodes
+                item = with_flavors(item, admit.assignment.flavors, self.flavors)
             self.admitted.append((admit.cluster, item, admit.queue))
             added.setdefault(admit.cluster, []).append(
                 Reservation(key=item.key, pod_sets=item.pod_sets, priority=item.priority)
@@ -142,7 +148,9 @@ def _kept(
     first_admits: list[str],
 ) -> dict[str, Any]:
     """The kept path from an empty manager: fill, first cycle, steady cycles, idle."""
-    state = _State(list(scenario.clusters), {c.key: c for c in scenario.charges}, [])
+    state = _State(
+        list(scenario.clusters), {c.key: c for c in scenario.charges}, [], scenario.setup.flavors
+    )
     pending = {w.key: w for w in scenario.pending}
     started = time.perf_counter()
     manager = QueueManager()
@@ -218,7 +226,9 @@ def compare(
     tree = None
     if quotas != "none":
         tree = QuotaTree(scenario.setup_for(mode, fair=quotas == "fair sharing"))
-    state = _State(list(scenario.clusters), {c.key: c for c in scenario.charges}, [])
+    state = _State(
+        list(scenario.clusters), {c.key: c for c in scenario.charges}, [], scenario.setup.flavors
+    )
     full_first = _timed_full(scenario.pending, state, mode, preemption, tree, full_runs)
     first = full_first[2]
     admits = [a.key for a in first.admits]
