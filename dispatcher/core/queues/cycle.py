@@ -5,7 +5,11 @@
 can change its answer, so that the next cycle costs what its woken and new work costs, not
 what the whole backlog costs. Decisions are `schedule`'s own: an active workload is
 decided exactly as before; a parked one is one whose answer could not have changed, and
-gets no new `Wait` (its last one still says why).
+gets no new `Wait` (its last one still says why). An event wakes the first workload of each
+parked question and the next one only once that one is admitted, so right after an event
+the order between two questions may differ from a cycle over all pending work (within a
+StrictFIFO line it never does); nothing that could be admitted stays parked
+(`tests/unit/test_queues.py`).
 
 Not parked, as their answer may change from one cycle to the next on its own: a workload
 that asked for victims and got some (it is preempting), and one past the starvation
