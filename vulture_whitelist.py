@@ -44,3 +44,6 @@ SHORT_NAME  # api/models.py
 # Python calls a module's __getattr__ for a missing name: dispatcher/__init__.py reads
 # __version__ lazily with it (the kubectl plugin starts faster).
 __getattr__
+
+# Called by the controller once it feeds the queue manager (core/queues) from its cache.
+_.line_changed

@@ -18,6 +18,10 @@ levels deep, with flavors that select nodes by label, admitted work charged to t
 (some borrow), and the headline's number of pending AppWrappers spread over the queues;
 it times the whole cycle, building the cycle's `QuotaView` included, in both queue modes,
 with and without fair sharing, beside the same workloads on capacity alone.
+
+Section 5 (`benchmarks.queues_bench`) runs today's full cycle beside the queue manager's
+cycles (`core.queues.take`) at 1k, 10k and 100k pending: the first cycle, the steady state
+after one AppWrapper finishes, an idle cycle, and one head per queue.
 """
 
 from __future__ import annotations
@@ -682,6 +686,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         quota_scenario, preemptions=("none", "LowestPriorityFirst"), runs=7
     )
 
+    from benchmarks.queues_bench import side_by_side
+
+    queue_counts = [1000, 2000] if args.quick else [1000, 10_000, 100_000]
+    print(
+        f"\n(5) today's full cycle beside the queue manager's, quotas of (4), "
+        f"{_fmt_count(head[1])} nodes x {head[2]}, CPU ms (benchmarks.queues_bench)"
+    )
+    queue_rows = side_by_side(queue_counts, head[1], head[2])
+
     worst = max(heads, key=lambda f: f.median_ms)
     label = f"{_fmt_count(head[0])} pending x {_fmt_count(head[1])} nodes x {head[2]} clusters"
     print()
@@ -730,6 +743,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 },
                 "growth": ratios,
                 "capacity_cache": capacity,
+                "queues": queue_rows,
                 "quotas": {
                     "pending": head[0],
                     "nodes_per_cluster": head[1],

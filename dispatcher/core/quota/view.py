@@ -2,14 +2,15 @@
 questions the cycle asks. Pure, no I/O.
 
 Built from the setup and the charges of every dispatched AppWrapper (across all member
-clusters: quota is accounted in the hub). The cycle resolves each workload's queue, asks
+clusters: quota is accounted in the hub), or from a copy of a `Usage` kept on charge and
+release. The cycle resolves each workload's queue, asks
 which flavor assignments may take it, charges each admission, and hands the victim search
 the queue's rules. Answers about a (queue, request) are remembered until the next charge.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from dispatcher.api.resources import Resources
 from dispatcher.core.model import PodSet, Workload
@@ -24,6 +25,7 @@ from dispatcher.core.quota.flavors import (
 from dispatcher.core.quota.model import Charge, FlavorResource, QueueSpec
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
 from dispatcher.core.quota.tree import Ledger, QuotaTree
+from dispatcher.core.quota.usage import Usage
 from dispatcher.core.quota.victims import QuotaRules
 
 __all__ = ["QuotaView"]
@@ -35,13 +37,31 @@ def _admissible(found: list[Assignment] | QuotaRefusal) -> bool:
 
 class QuotaView:
     def __init__(
-        self, tree: QuotaTree, charges: Sequence[Charge] = (), *, place_flavors: bool = True
+        self,
+        tree: QuotaTree,
+        charges: Sequence[Charge] = (),
+        *,
+        place_flavors: bool = True,
+        usage: Usage | None = None,
     ) -> None:
         """`place_flavors` False: fit pods as if flavors selected no nodes (a pooled member
-        has none to select; the pods still get the flavor's labels when made)."""
+        has none to select; the pods still get the flavor's labels when made). With
+        `usage` (kept on charge and release), its ledger is copied and `charges` unused."""
         self.tree = tree
         self.place_flavors = place_flavors
         self.setup = tree.setup
+        self.version = 0
+        self._answers: dict[
+            tuple[str, tuple[str, ...]], tuple[int, list[Assignment] | QuotaRefusal]
+        ] = {}
+        self._resolved: dict[tuple[str, str], Queued | QueueProblem | None] = {}
+        self._flavored: dict[tuple[tuple[str, ...], object], tuple[PodSet, ...]] = {}
+        self._requests: dict[tuple[str, ...], Resources] = {}
+        if usage is not None:
+            assert usage.tree is tree, "usage kept for another setup's tree"
+            self.ledger = usage.ledger.copy()
+            self.charges: Mapping[str, Charge] = usage.charges
+            return
         self.ledger = Ledger(tree)
         self.charges = {c.key: c for c in charges}
         # Summed per queue first: the walk up the tree depends only on the running total.
@@ -53,13 +73,6 @@ class QuotaView:
                     total[fr] = total.get(fr, 0) + amount
         for queue, total in totals.items():
             self.ledger.add(queue, total)
-        self.version = 0
-        self._answers: dict[
-            tuple[str, tuple[str, ...]], tuple[int, list[Assignment] | QuotaRefusal]
-        ] = {}
-        self._resolved: dict[tuple[str, str], Queued | QueueProblem | None] = {}
-        self._flavored: dict[tuple[tuple[str, ...], object], tuple[PodSet, ...]] = {}
-        self._requests: dict[tuple[str, ...], Resources] = {}
 
     def resolve(self, workload: Workload) -> Queued | QueueProblem | None:
         namespace = workload.key.partition("/")[0]

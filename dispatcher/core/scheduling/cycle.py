@@ -77,6 +77,8 @@ class CycleResult:
     # cycle took them, and the queue each resolved to (with quotas).
     order: tuple[str, ...] = ()
     resolved: Mapping[str, Queued | QueueProblem | None] = field(default_factory=dict)
+    held: frozenset[str] = frozenset()  # clusters held for a preemptor or a starving one
+    blocking: frozenset[str] = frozenset()  # StrictFIFO heads that block those after them
 
 
 def queue_order_key(workload: Workload) -> tuple[int, float, str]:
@@ -194,6 +196,7 @@ def schedule(
     starvation_after: float,
     preemption: PreemptionPolicy | None,
     quotas: QuotaView | None = None,
+    presorted: bool = False,
 ) -> CycleResult:
     """Decide, for every pending workload, admit (where) or wait (why); maybe preempt.
 
@@ -215,11 +218,14 @@ def schedule(
       blocks only its queue; a workload held back by its queue (a broken link, a stopped
       queue) or by quota holds no cluster. With fair sharing, queues that borrow the least
       weighted share of their cohort go first.
+
+    `presorted`: `pending` is in queue order already (a `core.queues.QueueManager` keeps it
+    so); it is not sorted again.
     """
     # 1. Order the queue: priority, then age, then key; with quotas, those within their
     #    queue's nominal quota before those that would borrow (with fair sharing instead,
     #    queues that borrow less of their cohort go first).
-    in_order = sorted(pending, key=queue_order_key)
+    in_order = list(pending) if presorted else sorted(pending, key=queue_order_key)
     ordered: Iterable[Workload] = in_order
     resolved = {w.key: quotas.resolve(w) for w in in_order} if quotas is not None else {}
     if quotas is not None and quotas.setup.fair_sharing:
@@ -235,6 +241,7 @@ def schedule(
     heads: dict[str, str] = {}  # queue ("" for none) -> its first workload not admitted
     blocked: str | None = None  # StrictFIFO: the message of every workload after the head
     blocked_queues: dict[str, Wait] = {}  # the same, per cluster queue (key left blank)
+    blocking: set[str] = set()  # the heads that block them
 
     # 3. Fit, or preempt, each workload in order.
     order: list[str] = []
@@ -273,6 +280,7 @@ def schedule(
                 waits.append(Wait(workload.key, message, Reason.QUOTA_EXCEEDED))
                 heads.setdefault(queued.queue, workload.key)
                 if strict and not outcome.never:
+                    blocking.add(workload.key)
                     blocked_queues[queued.queue] = Wait(
                         "",
                         f"waiting behind {workload.key} (head of queue {queued.queue})",
@@ -315,6 +323,7 @@ def schedule(
         if strict:
             if any(cycle.could_ever_fit(gang, c) for c in usable):
                 why = f"waiting behind {workload.key} (head of line)"
+                blocking.add(workload.key)
                 if queued is None:
                     blocked = why
                 else:
@@ -339,6 +348,8 @@ def schedule(
         heads=frozenset(heads.values()),
         order=tuple(order),
         resolved=resolved,
+        held=frozenset(cycle.held),
+        blocking=frozenset(blocking),
     )
 
 

@@ -1,0 +1,254 @@
+"""The queue manager: order kept under events, parking and waking, and cycles over its
+active work deciding as a full cycle over every pending workload does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dispatcher.core.model import ClusterSnapshot, QueueMode, Reservation, Workload
+from dispatcher.core.queues import QueueManager, Wake, take
+from dispatcher.core.quota.model import Charge
+from dispatcher.core.quota.tree import QuotaTree
+from dispatcher.core.quota.usage import Usage
+from dispatcher.core.quota.view import QuotaView
+from dispatcher.core.scheduling import CycleResult, LowestPriorityFirst, queue_order_key, schedule
+from tests.unit.builders import cluster, node, pods, workload
+from tests.unit.quota_builders import cohort, queue, setup
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+LINES = ("", "q0", "q1")
+
+# -- order --------------------------------------------------------------------------------
+
+order_events = st.lists(
+    st.tuples(
+        st.sampled_from(["upsert", "upsert", "remove", "park", "wake", "block", "admitted"]),
+        st.integers(0, 15),  # AppWrapper
+        st.integers(0, 3),  # priority
+        st.integers(0, 5),  # created_at
+        st.integers(0, 2),  # line
+    ),
+    max_size=60,
+)
+
+
+@SETTINGS
+@given(order_events)
+def test_lines_and_active_work_keep_the_full_sorts_order(
+    steps: list[tuple[str, int, int, int, int]],
+) -> None:
+    manager = QueueManager()
+    pending: dict[str, tuple[Workload, str]] = {}
+    for kind, index, priority, created, line_index in steps:
+        key = f"ns/aw-{index:02d}"
+        if kind == "upsert":
+            size = 1 + index % 3
+            item = workload(key, pods(size, cpu=1), priority=priority, created_at=created)
+            manager.upsert(item, LINES[line_index])
+            pending[key] = (item, LINES[line_index])
+        elif kind in ("remove", "admitted") and key in pending:
+            del pending[key]
+            manager.remove(key) if kind == "remove" else manager.admitted(key)
+        elif kind == "park":
+            manager.park(key, Wake.CAPACITY if priority % 2 else Wake.QUOTA, root="r")
+        elif kind == "block":
+            manager.blocked(key)
+        elif kind == "wake":
+            manager.capacity_freed() if priority % 2 else manager.quota_released("r")
+    assert len(manager) == len(pending)
+    for line in LINES:
+        want = sorted((w for w, at in pending.values() if at == line), key=queue_order_key)
+        assert list(manager.in_line(line)) == want
+        assert list(manager.in_line(line, 2)) == want[:2]
+    active = manager.active()
+    assert active == sorted(active, key=queue_order_key)
+    assert {w.key for w in active} == {k for k in pending if not manager.is_parked(k)}
+
+
+def test_a_wake_takes_the_first_of_each_question_only() -> None:
+    manager = QueueManager()
+    small = [workload(f"ns/s{i}", pods(1, cpu=1), created_at=i) for i in range(3)]
+    large = [workload(f"ns/l{i}", pods(4, cpu=1), created_at=i) for i in range(3)]
+    for item in small + large:
+        manager.upsert(item, "")
+        manager.park(item.key, Wake.CAPACITY)
+    assert manager.active() == []
+    manager.capacity_freed()
+    assert [w.key for w in manager.active()] == ["ns/l0", "ns/s0"]
+    manager.admitted("ns/s0")  # room for one: the next of its question is worth a try
+    assert [w.key for w in manager.active()] == ["ns/l0", "ns/s1"]
+    manager.quota_released("")  # nothing of that tree is parked for quota; capacity is
+    assert [w.key for w in manager.active()] == ["ns/l0", "ns/l1", "ns/s1", "ns/s2"]
+
+
+def test_a_blocked_head_parks_its_line_until_it_goes() -> None:
+    manager = QueueManager()
+    for i in range(4):
+        manager.upsert(workload(f"ns/w{i}", pods(1, cpu=1), created_at=i), "q0")
+    manager.upsert(workload("ns/other", pods(1, cpu=1), created_at=9), "q1")
+    manager.blocked("ns/w1")
+    assert [w.key for w in manager.active()] == ["ns/w0", "ns/w1", "ns/other"]
+    manager.upsert(workload("ns/late", pods(1, cpu=1), created_at=7), "q0")
+    manager.upsert(workload("ns/urgent", pods(1, cpu=1), priority=5), "q0")
+    assert [w.key for w in manager.active()] == ["ns/urgent", "ns/w0", "ns/w1", "ns/other"]
+    manager.admitted("ns/w1")
+    assert [w.key for w in manager.active()] == [
+        "ns/urgent", "ns/w0", "ns/w2", "ns/w3", "ns/late", "ns/other"
+    ]  # fmt: skip
+
+
+def test_starving_work_is_woken_to_hold_its_clusters() -> None:
+    manager = QueueManager()
+    manager.upsert(workload("ns/old", pods(1, cpu=1), queued_since=10.0), "")
+    manager.upsert(workload("ns/new", pods(2, cpu=1), queued_since=500.0), "")
+    manager.park("ns/old", Wake.CAPACITY)
+    manager.park("ns/new", Wake.CAPACITY)
+    manager.wake_starving(100.0)
+    assert [w.key for w in manager.active()] == ["ns/old"]
+
+
+# -- cycles over active work decide as full cycles do ------------------------------------
+
+NODES = (node("n1", cpu=4), node("n2", cpu=4), node("n3", cpu=8))
+cycle_events = st.lists(
+    st.tuples(
+        st.sampled_from(["arrive", "arrive", "arrive", "finish", "cycle", "cycle"]),
+        st.integers(1, 6),  # pods (one cpu each), or which to finish
+        st.integers(0, 2),  # priority
+        st.integers(0, 2),  # line: no queue, q0, q1
+    ),
+    max_size=40,
+)
+
+
+def _quotas() -> QuotaTree:
+    return QuotaTree(
+        setup(
+            queue("q0", {"cpu": ("6", "4", None)}, cohort="c", strategy=QueueMode.BEST_EFFORT_FIFO),
+            queue("q1", {"cpu": ("4", None, None)}, cohort="c", strategy=QueueMode.STRICT_FIFO),
+            cohorts=[cohort("c")],
+        )
+    )
+
+
+@dataclass
+class _Side:
+    """One way of running cycles, with its own pending and admitted work."""
+
+    pending: dict[str, Workload] = field(default_factory=dict)
+    admitted: list[tuple[Workload, str]] = field(default_factory=list)
+    usage: Usage | None = None
+    order: list[str] = field(default_factory=list)  # keys in the order they were admitted
+
+    def admit(self, result: CycleResult) -> None:
+        for admit in result.admits:
+            item = self.pending.pop(admit.key)
+            self.admitted.append((item, admit.queue))
+            self.order.append(admit.key)
+            if self.usage is not None and admit.assignment is not None:
+                amounts = dict(admit.assignment.amounts)
+                charge = Charge(item.key, admit.queue, amounts, priority=item.priority)
+                self.usage.charge(charge)
+
+    def finish(self, which: int) -> str:
+        """The `which`th admitted one finishes: the root that got quota back, if any."""
+        if not self.admitted:
+            return "-"
+        done, _ = self.admitted.pop(which % len(self.admitted))
+        return self.usage.release(done.key) if self.usage is not None else ""
+
+
+@SETTINGS
+@given(cycle_events, st.sampled_from(list(QueueMode)), st.booleans(), st.booleans())
+def test_parked_work_is_never_left_behind(
+    steps: list[tuple[str, int, int, int]], mode: QueueMode, preempt: bool, quotas: bool
+) -> None:
+    """After each event, `take` runs until it admits nothing more; then a full cycle over
+    every pending workload (today's `schedule`) admits nothing either: no workload that
+    could be admitted stays parked. Within each cycle a StrictFIFO line admits in its order.
+    (Which of two questions goes first after an event may differ from a full cycle: an event
+    wakes the first of each question, and its next one only once it is admitted.)"""
+    tree = _quotas() if quotas else None
+    kept = _Side(usage=Usage(tree) if tree is not None else None)
+    manager = QueueManager()
+    policy = LowestPriorityFirst() if preempt else None
+    held: frozenset[str] = frozenset()
+    for step, (kind, size, priority, line_index) in enumerate(steps):
+        if kind == "arrive":
+            line = LINES[line_index] if quotas else ""
+            item = workload(f"ns/aw-{step:02d}", pods(size, cpu=1), priority=priority)
+            item = replace(item, queue_name=line, created_at=float(step))
+            kept.pending[item.key] = item
+            manager.upsert(item, line)
+            continue
+        if kind == "finish":
+            root = kept.finish(size)
+            if root != "-":
+                manager.capacity_freed()
+            if root not in ("", "-"):
+                manager.quota_released(root)
+            continue
+
+        def view() -> QuotaView | None:
+            return QuotaView(tree, usage=kept.usage) if kept.usage is not None else None
+
+        for _ in range(len(steps) + 1):
+            result = take(
+                manager,
+                [_cluster(kept.admitted)],
+                mode=mode,
+                now=float(step),
+                starvation_after=1e9,
+                preemption=policy,
+                quotas=view(),
+                held_before=held,
+            )
+            held = result.held
+            for line in LINES:
+                strict = [a.key for a in result.admits if a.queue == line]
+                if _strict_line(line, mode, quotas):
+                    ranks = [queue_order_key(kept.pending[key]) for key in strict]
+                    assert ranks == sorted(ranks)
+            kept.admit(result)
+            if not result.admits:
+                break
+        full = schedule(
+            list(kept.pending.values()),
+            [_cluster(kept.admitted)],
+            mode=mode,
+            now=float(step),
+            starvation_after=1e9,
+            preemption=policy,
+            quotas=view(),
+        )
+        assert full.admits == ()
+    assert set(kept.pending) == {w.key for w in _all(manager)}
+
+
+def _strict_line(queue: str, mode: QueueMode, quotas: bool) -> bool:
+    if quotas and queue:
+        return queue == "q1"  # q0 is BestEffortFIFO, q1 StrictFIFO (`_quotas`)
+    return mode is QueueMode.STRICT_FIFO
+
+
+def _cluster(admitted: list[tuple[Workload, str]]) -> ClusterSnapshot:
+    reservations = tuple(
+        Reservation(key=w.key, pod_sets=w.pod_sets, priority=w.priority) for w, _ in admitted
+    )
+    return cluster("c1", *NODES, reservations=reservations)
+
+
+def _all(manager: QueueManager) -> list[Workload]:
+    return [w for line in manager.lines() for w in manager.in_line(line)]
+
+
+def test_heads_per_line_take_each_lines_first_in_order() -> None:
+    manager = QueueManager()
+    for i, line in enumerate(["q0", "q1", "q0", "", "q1", ""]):
+        manager.upsert(workload(f"ns/w{i}", pods(1, cpu=1), created_at=i), line)
+    manager.park("ns/w0", Wake.CAPACITY)
+    assert [w.key for w in manager.active(1)] == ["ns/w1", "ns/w2", "ns/w3"]
+    assert [w.key for w in manager.active(2)] == ["ns/w1", "ns/w2", "ns/w3", "ns/w4", "ns/w5"]
