@@ -19,7 +19,7 @@ import base64
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -295,11 +295,14 @@ async def serve_forever(config: Config) -> None:
     then ends the process (LostLease: exit code 1) so that its supervisor restarts it as a
     follower.
     """
-    log = structlog.get_logger("main")
     dispatcher = await build_checked(config)
+    stops: list[Callable[[], Awaitable[None]]] = []  # what serves beside it, in start order
     service = await _start_webhook(config, dispatcher)
+    if service is not None:
+        stops.append(service.stop)
     visibility = await _start_visibility(config, dispatcher, service)
-    runner = None
+    if visibility is not None:
+        stops.append(visibility.stop)
     if config.health_port:
         runner = await health.serve(
             port=config.health_port,
@@ -307,24 +310,34 @@ async def serve_forever(config: Config) -> None:
             metrics=lambda: metrics.render(dispatcher),
             debug_memory=config.debug_memory,
         )
+        stops.append(runner.cleanup)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    elector: LeaderElector | None = None
     lease_client: KubeClient | None = None
-    if config.leader_election:
-        elected = await _acquire_lease(config, stop)
-        if elected is None:  # stopped before it led
-            if runner is not None:
-                await runner.cleanup()
-            if visibility is not None:
-                await visibility.stop()
-            if service is not None:
-                await service.stop()
-            await close(dispatcher)
-            return
-        elector, lease_client = elected
+    try:
+        elector: LeaderElector | None = None
+        if config.leader_election:
+            elected = await _acquire_lease(config, stop)
+            if elected is None:  # stopped before it led
+                return
+            elector, lease_client = elected
+        await _run(config, dispatcher, elector, stop)
+    finally:
+        for stop_serving in reversed(stops):
+            await stop_serving()
+        if lease_client is not None:
+            await lease_client.close()
+        await close(dispatcher)
+
+
+async def _run(
+    config: Config, dispatcher: Manager, elector: LeaderElector | None, stop: asyncio.Event
+) -> None:
+    """Run the manager (holding the lease, with an elector) until `stop`, a crash or the
+    lease lost; then drain, fence if the lease went, and release it if still held."""
+    log = structlog.get_logger("main")
     tasks = {
         asyncio.create_task(dispatcher.run(), name="dispatcher"),
         asyncio.create_task(stop.wait(), name="stop"),
@@ -359,12 +372,3 @@ async def serve_forever(config: Config) -> None:
                 await task
         if elector is not None:
             await elector.release()  # only if still held: never after losing it
-        if runner is not None:
-            await runner.cleanup()
-        if visibility is not None:
-            await visibility.stop()
-        if service is not None:
-            await service.stop()
-        if lease_client is not None:
-            await lease_client.close()
-        await close(dispatcher)

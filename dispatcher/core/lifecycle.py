@@ -74,9 +74,27 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
     """Decide the next step for a dispatched AppWrapper (first matching rule wins)."""
     p = progress
     elapsed = p.seconds_since_dispatch
-    # 1. Done: every item with a completionstatus shows it and no pod is left (as MCAD: while
-    #    pods still run or wait it holds, RunningHoldCompletion); or, with none declared,
-    #    every pod it declared has succeeded.
+    done = _done(p)  # 1.
+    if done is not None:
+        return done
+    failed = _failed(p)  # 2.
+    if failed is not None:
+        return failed
+    # 3. Ran past dispatchDuration.limit.
+    if duration_limit is not None and duration_limit > 0 and elapsed >= duration_limit:
+        return Assessment(
+            Verdict.FAILED,
+            Reason.DISPATCH_DURATION_EXCEEDED,
+            f"dispatched {int(elapsed)}s ago, over dispatchDuration.limit of {duration_limit}s",
+        )
+    duration_left = (duration_limit - elapsed) if duration_limit else None
+    return _running_or_not(p, requeuing, duration_left)  # 4. and 5.
+
+
+def _done(p: Progress) -> Assessment | None:
+    """1. Done: every item with a completionstatus shows it and no pod is left (as MCAD:
+    while pods still run or wait it holds, RunningHoldCompletion); or, with none declared,
+    every pod it declared has succeeded."""
     seen = p.running + p.pending + p.succeeded + p.failed
     if p.completion_items:
         # Not before its pods were seen: a Deployment reports Progressing as soon as it is
@@ -102,7 +120,11 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
         return Assessment(
             Verdict.COMPLETED, Reason.WORKLOAD_COMPLETED, f"all {p.succeeded} pods succeeded"
         )
-    # 2. A wrapped object says it failed, or every pod ended and some failed.
+    return None
+
+
+def _failed(p: Progress) -> Assessment | None:
+    """2. A wrapped object says it failed, or every pod ended and some failed."""
     if p.failed_object:
         return Assessment(Verdict.FAILED, Reason.PODS_FAILED, p.failed_object)
     # With a completionstatus the object's own Failed condition decides (a Job retries
@@ -111,18 +133,16 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
         return Assessment(
             Verdict.FAILED, Reason.PODS_FAILED, f"{p.failed} pods failed and none are left running"
         )
-    # 3. Ran past dispatchDuration.limit.
-    if duration_limit is not None and duration_limit > 0 and elapsed >= duration_limit:
-        return Assessment(
-            Verdict.FAILED,
-            Reason.DISPATCH_DURATION_EXCEEDED,
-            f"dispatched {int(elapsed)}s ago, over dispatchDuration.limit of {duration_limit}s",
-        )
-    duration_left = (duration_limit - elapsed) if duration_limit else None
+    return None
+
+
+def _running_or_not(p: Progress, requeuing: Requeuing, duration_left: float | None) -> Assessment:
+    """4. Enough pods run or ran; 5. or not within the window: requeue, or give up after
+    maxNumRequeuings."""
+    elapsed = p.seconds_since_dispatch
     # Pods that succeeded have run: a short pod may go from Pending to Succeeded between two
     # looks and must count toward minAvailable as if it had been seen Running (as in MCAD).
     active = p.running + p.succeeded
-    # 4. Enough pods run or ran.
     if active >= p.min_available:
         # No counts in the message: they are in status (running, succeeded), and a message
         # that moved with every pod would cost a status write and an Event per pod.
@@ -135,7 +155,6 @@ def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | No
             f"{active} of minAvailable {p.min_available} pods running or succeeded",
             duration_left,
         )
-    # 5. Not enough pods within the window: requeue, or give up after maxNumRequeuings.
     window = requeue_window(requeuing, p.requeue_count)
     if window is not None and elapsed >= window:
         message = (

@@ -139,6 +139,99 @@ def review_answer(request: Mapping[str, Any], response: dict[str, Any]) -> dict[
     }
 
 
+class _Reviews:
+    """The endpoints' answers: the caller checked (with `client_auth`), at most
+    `max_in_flight` reviews read and handled at once, one that waited `queue_seconds` for its
+    turn refused (429), and an answer whatever happens."""
+
+    def __init__(
+        self, *, client_auth: ClientAuth | None, max_in_flight: int, queue_seconds: float
+    ) -> None:
+        self._client_auth = client_auth
+        self._max_in_flight = max_in_flight
+        self._queue_seconds = queue_seconds
+        self._turns = asyncio.Semaphore(max_in_flight)
+        self._log = structlog.get_logger("webhook")
+
+    async def _in_turn(
+        self, path: str, busy: str, answer: Callable[[], Awaitable[web.Response]]
+    ) -> web.Response:
+        try:
+            await asyncio.wait_for(self._turns.acquire(), self._queue_seconds)
+        except TimeoutError:
+            self._log.warning("webhook_busy", path=path, in_flight=self._max_in_flight)
+            return _status(429, "TooManyRequests", busy)
+        try:
+            return await answer()
+        finally:
+            self._turns.release()
+
+    def admission(
+        self, handler: Handler, path: str
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        busy = (
+            f"the dispatcher is answering {self._max_in_flight} admission requests at once "
+            "(webhook.max_in_flight); try again"
+        )
+
+        async def answer(request: web.Request) -> web.Response:
+            if self._client_auth is not None:
+                refused = self._client_auth.problem(_peer_certificate(request))
+                if refused:
+                    self._log.warning("webhook_caller_refused", path=path, reason=refused)
+                    return _status(403, "Forbidden", refused)
+            return await self._in_turn(path, busy, lambda: self._review(request, handler, path))
+
+        return answer
+
+    async def _review(self, request: web.Request, handler: Handler, path: str) -> web.Response:
+        try:
+            review, inner = _read_review(await request.read())
+        except (ValueError, KeyError, TypeError) as exc:
+            return web.Response(status=400, text=f"not an AdmissionReview: {exc}\n")
+        try:
+            response = await handler(inner)
+        except Exception as exc:  # answer, whatever happened: fail closed with the cause
+            self._log.exception("webhook_error", path=path, namespace=inner.get("namespace"))
+            response = {
+                "uid": inner["uid"],
+                "allowed": False,
+                "status": {
+                    "code": 500,
+                    "message": f"the dispatcher could not check this request: {exc}",
+                },
+            }
+        return web.json_response(review_answer(review, response))
+
+    async def conversion(self, request: web.Request) -> web.Response:
+        # No client certificate: the API server presents none to conversion webhooks.
+        busy = "the dispatcher is busy; try again"
+        return await self._in_turn(CONVERT_PATH, busy, lambda: self._convert(request))
+
+    async def _convert(self, request: web.Request) -> web.Response:
+        try:
+            review, inner = _read_review(await request.read())
+        except (ValueError, KeyError, TypeError) as exc:
+            return web.Response(status=400, text=f"not a ConversionReview: {exc}\n")
+        return web.json_response(
+            {
+                "apiVersion": str(review.get("apiVersion") or "apiextensions.k8s.io/v1"),
+                "kind": "ConversionReview",
+                "response": conversion_response(inner),
+            }
+        )
+
+
+def _read_review(body: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A review and its `request` (which must carry a uid); ValueError, KeyError or
+    TypeError when the body is not one."""
+    review = json.loads(body)
+    inner = review["request"]
+    if not isinstance(inner, dict) or "uid" not in inner:
+        raise ValueError("no request.uid")
+    return review, inner
+
+
 async def serve(
     *,
     host: str,
@@ -154,86 +247,17 @@ async def serve(
     (`port` 0 picks a free one). With `client_auth`, only callers it accepts are answered.
     At most `max_in_flight` reviews are read and handled at once; one that waited
     `queue_seconds` for its turn is refused (429)."""
-    log = structlog.get_logger("webhook")
-    turns = asyncio.Semaphore(max_in_flight)
-
-    def endpoint(handler: Handler, what: str) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def answer(request: web.Request) -> web.Response:
-            if client_auth is not None:
-                refused = client_auth.problem(_peer_certificate(request))
-                if refused:
-                    log.warning("webhook_caller_refused", path=what, reason=refused)
-                    return _status(403, "Forbidden", refused)
-            try:
-                await asyncio.wait_for(turns.acquire(), queue_seconds)
-            except TimeoutError:
-                log.warning("webhook_busy", path=what, in_flight=max_in_flight)
-                return _status(
-                    429,
-                    "TooManyRequests",
-                    f"the dispatcher is answering {max_in_flight} admission requests at "
-                    "once (webhook.max_in_flight); try again",
-                )
-            try:
-                return await reply(request)
-            finally:
-                turns.release()
-
-        async def reply(request: web.Request) -> web.Response:
-            try:
-                review = json.loads(await request.read())
-                inner = review["request"]
-                if not isinstance(inner, dict) or "uid" not in inner:
-                    raise ValueError("no request.uid")
-            except (ValueError, KeyError, TypeError) as exc:
-                return web.Response(status=400, text=f"not an AdmissionReview: {exc}\n")
-            try:
-                response = await handler(inner)
-            except Exception as exc:  # answer, whatever happened: fail closed with the cause
-                log.exception("webhook_error", path=what, namespace=inner.get("namespace"))
-                response = {
-                    "uid": inner["uid"],
-                    "allowed": False,
-                    "status": {
-                        "code": 500,
-                        "message": f"the dispatcher could not check this request: {exc}",
-                    },
-                }
-            return web.json_response(review_answer(review, response))
-
-        return answer
+    reviews = _Reviews(
+        client_auth=client_auth, max_in_flight=max_in_flight, queue_seconds=queue_seconds
+    )
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
-    async def conversion(request: web.Request) -> web.Response:
-        try:
-            await asyncio.wait_for(turns.acquire(), queue_seconds)
-        except TimeoutError:
-            log.warning("webhook_busy", path=CONVERT_PATH, in_flight=max_in_flight)
-            return _status(429, "TooManyRequests", "the dispatcher is busy; try again")
-        try:
-            try:
-                review = json.loads(await request.read())
-                inner = review["request"]
-                if not isinstance(inner, dict) or "uid" not in inner:
-                    raise ValueError("no request.uid")
-            except (ValueError, KeyError, TypeError) as exc:
-                return web.Response(status=400, text=f"not a ConversionReview: {exc}\n")
-            return web.json_response(
-                {
-                    "apiVersion": str(review.get("apiVersion") or "apiextensions.k8s.io/v1"),
-                    "kind": "ConversionReview",
-                    "response": conversion_response(inner),
-                }
-            )
-        finally:
-            turns.release()
-
     app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app.router.add_post(CONVERT_PATH, conversion)
-    app.router.add_post(MUTATE_PATH, endpoint(mutate, MUTATE_PATH))
-    app.router.add_post(VALIDATE_PATH, endpoint(validate, VALIDATE_PATH))
+    app.router.add_post(CONVERT_PATH, reviews.conversion)
+    app.router.add_post(MUTATE_PATH, reviews.admission(mutate, MUTATE_PATH))
+    app.router.add_post(VALIDATE_PATH, reviews.admission(validate, VALIDATE_PATH))
     app.router.add_get("/healthz", healthz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -241,7 +265,9 @@ async def serve(
     await site.start()
     # The port really bound (when 0 was asked for, a free one).
     bound = int(runner.addresses[0][1]) if runner.addresses else port
-    log.info("webhook_serving", host=host, port=bound, client_auth=client_auth is not None)
+    structlog.get_logger("webhook").info(
+        "webhook_serving", host=host, port=bound, client_auth=client_auth is not None
+    )
     return runner, bound
 
 
