@@ -234,7 +234,7 @@ class FakeKube:
         namespaces = self._objects.get(("v1", "Namespace"), {})
         if spec.namespaced and self.namespaces_must_exist and ("", namespace) not in namespaces:
             raise NotFound(f'namespaces "{namespace}" not found', status=404, reason="NotFound")
-        if self._key_of(obj) in self._objects.get(_key(spec), {}):
+        if self._key_of(obj) in self._objects.get(spec.key, {}):
             raise AlreadyExists(
                 f'{spec.plural} "{meta["name"]}" already exists', status=409, reason="AlreadyExists"
             )
@@ -323,7 +323,7 @@ class FakeKube:
             snapshot_id, version, offset = str(next(self._snapshot_ids)), self._version, 0
             matching = [
                 copy_json(o)
-                for (ns, _), o in sorted(self._objects.get(_key(spec), {}).items())
+                for (ns, _), o in sorted(self._objects.get(spec.key, {}).items())
                 if (not spec.namespaced or not namespace or ns == namespace) and selected(o)
             ]
         limit = int(query.get("limit") or 0) or len(matching)
@@ -365,7 +365,7 @@ class FakeKube:
         start = int(resource_version or 0)
         if start and start < self._compacted:
             raise Gone(f"too old resource version: {start} ({self._compacted})", status=410)
-        watcher = _Watcher(_key(spec))
+        watcher = _Watcher(spec.key)
         if start:
             backlog = [c for c in self._history if c.version > start and c.key == watcher.key]
         else:  # "0" or "": the current state as ADDED events, then changes
@@ -449,7 +449,7 @@ class FakeKube:
         raise error
 
     def _existing(self, spec: KindSpec, namespace: str | None, name: str) -> Obj:
-        found = self._objects.get(_key(spec), {}).get((_ns(spec, namespace), name))
+        found = self._objects.get(spec.key, {}).get((spec.scope(namespace), name))
         if found is None:
             raise NotFound(f'{spec.plural} "{name}" not found', status=404, reason="NotFound")
         return found
@@ -560,7 +560,7 @@ class FakeKube:
     def _remove(self, spec: KindSpec, obj: Obj, propagation: str) -> None:
         """Delete for good; dependents follow unless orphaned (the garbage collector's job),
         and a namespace's objects with it."""
-        key = _key(spec)
+        key = spec.key
         self._version += 1
         gone = copy_json(obj)
         gone["metadata"]["resourceVersion"] = str(self._version)
@@ -595,11 +595,3 @@ class FakeKube:
         result = copy_json(obj)
         result["kind"], result["apiVersion"] = spec.kind, spec.api_version
         return result
-
-
-def _key(spec: KindSpec) -> _Key:
-    return (spec.api_version, spec.kind)
-
-
-def _ns(spec: KindSpec, namespace: str | None) -> str:
-    return (namespace or "") if spec.namespaced else ""

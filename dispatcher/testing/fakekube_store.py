@@ -33,6 +33,14 @@ class KindSpec:
     generation: bool = False
     custom: bool = False
 
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.api_version, self.kind)
+
+    def scope(self, namespace: str | None) -> str:
+        """The namespace its objects are kept under ("" for a cluster-scoped kind)."""
+        return (namespace or "") if self.namespaced else ""
+
 
 BUILTIN_KINDS = (
     KindSpec("v1", "Pod", "pods", True, status=True),
