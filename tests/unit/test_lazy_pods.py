@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from copy import deepcopy as copy_of
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -25,6 +26,7 @@ from dispatcher.testing.waits import async_wait_until
 
 Obj = dict[str, Any]
 OWNER_LABELS = (LABEL_NAME, LABEL_NAMESPACE, LABEL_UID)
+ROOT = Path(__file__).resolve().parents[2]
 _NS = ResourceInfo("v1", "Namespace", "namespaces", namespaced=False)
 
 
@@ -205,6 +207,18 @@ POD = {
     "spec": {"containers": [{"resources": {"requests": {"cpu": "1"}}}]},
     "status": {"phase": "Running"},
 }
+
+
+def test_a_real_kuberay_worker_pod_is_read_lazily_in_each_of_its_states() -> None:
+    """The pod `benchmarks/watch_decode_bench.py` times: read from the local control plane
+    (KubeRay's worker of the gangs scenario, run by KWOK), managed fields included."""
+    real = json.loads((ROOT / "benchmarks" / "kuberay_worker_pod.json").read_text())
+    terminating = mutated(real, ["metadata", "deletionTimestamp"], "2026-11-27T00:00:00Z")
+    unbound = copy_of(real)
+    del unbound["spec"]["nodeName"]
+    for pod in (real, terminating, unbound, mutated(real, ["status", "phase"], "Succeeded")):
+        for kind in ("ADDED", "MODIFIED", "DELETED"):
+            assert assert_same(line_of(kind, pod))
 
 
 def test_a_usual_pod_is_read_lazily() -> None:
