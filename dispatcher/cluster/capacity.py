@@ -23,12 +23,14 @@ from dispatcher.api.quantity import QuantityError
 from dispatcher.api.resources import EMPTY, Resources
 from dispatcher.core.model import ClusterSnapshot, NodeState, Reservation, Taint
 from dispatcher.core.podsets import pod_requests
+from dispatcher.kube.lazyjson import LazyArray, LazyObject, fields, plain
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 Obj = dict[str, Any]
 Owner = tuple[str, str]
 """An AppWrapper as the owner of pods: ("namespace/name", uid)."""
 POD_LABELS = (LABEL_NAME, LABEL_NAMESPACE, LABEL_UID)
+_POD_LABEL_SET = frozenset(POD_LABELS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,80 @@ def slim_pod(pod: Obj) -> Obj:
         },
         "status": {"phase": phase},
     }
+
+
+def slim_pod_lazy(pod: LazyObject) -> Obj | None:
+    """`slim_pod` of a lazily decoded pod (`kube/lazyjson.py`), the same dict, reading only
+    the fields kept; None for a shape the API server does not write (the caller then decodes
+    the pod whole and `slim_pod` gives its answer, or its error). A key absent here is absent
+    from the whole decode too, so each default below is `slim_pod`'s."""
+    top = fields(pod)
+    meta = pod["metadata"] if "metadata" in top else None
+    spec: Any = pod["spec"] if "spec" in top else {}
+    status: Any = pod["status"] if "status" in top else {}
+    if not isinstance(meta, LazyObject) or not isinstance(spec, LazyObject | dict):
+        return None  # a pod without metadata has no key; spec as a list fails `slim_pod`
+    if not isinstance(status, LazyObject | dict):
+        return None
+    named = fields(meta)
+    if not isinstance(meta["name"] if "name" in named else None, str):
+        return None
+    if not isinstance(meta["resourceVersion"] if "resourceVersion" in named else None, str):
+        return None  # the informer reads the version of what it keeps
+    labels = meta["labels"] if "labels" in named else None
+    if labels is not None and not isinstance(labels, LazyObject):
+        return None
+    metadata = {
+        "name": meta["name"],
+        "namespace": plain(meta["namespace"]) if "namespace" in named else None,
+        "uid": plain(meta["uid"]) if "uid" in named else None,
+        "resourceVersion": meta["resourceVersion"],
+        # Equal to `slim_pod`'s (its order may differ, which no reader sees).
+        "labels": {k: plain(labels[k]) for k in fields(labels) & _POD_LABEL_SET} if labels else {},
+    }
+    given = fields(spec) if isinstance(spec, LazyObject) else set()
+    phased = isinstance(status, LazyObject) and "phase" in fields(status)
+    phase = plain(status["phase"]) if phased else "Pending"
+    node = plain(spec["nodeName"]) if "nodeName" in given else ""
+    if phase in TERMINAL_PHASES:
+        return {"metadata": metadata, "spec": {"nodeName": node}, "status": {"phase": phase}}
+    containers = _lazy_containers(spec["containers"] if "containers" in given else [], False)
+    init = spec["initContainers"] if "initContainers" in given else None
+    init_containers = _lazy_containers(init or [], True)
+    if containers is None or init_containers is None:
+        return None
+    metadata["deletionTimestamp"] = (
+        plain(meta["deletionTimestamp"]) if "deletionTimestamp" in named else None
+    )
+    return {
+        "metadata": metadata,
+        "spec": {
+            "nodeName": node,
+            "containers": containers,
+            "initContainers": init_containers,
+            "overhead": plain(spec["overhead"]) if "overhead" in given else None,
+        },
+        "status": {"phase": phase},
+    }
+
+
+def _lazy_containers(containers: Any, init: bool) -> list[Obj] | None:
+    """The kept part of each container of a lazily decoded list (None: not a list of
+    objects)."""
+    if not isinstance(containers, LazyArray | list):
+        return None
+    kept: list[Obj] = []
+    for container in containers:
+        if not isinstance(container, LazyObject):
+            return None
+        given = fields(container)
+        entry: Obj = {"resources": plain(container["resources"]) if "resources" in given else {}}
+        if init:
+            entry["restartPolicy"] = (
+                plain(container["restartPolicy"]) if "restartPolicy" in given else None
+            )
+        kept.append(entry)
+    return kept
 
 
 def pod_owner(meta: Obj) -> Owner | None:

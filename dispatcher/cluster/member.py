@@ -20,13 +20,20 @@ from typing import Any
 
 from dispatcher.api.constants import FIELD_MANAGER, LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.clock import Clock, SystemClock
-from dispatcher.cluster.capacity import TERMINAL_PHASES, CapacityCache, slim_metadata, slim_pod
+from dispatcher.cluster.capacity import (
+    TERMINAL_PHASES,
+    CapacityCache,
+    slim_metadata,
+    slim_pod,
+    slim_pod_lazy,
+)
 from dispatcher.config import MemberConfig
 from dispatcher.core.namespaces import Wildcard
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import KubeError
 from dispatcher.kube.informer import Informer
+from dispatcher.kube.lazyjson import LazyObject
 
 NODES = ResourceInfo("v1", "Node", "nodes", namespaced=False)
 PODS = ResourceInfo("v1", "Pod", "pods", namespaced=True)
@@ -144,6 +151,7 @@ class Member:
             self.client,
             PODS,
             transform=lambda pod: self._vouched(slim_pod(pod)),
+            lazy=self._lazy_pod,
             cold=_finished_pod,
             monotonic=steady,
         )
@@ -212,6 +220,11 @@ class Member:
         if not isinstance(hub_namespace, str) or self.namespace_for(hub_namespace) != here:
             return None
         return f"{hub_namespace}/{name}", str(uid)
+
+    def _lazy_pod(self, pod: LazyObject) -> dict[str, Any] | None:
+        """The pod watch's transform over a lazily decoded pod (`slim_pod_lazy`)."""
+        slim = slim_pod_lazy(pod)
+        return None if slim is None else self._vouched(slim)
 
     def _vouched(self, obj: dict[str, Any]) -> dict[str, Any]:
         """A slimmed object, without the owner labels unless `owner` vouches for them."""

@@ -7,7 +7,7 @@ is an in-memory one for tests. The members are exactly those the other modules u
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 from dispatcher.kube.client import RequestStats, ResourceInfo
@@ -72,6 +72,7 @@ class KubeApi(Protocol):
         timeout_seconds: int = 300,
         query: Mapping[str, str] | None = None,
         namespace: str | None = None,
+        decode_line: Callable[[bytes], Any] | None = None,
     ) -> AsyncIterator[dict[str, Any]]: ...
 
 

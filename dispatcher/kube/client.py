@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.request
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -580,9 +580,12 @@ class KubeClient:
         timeout_seconds: int = 300,
         query: Mapping[str, str] | None = None,
         namespace: str | None = None,
+        decode_line: Callable[[bytes], Any] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Yield watch events from `resource_version` with bookmarks until the server closes;
-        cluster-wide, or in `namespace` (where a Role allows no more).
+        cluster-wide, or in `namespace` (where a Role allows no more). `decode_line` reads
+        each event's line in place of `decode` (a cache that keeps a few fields of each
+        object reads only those: `kube/lazyjson.py`).
 
         Raises Gone (410) when the version is too old, so the caller relists.
         """
@@ -610,7 +613,7 @@ class KubeClient:
                     raise Unreachable(f"{self.name or self._host}: watch broke: {exc!r}") from exc
                 if not line:
                     return
-                event = decode(line)
+                event = (decode_line or decode)(line)
                 if event.get("type") == "ERROR":
                     status = event.get("object", {})
                     raise error_from_response(

@@ -10,6 +10,10 @@ objects kept as compact text (see `store.py`), both to bound memory. A list page
 whole before anything is slimmed: with `page_bytes`, the pages are sized by what the last
 one weighed, so a few hundred objects at etcd's 1.5 MiB limit never arrive at once.
 
+With a `lazy` transform (the same result, over a lazily decoded object: `lazyjson.py`), each
+watch event is decoded only as far as that transform reads; what it cannot read is decoded
+whole and goes through `transform` as before. Lists are decoded whole (once per relist).
+
 Objects are user data: a transform or handler that fails on one of them is logged (once per
 version of that object) and the watch carries on with the raw object, since ending the
 watch would only read the same object again on every restart, a crash loop.
@@ -27,8 +31,9 @@ import orjson
 import structlog
 
 from dispatcher.kube.api import KubeApi
-from dispatcher.kube.client import ResourceInfo
+from dispatcher.kube.client import ResourceInfo, decode
 from dispatcher.kube.errors import Forbidden, Gone, KubeError, NotFound
+from dispatcher.kube.lazyjson import LazyEvents, LazyTransform
 from dispatcher.kube.store import ObjectStore
 
 Obj = dict[str, Any]
@@ -38,6 +43,10 @@ ABSENT_RETRY_SECONDS = 30.0
 """How often a cache of a kind that is not installed looks for it again."""
 Handler = Callable[[str, Obj | None, Obj | None], None]
 """(event type, old, new): ADDED has old None, DELETED has new None."""
+_KEPT = "kept"
+_TRANSFORMED = object()
+"""`event[_KEPT] is _TRANSFORMED`: the event's object went through the lazy transform (no
+decoded JSON holds this value)."""
 
 
 def object_key(obj: Obj) -> str:
@@ -57,6 +66,7 @@ class Informer:
         label_selector: str = "",
         field_selector: str = "",
         transform: Callable[[Obj], Obj] | None = None,
+        lazy: LazyTransform | None = None,
         cold: Callable[[Obj], bool] | None = None,
         watch_timeout: int = 300,
         page_size: int = 500,
@@ -81,6 +91,7 @@ class Informer:
         if field_selector:
             self._query["fieldSelector"] = field_selector
         self._transform = transform
+        self._lazy = LazyEvents(lazy) if lazy is not None else None
         self._handlers: list[Handler] = []
         self._watch_timeout = watch_timeout
         self._page_size = page_size
@@ -220,6 +231,7 @@ class Informer:
             resource_version=version,
             timeout_seconds=self._watch_timeout,
             query=self._query,
+            decode_line=self._decode_line if self._lazy is not None else None,
         ):
             self.last_contact = self._monotonic()
             kind = event.get("type")
@@ -229,16 +241,27 @@ class Informer:
                 self.resource_version = new_version or self.resource_version
                 continue
             key = object_key(obj)
+            kept = event.get(_KEPT) is _TRANSFORMED
             if kind == "DELETED":
                 previous = self.store.pop(key, None)
-                self._emit("DELETED", previous or self._accept(obj), None)
+                self._emit("DELETED", previous or (obj if kept else self._accept(obj)), None)
             elif kind in ("ADDED", "MODIFIED"):
-                accepted = self._accept(obj)
+                accepted = obj if kept else self._accept(obj)
                 previous = self.store.get(key)
                 self.store[key] = accepted
                 self._emit("ADDED" if previous is None else "MODIFIED", previous, accepted)
             self.resource_version = new_version or self.resource_version
         self.last_contact = self._monotonic()
+
+    def _decode_line(self, line: bytes) -> Obj:
+        """A watch event's line: read lazily, its object transformed, where the lazy
+        transform takes it; else decoded whole."""
+        assert self._lazy is not None
+        read = self._lazy(line)
+        if read is None:
+            event: Obj = decode(line)
+            return event
+        return {"type": read[0], "object": read[1], _KEPT: _TRANSFORMED}
 
 
 def _version(obj: Obj) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from dispatcher.kube.client import RequestStats, ResourceInfo, well_formed
+from dispatcher.kube.client import RequestStats, ResourceInfo, encode, well_formed
 from dispatcher.kube.errors import (
     AlreadyExists,
     BadRequest,
@@ -352,8 +352,10 @@ class FakeKube:
         timeout_seconds: int = 300,
         query: Mapping[str, str] | None = None,
         namespace: str | None = None,
+        decode_line: Callable[[bytes], Any] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
-        """Cluster-wide, or in `namespace`, like KubeClient.watch."""
+        """Cluster-wide, or in `namespace`, like KubeClient.watch (with `decode_line`, each
+        event goes through JSON text and it, as from the server)."""
         spec = await self._request("watch", "GET", info, namespace, None, watch=True)
         labels_and_fields = selector_of(query)
 
@@ -386,11 +388,13 @@ class FakeKube:
                     return
                 if isinstance(item, str):
                     if item != _WAKE:
-                        yield {"type": "BOOKMARK", "object": bookmark(spec, item)}
+                        yield _sent(
+                            {"type": "BOOKMARK", "object": bookmark(spec, item)}, decode_line
+                        )
                     continue
                 event = event_for(item, selected)
                 if event is not None:
-                    yield {"type": event, "object": self._out(spec, item.new)}
+                    yield _sent({"type": event, "object": self._out(spec, item.new)}, decode_line)
         finally:
             self._watchers.discard(watcher)
 
@@ -595,3 +599,11 @@ class FakeKube:
         result = copy_json(obj)
         result["kind"], result["apiVersion"] = spec.kind, spec.api_version
         return result
+
+
+def _sent(event: dict[str, Any], decode_line: Callable[[bytes], Any] | None) -> dict[str, Any]:
+    """A watch event as the client hands it on: through its line's decoder, if given."""
+    if decode_line is None:
+        return event
+    decoded: dict[str, Any] = decode_line(encode(event) + b"\n")
+    return decoded
