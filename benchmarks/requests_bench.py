@@ -158,7 +158,7 @@ async def backlog(
     async def initialised() -> bool:
         return await _count_status(client, namespace, "Queueing") == n + 1
 
-    await _until(initialised, f"{n} initialised", 120 + n / 20)
+    await _until(initialised, f"{n} initialised", 120 + n / 5)
     ready = time.time()
     await asyncio.sleep(window)  # a quiet window before: what the backlog costs at rest
     audit.read()
