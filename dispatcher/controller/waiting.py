@@ -4,7 +4,7 @@ Side effects: status writes on the hub (through the status writer's one update p
 
 The scheduler hands over each cycle's waiting messages; `core.waiting` turns each into the
 AppWrapper's own situation and says when it is worth a write. The head of the line's is
-written at once by its own task (it is the one users watch). The others go to a few writers
+written at once by its own task (it is the one users watch). The others go to WRITERS writers
 rather than a task each: the first cycle over a queue of 10k AppWrappers would otherwise
 start 10k writes at once, each holding memory while it waits for the API server; a newer
 situation replaces one not yet written.
