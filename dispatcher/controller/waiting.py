@@ -13,6 +13,7 @@ situation replaces one not yet written.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -35,6 +36,10 @@ write, so the writers bound the rate: 16 made ~13 AppWrappers/s of a 3,000 backl
 loaded API server's ~1 s a write, while the client's budget (200 QPS) sat mostly unused;
 48 keep that budget busy at ~0.25 s a write and still hold only 48 requests open."""
 DEFERRAL_CHECK_SECONDS = 1.0
+SITUATIONS_KEPT = 4096
+"""Situations remembered by (message, reason, head): a cycle over a long queue says the same
+few messages for most of it, and turning each into its owner's terms (`own_terms`, a dozen
+regular expressions) was a fifth of the dispatcher's CPU with 30,000 queued."""
 
 
 class WaitingWriter:
@@ -58,6 +63,7 @@ class WaitingWriter:
         self._deferred: dict[str, tuple[Situation, float]] = {}
         self._ready = asyncio.Event()
         self._heads: set[asyncio.Task[None]] = set()
+        self._situations: OrderedDict[tuple[str, Reason, bool], Situation] = OrderedDict()
         self.skipped = 0
         """Waits the cycles reported that needed no write (the situation was unchanged)."""
         self._log = structlog.get_logger("waiting")
@@ -72,7 +78,18 @@ class WaitingWriter:
         reason: Reason = Reason.INSUFFICIENT_RESOURCES,
     ) -> None:
         """The scheduler says `key` waits because of `message` (for `reason`)."""
-        self._note(key, Situation.of(message, reason, head=head), now)
+        self._note(key, self._situation(message, reason, head), now)
+
+    def _situation(self, message: str, reason: Reason, head: bool) -> Situation:
+        said = (message, reason, head)
+        situation = self._situations.get(said)
+        if situation is None:
+            situation = self._situations[said] = Situation.of(message, reason, head=head)
+            if len(self._situations) > SITUATIONS_KEPT:
+                self._situations.popitem(last=False)
+        else:
+            self._situations.move_to_end(said)
+        return situation
 
     def _note(self, key: str, situation: Situation, now: float) -> None:
         last = self._written.get(key)
