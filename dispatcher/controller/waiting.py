@@ -32,9 +32,10 @@ from dispatcher.kube.errors import Conflict, KubeError
 
 WRITERS = 48
 """Queued AppWrappers' status writes in flight at once. A writer waits out one round trip per
-write, so the writers bound the rate: 16 made ~13 AppWrappers/s of a 3,000 backlog at a
-loaded API server's ~1 s a write, while the client's budget (200 QPS) sat mostly unused;
-48 keep that budget busy at ~0.25 s a write and still hold only 48 requests open."""
+write, so the writers bound the rate at WRITERS / round trip: 48 allow ~100 writes/s at a
+loaded API server's ~0.3 s (p50 while a 3,000 backlog was initialised) and still hold only
+48 requests open. (With the finalizer to PATCH first, the reconcile workers bound the rate
+before these do: see `Config.workers`.)"""
 DEFERRAL_CHECK_SECONDS = 1.0
 SITUATIONS_KEPT = 4096
 """Situations remembered by (message, reason, head): a cycle over a long queue says the same
