@@ -1,6 +1,7 @@
 """A large backlog on the local control plane: memory, start, writes at rest and per change.
 
-    python -m benchmarks.backlog_bench [--count 30000] [--window 30] [--out FILE.json]
+    python -m benchmarks.backlog_bench [--count 30000] [--window 30] [--workers N]
+        [--out FILE.json]
 
 `--count` AppWrappers, each a Deployment of one 2-CPU pod, are created while no dispatcher
 runs, on one 4-CPU KWOK node: two fit, the rest wait. Then the dispatcher starts as its own
@@ -82,7 +83,9 @@ async def _measure(
     print(f"created {args.count} AppWrappers in {result['seconds_creating']:.0f}s", flush=True)
     port = free_port()
     started = time.monotonic()
-    process = start_dispatcher(cluster, workdir, {}, port)
+    settings = {"workers": args.workers} if args.workers else {}
+    result["settings"] = settings
+    process = start_dispatcher(cluster, workdir, {}, port, settings=settings)
     try:
         wait_ready(port, timeout=1800)
         result["seconds_to_ready"] = time.monotonic() - started
@@ -156,6 +159,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=30000)
     parser.add_argument("--window", type=float, default=30.0)
     parser.add_argument("--timeout", type=float, default=7200.0)
+    parser.add_argument("--workers", type=int, help="the dispatcher's reconcile workers")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/backlog.json"))
     parser.add_argument("--workdir", type=Path, help="keep the cluster's and dispatcher's logs")
     args = parser.parse_args()

@@ -1,10 +1,13 @@
 """API requests the dispatcher makes, counted from the API server's audit log.
 
     python -m benchmarks.requests_bench [--lives 40] [--backlog 300 --backlog 3000]
-        [--window 20] [--out benchmarks/results/requests.json]
+        [--window 20] [--webhook] [--out benchmarks/results/requests.json]
 
 One local control plane with its audit log on (reads too, not watches), a dispatcher run in
 this process; its requests are told apart by their User-Agent (`appwrapper-dispatcher/...`).
+With `--webhook` the dispatcher serves its admission webhook too, registered for every
+namespace, as installed (the webhook sets the finalizer at CREATE; its own requests, the
+SubjectAccessReviews, are counted with the rest).
 
 - `lives`: N AppWrappers, each one Job of one 1-CPU pod, applied at once onto one 4-CPU
   node, so that most queue first; each runs to Completed (KWOK ends Job pods at once), then
@@ -31,9 +34,10 @@ from benchmarks.peer_watch import AuditTail
 from benchmarks.report import save
 from dispatcher.api.constants import API_VERSION, KIND, PLURAL
 from dispatcher.app import running
-from dispatcher.config import Config
+from dispatcher.config import Config, WebhookConfig
 from dispatcher.kube.client import KubeClient, ResourceInfo
-from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries
+from dispatcher.kube.registration import webhook_configurations
+from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
 from dispatcher.testing.manifests import appwrapper, deployment, job
 
 APPWRAPPERS = ResourceInfo(API_VERSION, KIND, PLURAL, True)
@@ -154,7 +158,7 @@ async def backlog(
     async def initialised() -> bool:
         return await _count_status(client, namespace, "Queueing") == n + 1
 
-    await _until(initialised, f"{n} initialised", 120 + n / 20)
+    await _until(initialised, f"{n} initialised", 120 + n / 5)
     ready = time.time()
     await asyncio.sleep(window)  # a quiet window before: what the backlog costs at rest
     audit.read()
@@ -179,13 +183,32 @@ async def backlog(
     return result
 
 
+def _webhook(cluster: LocalCluster) -> WebhookConfig:
+    """The admission webhook on a free loopback port, registered for every namespace; it
+    answers only the API server's client certificate, as installed."""
+    name, port = "requests-bench", free_port()
+    cluster.kubectl("create", "namespace", "aw-webhook")
+    for configuration in webhook_configurations(name, port):
+        cluster.apply(configuration)
+    return WebhookConfig(
+        enabled=True,
+        host="127.0.0.1",
+        port=port,
+        namespace="aw-webhook",
+        extra_names=["127.0.0.1"],
+        mutating_configuration=name,
+        validating_configuration=name,
+        client_ca_file=str(cluster.webhook_client_ca),
+    )
+
+
 async def measure(
-    workdir: Path, n_lives: int, backlogs: list[int], window: float, qps: float
+    workdir: Path, n_lives: int, backlogs: list[int], window: float, qps: float, webhook: bool
 ) -> dict[str, Any]:
     cluster = LocalCluster.start(
         "requests", workdir, binaries=ensure_binaries(), audit=True, audit_reads=True
     )
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"webhook": webhook}
     try:
         cluster.add_node("node-1", cpu="4", memory="16Gi")
         cluster.wait_nodes_ready(["node-1"])
@@ -204,6 +227,7 @@ async def measure(
             log_level="warning",
             unattributed="allow",
             qps=qps,
+            webhook=_webhook(cluster) if webhook else WebhookConfig(),
         )
         try:
             async with running(config):
@@ -228,6 +252,7 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, action="append", default=[])
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--qps", type=float, default=200.0)
+    parser.add_argument("--webhook", action="store_true", help="serve the admission webhook")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/requests.json"))
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
@@ -237,7 +262,9 @@ def main() -> None:
             workdir = args.workdir.resolve()
         else:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aw-req-")))
-        result = asyncio.run(measure(workdir, args.lives, args.backlog, args.window, args.qps))
+        result = asyncio.run(
+            measure(workdir, args.lives, args.backlog, args.window, args.qps, args.webhook)
+        )
     save(result, args.out)
 
 

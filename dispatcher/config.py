@@ -229,8 +229,10 @@ class Config(BaseModel):
     """A member silent this long has its AppWrappers requeued elsewhere."""
     qps: float = Field(default=200.0, ge=0)
     burst: int = Field(default=400, ge=0)
-    workers: int = Field(default=32, ge=1, le=256)
-    """Concurrent reconciles (each key is handled by one worker at a time)."""
+    workers: int = Field(default=64, ge=1, le=256)
+    """Concurrent reconciles (each key is handled by one worker at a time). Each waits out its
+    requests: a backlog found at start without the finalizer (no webhook set it) is taken in
+    at about workers / round trip a second."""
     dispatch_concurrency: int = Field(default=64, ge=1, le=1024)
     """Dispatches (status write + object creates) in flight at once."""
     health_port: int = Field(default=8081, ge=0, le=65535)

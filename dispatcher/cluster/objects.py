@@ -439,11 +439,12 @@ async def delete_all(
         meta = existing.get("metadata", {})
         if (meta.get("labels") or {}).get(LABEL_UID) != uid or not made_by_dispatcher(existing):
             return None
-        if meta.get("deletionTimestamp") is None:
-            # The uid precondition: never delete a newer object that took the name meanwhile.
-            await client.delete(
-                info, namespace, obj.name, propagation="Background", uid=meta.get("uid")
-            )
+        # The uid precondition: never delete a newer object that took the name meanwhile.
+        # Gone at once (no finalizers): nothing left to look for again.
+        if meta.get("deletionTimestamp") is None and await client.delete(
+            info, namespace, obj.name, propagation="Background", uid=meta.get("uid")
+        ):
+            return None
         return obj.label
 
     results = await asyncio.gather(*(one(o) for o in objects))

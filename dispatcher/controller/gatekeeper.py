@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
+from dispatcher.api.constants import FINALIZER
 from dispatcher.api.models import AppWrapper
 from dispatcher.config import Config, DeclaredPodResources
 from dispatcher.core import gatekeeping as rules
@@ -134,21 +135,24 @@ class Gatekeeper:
     # -- the webhook -------------------------------------------------------------------
 
     async def mutate(self, request: Mapping[str, Any]) -> Obj:
-        """Record the requester (CREATE, a change of the spec) and sign the spec
-        (AdmissionResponse)."""
+        """Record the requester (CREATE, a change of the spec) and sign the spec; at CREATE,
+        add the dispatcher's finalizer (AdmissionResponse)."""
         keys = self._keys()
         obj = request.get("object") or {}
-        if not keys or request.get("operation") not in ("CREATE", "UPDATE"):
-            return _response(request, allowed=True)
-        if request.get("subResource"):
+        operation = request.get("operation")
+        if operation not in ("CREATE", "UPDATE") or request.get("subResource"):
             return _response(request, allowed=True)  # none is sent here: nothing to record
-        patch = rules.record_patch(
-            operation=str(request["operation"]),
-            obj=obj,
-            old=request.get("oldObject"),
-            user=Creator.from_user_info(request.get("userInfo") or {}),
-            keys=keys,
-        )
+        # Set with the object, the finalizer costs the dispatcher no PATCH per AppWrapper
+        # (it still adds one where it is missing: created with the webhook off).
+        patch = _finalizer_patch(obj) if operation == "CREATE" else []
+        if keys:
+            patch += rules.record_patch(
+                operation=str(operation),
+                obj=obj,
+                old=request.get("oldObject"),
+                user=Creator.from_user_info(request.get("userInfo") or {}),
+                keys=keys,
+            )
         return _response(request, allowed=True, patch=patch)
 
     async def validate(self, request: Mapping[str, Any]) -> Obj:
@@ -348,6 +352,16 @@ class Gatekeeper:
         # A kind no cluster serves is left out: creating it says which, as it always has.
         needed, _ = await self._needed(obj, namespace, old=None, member=member)
         return await self.reviews.refused(found.creator, needed)
+
+
+def _finalizer_patch(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """JSON patch that adds the dispatcher's finalizer to `obj` (none if it has it)."""
+    finalizers = (obj.get("metadata") or {}).get("finalizers")
+    if not isinstance(finalizers, list):
+        return [{"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]
+    if FINALIZER in finalizers:
+        return []
+    return [{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]
 
 
 def _response(

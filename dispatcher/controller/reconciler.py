@@ -23,6 +23,7 @@ and makes the world match it, so a missed event or a restart costs nothing:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -69,6 +70,7 @@ OWN_ERROR_MAX_SECONDS = 300.0
 """Pauses (doubling) between attempts to make objects that met a bug of the dispatcher's."""
 UNSYNCED_RECHECK_SECONDS = 5.0
 """A dispatched AppWrapper on a member whose caches have not synced: look again then."""
+RELEASED_KEPT = 4096
 
 
 def _seconds_since(stamp: str | None, now: float) -> float:
@@ -115,6 +117,11 @@ class Reconciler:
         """key -> when pod counts alone were last written."""
         self._own_errors: dict[str, int] = {}
         """key -> dispatcher's own errors met making its objects since they last were made."""
+        self._released: OrderedDict[str, None] = OrderedDict()
+        """uids whose finalizer this replica removed (the most recent RELEASED_KEPT): the
+        watch may show such an AppWrapper with its finalizer a moment longer (the answer to
+        the last PATCH may carry no newer resourceVersion to read our own write by), and a
+        reconcile then would look for its objects and patch again, for nothing."""
         self._log = structlog.get_logger("reconciler")
 
     def forget(self, key: str) -> None:
@@ -613,7 +620,7 @@ class Reconciler:
 
     async def _finalize(self, aw: AppWrapper, obj: Obj) -> Result:
         """Deletion: remove the wrapped objects wherever they may be, then our finalizer."""
-        if FINALIZER not in aw.metadata.finalizers:
+        if FINALIZER not in aw.metadata.finalizers or aw.metadata.uid in self._released:
             return Result.done()
         member = self.member_of(aw.status or AppWrapperStatus())
         targets = [member] if member is not None else list(self._members.values())
@@ -627,6 +634,10 @@ class Reconciler:
             )
             return Result.after(0.5)
         await self._status.set_finalizer(obj, present=False)
+        if aw.metadata.uid:
+            self._released[aw.metadata.uid] = None
+            if len(self._released) > RELEASED_KEPT:
+                self._released.popitem(last=False)
         self.forget_all(aw.key)
         self._schedule_soon()
         return Result.done()

@@ -12,7 +12,10 @@ re-made on fresh data rather than forced over it. The reconciler passes the obje
 decided on and one attempt: its Conflict goes back to its work queue, whose next reconcile
 reads afresh (its decisions involve member I/O that a mutation must not repeat).
 
-Each write posts at most one Event telling what changed. What a write returns is kept as an
+A write posts at most one Event, and only for a step an operator reads in `kubectl describe`
+(`EVENT_REASONS`: dispatched, preempted, requeued, failed, completed...); the states of waiting
+(queued, at the head, why it waits) and Running are told by the conditions alone
+(docs/operations.md, "Kubernetes Events", says why). What a write returns is kept as an
 overlay until the watch shows that version or a newer one, so the scheduler and the
 reconciler read their own writes at once instead of deciding again on the older object.
 """
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dispatcher.api.constants import API_VERSION, FINALIZER, KIND, PLURAL
-from dispatcher.api.models import AppWrapperStatus, status_to_kube
+from dispatcher.api.models import AppWrapperStatus, Reason, status_to_kube
 from dispatcher.controller.reading import key_of, resource_version, without_bookkeeping
 from dispatcher.core.conditions import Transition
 from dispatcher.kube.api import KubeApi
@@ -37,6 +40,19 @@ Obj = dict[str, Any]
 APPWRAPPERS = ResourceInfo(API_VERSION, KIND, PLURAL, namespaced=True)
 UPDATE_ATTEMPTS = 5
 """Writes of one update before its Conflict is raised (each after reading the object again)."""
+QUIET_REASONS = frozenset(
+    {
+        Reason.QUEUED,
+        Reason.FRONT_OF_QUEUE,
+        Reason.INSUFFICIENT_RESOURCES,
+        Reason.QUOTA_EXCEEDED,
+        Reason.PODS_RUNNING,
+    }
+)
+"""Transitions that post no Event: the states of waiting for room or quota (queued, at the
+head, why it waits: its conditions say so, kept current) and Running (its pods' own Events
+tell it). An Event marks a step taken (dispatched, preempted, requeued, failed, completed) or
+a problem to fix (its queue unusable, a spec refused)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +176,7 @@ class StatusWriter:
         self, obj: Obj, status: AppWrapperStatus, transitions: Sequence[Transition | None]
     ) -> Obj:
         """Write `status` over `obj`'s (Conflict if `obj` is stale) and post one Event for
-        what changed: a queued-and-dispatched AppWrapper costs one Event, not two."""
+        the step it takes, if it takes one worth an Event (`QUIET_REASONS`: none)."""
         self._check_fence()
         meta = obj["metadata"]
         body = {
@@ -186,7 +202,9 @@ class StatusWriter:
             if self.writes[key] <= 0:
                 del self.writes[key]
             raise
-        happened = [t for t in transitions if t is not None and t.reason]
+        happened = [
+            t for t in transitions if t is not None and t.reason and t.reason not in QUIET_REASONS
+        ]
         if happened:
             self.events.record(
                 written,

@@ -54,7 +54,7 @@ class KubeApi(Protocol):
         *,
         propagation: str = "Background",
         uid: str | None = None,
-    ) -> None: ...
+    ) -> bool: ...
 
     async def list(
         self,

@@ -552,15 +552,19 @@ class KubeClient:
         *,
         propagation: str = "Background",
         uid: str | None = None,
-    ) -> None:
-        """Delete; NotFound means it is already gone and is not an error here."""
+    ) -> bool:
+        """Delete; NotFound means it is already gone and is not an error here. True when it
+        is gone now; False when its deletion has only begun (finalizers, a grace period: the
+        API server answers with the object, marked with a deletionTimestamp)."""
         body: dict[str, Any] = {"propagationPolicy": propagation}
         if uid:
             body["preconditions"] = {"uid": uid}
         try:
-            await self.request("DELETE", info.path(namespace, name), body=body)
+            answer = await self.request("DELETE", info.path(namespace, name), body=body)
         except NotFound:
-            return
+            return True
+        meta = answer.get("metadata") if isinstance(answer, dict) else None
+        return not (isinstance(meta, dict) and meta.get("deletionTimestamp"))
 
     async def list(
         self,

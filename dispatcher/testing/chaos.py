@@ -177,10 +177,13 @@ class Chaos:
         *,
         propagation: str = "Background",
         uid: str | None = None,
-    ) -> None:
+    ) -> bool:
         controller = self._gate(info.kind)
         try:
-            await self._originals["delete"](info, namespace, name, propagation=propagation, uid=uid)
+            gone: bool = await self._originals["delete"](
+                info, namespace, name, propagation=propagation, uid=uid
+            )
+            return gone
         except KubeError:
             self.errors += controller
             raise

@@ -286,12 +286,12 @@ class FakeKube:
         *,
         propagation: str = "Background",
         uid: str | None = None,
-    ) -> None:
+    ) -> bool:
         try:
             spec = await self._request("delete", "DELETE", info, namespace, name)
             old = self._existing(spec, namespace, name)
         except NotFound:
-            return  # as KubeClient.delete: already gone
+            return True  # as KubeClient.delete: already gone
         meta = old["metadata"]
         if uid and meta.get("uid") != uid:
             raise Conflict(
@@ -301,6 +301,7 @@ class FakeKube:
                 reason="Conflict",
             )
         self._delete(spec, old, propagation)
+        return not old["metadata"].get("finalizers")
 
     async def list(
         self,

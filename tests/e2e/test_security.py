@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 from cryptography import x509
 
+from dispatcher.api.constants import FINALIZER
 from dispatcher.app import running
 from dispatcher.config import WebhookConfig
 from dispatcher.core.gatekeeping import SIGNATURE, USER, PriorityPolicy, PriorityRule
@@ -279,7 +280,12 @@ async def test_a_user_with_the_rights_gets_them_and_is_recorded(
 ) -> None:
     fake_nodes.add("n1")
     await run_dispatcher(**secure.settings())
-    await secure.apply(appwrapper("web", pod("web-0"), service("web")), user="bob")
+    created = await cluster.akubectl(
+        "create", "-n", namespace, "-f", "-", "-o", "json", "--as=bob",
+        input=json.dumps(appwrapper("web", pod("web-0"), service("web"))),
+    )  # fmt: skip
+    # The mutating webhook set the finalizer with the object: the dispatcher patches nothing.
+    assert json.loads(created.stdout)["metadata"]["finalizers"] == [FINALIZER]
     await wait_condition(cluster, namespace, "web", "Running")
     annotations = (await get_aw(cluster, namespace, "web"))["metadata"]["annotations"]
     record = json.loads(annotations[USER])

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dispatcher.testing.waits import async_wait_until
+from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
+    QUIET_SECONDS,
     apply,
     appwrapper,
     conditions,
@@ -67,6 +68,28 @@ async def test_kubectl_get_describe_wait(cluster, namespace, fake_nodes, run_dis
     assert "Events:" in described
     for condition in ("Init", "Queueing", "HeadOfLine", "Dispatched", "Running"):
         assert condition in described
+
+    # Events tell the steps taken, not the states between: web's one Event is its dispatch
+    # (queued, at the head and Running are in its conditions); too-big, waiting, has none.
+    async def reasons(name: str) -> list[str]:
+        selector = f"involvedObject.kind=AppWrapper,involvedObject.name={name}"
+        listed = await cluster.akubectl(
+            "get", "events", "-n", namespace, "--field-selector", selector,
+            "-o", "jsonpath={.items[*].reason}",
+        )  # fmt: skip
+        return sorted(listed.stdout.split())
+
+    async def web_dispatched_event() -> bool:
+        return bool(await reasons("web"))
+
+    await async_wait_until(web_dispatched_event, timeout=30, what="web's Event")
+
+    async def only_the_steps() -> bool:
+        assert await reasons("web") == ["AppWrapperRunnable"]
+        assert await reasons("too-big") == []
+        return True
+
+    await async_holds_for(only_the_steps, seconds=QUIET_SECONDS, what="no Event for states")
 
 
 def _dispatcher_process(config: Path, log: Path) -> asyncio.subprocess.Process:

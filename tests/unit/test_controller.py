@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 
 from dispatcher.controller.status import APPWRAPPERS, UPDATE_ATTEMPTS
+from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import Conflict
 from dispatcher.testing.fakeenv import NAMESPACE, FakeEnv, fake_env
 from dispatcher.testing.manifests import appwrapper, deployment, job
 
 JOB = ("batch/v1", "Job")
 DEPLOYMENT = ("apps/v1", "Deployment")
+DEPLOYMENTS = ResourceInfo("apps/v1", "Deployment", "deployments", namespaced=True)
 
 
 def status_of(obj: dict[str, Any]) -> dict[str, Any]:
@@ -169,9 +171,26 @@ async def test_deletion_removes_objects_then_the_finalizer() -> None:
         await env.apply(appwrapper("a", deployment("a", 1, {"cpu": "1"})))
         await admitted(env, "a")
         await env.delete("a")
-        assert await env.reconcile("a") == 0.5  # asked to go; the finalizer waits for it
+        # The Deployment went at once (its DELETE said so): the finalizer goes in the same
+        # reconcile, with no second look at the Deployment.
+        assert await env.reconcile("a") is None
         assert env.objects(*DEPLOYMENT) == []
+        assert env.objects("workload.codeflare.dev/v1beta1", "AppWrapper") == []
+
+
+async def test_deletion_waits_for_an_object_held_by_its_own_finalizer() -> None:
+    async with fake_env() as env:
+        await env.add_node("n1", cpu="8")
+        await env.apply(appwrapper("a", deployment("a", 1, {"cpu": "1"})))
+        await admitted(env, "a")
+        hold = {"metadata": {"finalizers": ["example.com/hold"]}}
+        await env.fake.merge_patch(DEPLOYMENTS, NAMESPACE, "a", hold)
+        await env.delete("a")
+        assert await env.reconcile("a") == 0.5  # asked to go; the finalizer waits for it
         assert len(env.objects("workload.codeflare.dev/v1beta1", "AppWrapper")) == 1
+        assert await env.reconcile("a") == 0.5  # still there, being deleted
+        await env.fake.merge_patch(DEPLOYMENTS, NAMESPACE, "a", {"metadata": {"finalizers": []}})
+        assert env.objects(*DEPLOYMENT) == []
         assert await env.reconcile("a") is None
         assert env.objects("workload.codeflare.dev/v1beta1", "AppWrapper") == []
 

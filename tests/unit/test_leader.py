@@ -85,7 +85,7 @@ class Path:
         *,
         propagation: str = "Background",
         uid: str | None = None,
-    ) -> None:
+    ) -> bool:
         raise AssertionError("not used")
 
     async def list(
