@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.cluster.capacity import slim_pod, slim_pod_lazy
-from dispatcher.kube.client import decode, encode
+from dispatcher.kube.jsoncodec import decode, encode
 from dispatcher.kube.lazyjson import LazyEvents
 
 Obj = dict[str, Any]

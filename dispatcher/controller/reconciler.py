@@ -32,20 +32,18 @@ import structlog
 from pydantic import ValidationError
 
 from dispatcher.api.constants import FINALIZER
-from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, Requeuing, parse_time
+from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, Requeuing
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.cluster.objects import (
     DispatchError,
     UserInputError,
     Wrapped,
-    completion,
     spec_change,
-    target_namespace,
-    wrapped_identities,
 )
 from dispatcher.config import Config
 from dispatcher.controller.making import Maker, NotYet, Refused
+from dispatcher.controller.progress import measure, seconds_since
 from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.status import StatusWriter
@@ -71,15 +69,6 @@ OWN_ERROR_MAX_SECONDS = 300.0
 UNSYNCED_RECHECK_SECONDS = 5.0
 """A dispatched AppWrapper on a member whose caches have not synced: look again then."""
 RELEASED_KEPT = 4096
-
-
-def _seconds_since(stamp: str | None, now: float) -> float:
-    if not stamp:
-        return 0.0
-    try:
-        return now - parse_time(stamp).timestamp()
-    except ValueError:
-        return 0.0
 
 
 class Reconciler:
@@ -241,7 +230,7 @@ class Reconciler:
         now, moment = self._moment()
         backoff = status.condition(C.BACKOFF)
         seconds = self._pause(aw)
-        waited = _seconds_since(backoff.lastTransitionMicroTime if backoff else None, now)
+        waited = seconds_since(backoff.lastTransitionMicroTime if backoff else None, now)
         if waited < seconds:
             return Result.after(seconds - waited)
         await self._status.write(obj, status, [cond.end_backoff(status, now=moment)])
@@ -436,60 +425,20 @@ class Reconciler:
     async def _progress(
         self, aw: AppWrapper, status: AppWrapperStatus, member: Member, objects: list[Wrapped]
     ) -> tuple[Progress, bool, bool]:
-        """How it does: its pods counted (into `status`), its objects' completion read.
-        Returns the progress, whether the pod counts changed, and whether some object's
-        status was read by GET (it will not announce itself: look again later)."""
+        """How it does (`controller.progress.measure`), with the pods it declared."""
         now, moment = self._moment()
-        counts = member.capacity.pod_counts(aw.key, aw.metadata.uid or "")
-        changed = cond.set_pod_counts(
-            status,
-            pending=counts.pending,
-            running=counts.running,
-            succeeded=counts.succeeded,
-            failed=counts.failed,
-        )
         workload = self._reader.workload(aw, priority=status.priority or 0, now=moment)
         expected = tracked_pod_count(workload.pod_sets) if isinstance(workload, Workload) else 0
-        min_available = aw.spec.schedulingSpec.minAvailable
-        if min_available is None:
-            min_available = expected
-        completion_items = sum(1 for item in aw.spec.items if item.completion_conditions())
-        done_items, failed_object, polled = 0, "", False
-        # Wrapped objects report completion through their own status, also while pods run
-        # (MCAD's RunningHoldCompletion). It comes from a watch cache of that kind (whose
-        # changes wake this reconcile); until that cache has synced, from a GET, looked at
-        # again a little later.
-        if completion_items:
-            objects = objects or wrapped_identities(aw)
-            result = await completion(
-                member.client,
-                # Mapped: its objects were created there by this process, same settings.
-                target_namespace(member, aw.metadata.namespace),
-                objects,
-                uid=aw.metadata.uid or "",
-                caches=await member.completion_caches(
-                    [(o.api_version, o.kind) for o in objects if o.completion],
-                    on_change=self._wake_owner,
-                    start_task=self._start_task,
-                ),
-            )
-            completion_items, done_items = result.items, result.done
-            failed_object, polled = result.failed, result.polled
-        progress = Progress(
-            expected_pods=expected,
-            min_available=min_available,
-            pending=counts.pending,
-            running=counts.running,
-            succeeded=counts.succeeded,
-            failed=counts.failed,
-            seconds_since_dispatch=_seconds_since(status.lastDispatchedAt, now),
-            requeue_count=status.requeueCount,
-            reached_running=status.is_true(C.RUNNING),
-            completion_items=completion_items,
-            completed_items=done_items,
-            failed_object=failed_object,
+        return await measure(
+            aw,
+            status,
+            member,
+            objects,
+            expected=expected,
+            now=now,
+            wake_owner=self._wake_owner,
+            start_task=self._start_task,
         )
-        return progress, changed, polled
 
     async def _act_on(
         self,
@@ -530,7 +479,7 @@ class Reconciler:
             await self._status.write(obj, status, [transition])
             self._counts_written[key] = now
             if not was_running and status.is_true(C.RUNNING):  # Running at last
-                self._recorder.running(aw, status, _seconds_since(status.lastDispatchedAt, now))
+                self._recorder.running(aw, status, seconds_since(status.lastDispatchedAt, now))
             if verdict.verdict is Verdict.FAILED:
                 return await self._after_terminal(aw, status)  # give the capacity back
             return Result.soonest(poll, recheck)
@@ -540,7 +489,7 @@ class Reconciler:
             # after a dispatch wait for the Running write that usually follows.
             last = self._counts_written.get(key)
             if last is None:
-                last = now - _seconds_since(status.lastDispatchedAt, now)
+                last = now - seconds_since(status.lastDispatchedAt, now)
             since = now - last
             if since >= COUNTS_INTERVAL:
                 await self._status.write(obj, status, [])

@@ -16,8 +16,6 @@ import json
 import os
 import re
 import socket
-import sys
-import threading
 import time
 import urllib.request
 from collections import OrderedDict
@@ -27,7 +25,6 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import aiohttp
-import orjson
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from prometheus_client import Histogram
@@ -37,11 +34,11 @@ from dispatcher.kube.errors import (
     KubeError,
     NotFound,
     TooManyRequests,
-    Undecodable,
     UnknownKind,
     Unreachable,
     error_from_response,
 )
+from dispatcher.kube.jsoncodec import decode, encode
 
 JSON = "application/json"
 TLS_READ_BUFFER = 64 * 1024
@@ -64,62 +61,6 @@ _GROUP_VERSION = re.compile(
 _KIND = re.compile(r"[A-Z][A-Za-z0-9]*")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 """Seconds (client-go's rest_client_request_duration_seconds buckets, less the longest)."""
-
-
-DEEP_DECODE_LIMIT = 11_000
-"""Nesting the fallback decoder accepts: the API server stores objects nested up to 10,000
-levels; the interpreter's own limit (about 1,000) would end a watch on any deeper one."""
-
-
-def encode(body: Any) -> bytes:
-    """A request body as JSON. orjson (a sixth of the json module's time) takes nearly all;
-    what it refuses (an integer past 64 bits) the json module writes."""
-    try:
-        return orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
-    except orjson.JSONEncodeError:
-        return json.dumps(body).encode()
-
-
-def decode(data: bytes | str) -> Any:
-    """JSON from the server: orjson (decoding every watch event is most of what a watch
-    costs), else the json module, which takes what orjson refuses: nesting past 1,024
-    levels. (orjson reads an integer past 64 bits as a float, as the API server itself keeps
-    one.) An answer nested deeper than the interpreter's
-    recursion limit allows (a user's object can be) is decoded again in a thread with a
-    stack and a limit big enough for DEEP_DECODE_LIMIT levels, rather than failing the list
-    or watch that carries it (which would stall, or end, every reader of that resource)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        return json.loads(data)
-    except RecursionError:
-        pass
-    result: list[Any] = []
-    failure: list[BaseException] = []
-
-    def deep() -> None:
-        previous = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(previous, DEEP_DECODE_LIMIT + 1000))
-        try:
-            result.append(json.loads(data))
-        except BaseException as exc:  # handed to the caller below
-            failure.append(exc)
-        finally:
-            sys.setrecursionlimit(previous)
-
-    size = threading.stack_size()
-    threading.stack_size(256 * 1024 * 1024)
-    try:
-        worker = threading.Thread(target=deep, name="deep-json")
-        worker.start()
-    finally:
-        threading.stack_size(size)
-    worker.join()
-    if failure:
-        raise Undecodable(f"an answer could not be decoded: {failure[0]!r}")
-    return result[0]
 
 
 def _segment(value: str) -> str:

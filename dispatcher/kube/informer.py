@@ -31,8 +31,9 @@ import orjson
 import structlog
 
 from dispatcher.kube.api import KubeApi
-from dispatcher.kube.client import ResourceInfo, decode
+from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import Forbidden, Gone, KubeError, NotFound
+from dispatcher.kube.jsoncodec import decode
 from dispatcher.kube.lazyjson import LazyEvents, LazyTransform
 from dispatcher.kube.store import ObjectStore
 

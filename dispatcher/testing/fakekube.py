@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from dispatcher.kube.client import RequestStats, ResourceInfo, encode, well_formed
+from dispatcher.kube.client import RequestStats, ResourceInfo, well_formed
 from dispatcher.kube.errors import (
     AlreadyExists,
     BadRequest,
@@ -38,6 +38,7 @@ from dispatcher.kube.errors import (
     UnknownKind,
     Unreachable,
 )
+from dispatcher.kube.jsoncodec import encode
 from dispatcher.testing.fakekube_store import (
     BUILTIN_KINDS,
     Change,

@@ -10,7 +10,8 @@ from typing import Any
 from dispatcher.api.constants import LABEL_NAME, LABEL_UID
 from dispatcher.cluster.capacity import slim_pod, slim_pod_lazy
 from dispatcher.cluster.member import PODS
-from dispatcher.kube.client import KubeClient, ResourceInfo, decode
+from dispatcher.kube.client import KubeClient, ResourceInfo
+from dispatcher.kube.jsoncodec import decode
 from dispatcher.kube.lazyjson import LazyEvents
 from dispatcher.testing.waits import async_wait_until
 

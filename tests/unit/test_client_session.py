@@ -5,11 +5,15 @@ nothing the server can send (or a user can write) refused for it."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from dispatcher.kube.client import KubeClient, decode, encode
+from dispatcher.kube.client import KubeClient
+from dispatcher.kube.jsoncodec import decode, decode_deep, encode
 
 
 def kubeconfig(server: str, proxy: str | None = None) -> dict[str, Any]:
@@ -133,3 +137,50 @@ def test_encode_writes_what_json_would_mean(body: object) -> None:
     written = encode(body)
     assert isinstance(written, bytes)
     assert json.loads(written) == json.loads(json.dumps(body))
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(json_values, st.booleans())
+def test_the_deep_reader_reads_what_the_json_module_reads(value: object, spaced: bool) -> None:
+    text = json.dumps(value, indent=1 if spaced else None)
+    assert decode_deep(text) == json.loads(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": 1',
+        '{"a" 1}',
+        "[1, 2]]",
+        "{1: 2}",
+        '{"a": 1}{}',
+        "[tru]",
+        '"\\x"',
+        "",
+        "]",
+        "[1 2]",
+        "[1,]",
+        '{"a":1,}',
+        "1 2",
+        '{"a":}',
+    ],
+)
+def test_the_deep_reader_refuses_what_is_not_one_json_value(text: str) -> None:
+    with pytest.raises(ValueError, match=r"unexpected|not one complete|must be a string|Invalid"):
+        decode_deep(text)
+
+
+def test_reading_deep_nesting_leaves_the_recursion_limit_alone() -> None:
+    before = sys.getrecursionlimit()
+    decode(nested(3000).encode())
+    assert sys.getrecursionlimit() == before

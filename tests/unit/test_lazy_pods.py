@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.cluster.capacity import CapacityCache, slim_pod, slim_pod_lazy
 from dispatcher.cluster.member import PODS, Member
-from dispatcher.kube.client import ResourceInfo, decode, encode
+from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.informer import Informer, object_key
+from dispatcher.kube.jsoncodec import decode, encode
 from dispatcher.kube.lazyjson import LazyEvents
 from dispatcher.testing.fakekube import FakeKube
 from dispatcher.testing.waits import async_wait_until

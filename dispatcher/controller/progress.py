@@ -1,0 +1,87 @@
+"""How a dispatched AppWrapper does: its pods counted from its member's capacity cache (into
+its status), its wrapped objects' completion read, gathered into the `core.lifecycle.Progress`
+that `assess` judges. Wrapped objects report completion through their own status, also while
+pods run (MCAD's RunningHoldCompletion): from a watch cache of that kind, whose changes wake
+the owner, and until that cache has synced from a GET, looked at again a little later."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from dispatcher.api.models import AppWrapper, AppWrapperStatus, parse_time
+from dispatcher.cluster.member import Member
+from dispatcher.cluster.objects import Wrapped, completion, target_namespace, wrapped_identities
+from dispatcher.core import conditions as cond
+from dispatcher.core.lifecycle import Progress
+
+C = cond.C
+
+
+def seconds_since(stamp: str | None, now: float) -> float:
+    if not stamp:
+        return 0.0
+    try:
+        return now - parse_time(stamp).timestamp()
+    except ValueError:
+        return 0.0
+
+
+async def measure(
+    aw: AppWrapper,
+    status: AppWrapperStatus,
+    member: Member,
+    objects: list[Wrapped],
+    *,
+    expected: int,
+    now: float,
+    wake_owner: Callable[[str, dict[str, Any] | None, dict[str, Any] | None], None],
+    start_task: Callable[[Coroutine[Any, Any, None], str], None],
+) -> tuple[Progress, bool, bool]:
+    """Its progress, whether the pod counts in `status` changed, and whether some object's
+    status was read by GET (it will not announce itself: look again later). `expected`: the
+    pods it declared that are tracked."""
+    counts = member.capacity.pod_counts(aw.key, aw.metadata.uid or "")
+    changed = cond.set_pod_counts(
+        status,
+        pending=counts.pending,
+        running=counts.running,
+        succeeded=counts.succeeded,
+        failed=counts.failed,
+    )
+    min_available = aw.spec.schedulingSpec.minAvailable
+    if min_available is None:
+        min_available = expected
+    completion_items = sum(1 for item in aw.spec.items if item.completion_conditions())
+    done_items, failed_object, polled = 0, "", False
+    if completion_items:
+        objects = objects or wrapped_identities(aw)
+        result = await completion(
+            member.client,
+            # Mapped: its objects were created there by this process, same settings.
+            target_namespace(member, aw.metadata.namespace),
+            objects,
+            uid=aw.metadata.uid or "",
+            caches=await member.completion_caches(
+                [(o.api_version, o.kind) for o in objects if o.completion],
+                on_change=wake_owner,
+                start_task=start_task,
+            ),
+        )
+        completion_items, done_items = result.items, result.done
+        failed_object, polled = result.failed, result.polled
+    progress = Progress(
+        expected_pods=expected,
+        min_available=min_available,
+        pending=counts.pending,
+        running=counts.running,
+        succeeded=counts.succeeded,
+        failed=counts.failed,
+        seconds_since_dispatch=seconds_since(status.lastDispatchedAt, now),
+        requeue_count=status.requeueCount,
+        reached_running=status.is_true(C.RUNNING),
+        completion_items=completion_items,
+        completed_items=done_items,
+        failed_object=failed_object,
+    )
+    return progress, changed, polled
