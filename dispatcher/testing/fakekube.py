@@ -38,9 +38,9 @@ from dispatcher.kube.errors import (
     UnknownKind,
     Unreachable,
 )
-from dispatcher.kube.jsoncodec import encode
 from dispatcher.testing.fakekube_store import (
     BUILTIN_KINDS,
+    CLIENT_MANAGER,
     Change,
     Fault,
     KindSpec,
@@ -53,18 +53,14 @@ from dispatcher.testing.fakekube_store import (
     merge_patch,
     same_content,
     selector_of,
+    sent_as_client,
     take_fault,
     timestamp,
     without,
 )
 
-Call = tuple[str, str, str | None, str | None, str]
-"""(method, kind, namespace, name, sub) of one request."""
+Call = tuple[str, str, str | None, str | None, str]  # (method, kind, namespace, name, sub)
 WRITES = ("create", "replace", "merge_patch", "delete")
-CLIENT_MANAGER = "fakekube-client"
-"""The manager recorded for a write without a fieldManager. The API server takes the product
-name of the client's User-Agent (the dispatcher's: appwrapper-dispatcher); here every client
-counts as one other than the dispatcher, so objects planted in tests are not its own."""
 _Key = tuple[str, str]  # (apiVersion, kind)
 _WAKE, _END = "wake", "end"
 
@@ -390,13 +386,15 @@ class FakeKube:
                     return
                 if isinstance(item, str):
                     if item != _WAKE:
-                        yield _sent(
+                        yield sent_as_client(
                             {"type": "BOOKMARK", "object": bookmark(spec, item)}, decode_line
                         )
                     continue
                 event = event_for(item, selected)
                 if event is not None:
-                    yield _sent({"type": event, "object": self._out(spec, item.new)}, decode_line)
+                    yield sent_as_client(
+                        {"type": event, "object": self._out(spec, item.new)}, decode_line
+                    )
         finally:
             self._watchers.discard(watcher)
 
@@ -601,11 +599,3 @@ class FakeKube:
         result = copy_json(obj)
         result["kind"], result["apiVersion"] = spec.kind, spec.api_version
         return result
-
-
-def _sent(event: dict[str, Any], decode_line: Callable[[bytes], Any] | None) -> dict[str, Any]:
-    """A watch event as the client hands it on: through its line's decoder, if given."""
-    if decode_line is None:
-        return event
-    decoded: dict[str, Any] = decode_line(encode(event) + b"\n")
-    return decoded

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dispatcher.kube.errors import BadRequest, KubeError
+from dispatcher.kube.jsoncodec import encode
 
 Obj = dict[str, Any]
 Selector = Callable[[Obj], bool]
@@ -268,3 +269,19 @@ def take_fault(
             fault.times -= 1
             return copy.copy(fault.error)
     return None
+
+
+CLIENT_MANAGER = "fakekube-client"
+"""The manager recorded for a write without a fieldManager. The API server takes the product
+name of the client's User-Agent (the dispatcher's: appwrapper-dispatcher); here every client
+counts as one other than the dispatcher, so objects planted in tests are not its own."""
+
+
+def sent_as_client(
+    event: dict[str, Any], decode_line: Callable[[bytes], Any] | None
+) -> dict[str, Any]:
+    """A watch event as the client hands it on: through its line's decoder, if given."""
+    if decode_line is None:
+        return event
+    decoded: dict[str, Any] = decode_line(encode(event) + b"\n")
+    return decoded

@@ -7,10 +7,10 @@ import json
 from typing import Any
 
 import pytest
-from dispatcher.controller.admission import Admission
 
 from dispatcher.api.constants import FINALIZER
 from dispatcher.config import Config
+from dispatcher.controller.gatekeeper import Gatekeeper
 from dispatcher.testing.fakekube import FakeKube
 from dispatcher.testing.manifests import appwrapper, deployment
 
@@ -62,7 +62,7 @@ async def test_mutate_sets_the_finalizer_at_create(
     operation: str, finalizers: list[str] | None, keys: list[bytes], want_ops: list[Any]
 ) -> None:
     hub = FakeKube(name="hub")
-    admission = Admission(
+    admission = Gatekeeper(
         config=Config(unattributed="allow"), hub=hub, discovery=[hub], signing_keys=lambda: keys
     )
     answer = await admission.mutate(_request(operation, finalizers))
