@@ -1,10 +1,10 @@
 """What the leader knows of its queues, kept for "see the queue" (no I/O of its own).
 
 The scheduler hands every cycle's result here (`observe`): the AppWrappers the cycle judged
-in the order it took them, the queue each resolved to and why each waits, then (listed on
-demand) the parked ones, which the cycle did not judge, in their lines' order with their
-last wait: positions are the order the scheduler takes them in. Only references are kept
-then; the pending view (`core.visibility.pending_view`) is built from the last
+in the order it took them, the queue each resolved to and why each waits, and (listed on
+demand) the parked ones, which the cycle did not judge, with their last wait, merged in by
+rule 3 (priority, age, name): positions are the order the scheduler takes them in. Only
+references are kept then; the pending view (`core.visibility.pending_view`) is built from the last
 cycle on the first question after it, and reused until the next cycle: no cycle pays for
 a view nobody asks for, and no question costs a cycle. What runs (`Active`) is read from
 the scheduler cache; the durations of those that finished feed the start estimates.
@@ -12,11 +12,13 @@ the scheduler cache; the durations of those that finished feed the start estimat
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dispatcher.core.model import Workload
+from dispatcher.core.queues import order_key
 from dispatcher.core.quota.resolve import Queued, QueueProblem
 from dispatcher.core.scheduling import CycleResult, Wait
 from dispatcher.core.visibility import Active, Durations, PendingView, Waiting, pending_view
@@ -97,15 +99,18 @@ class Visibility:
         result, pending, parked = self._last
         by_key = {w.key: w for w in pending}
         waits = {w.key: w for w in result.waits}
-        order: list[Waiting] = []
-        for key in result.order:
-            wait = waits.get(key)
-            if wait is None:
-                continue  # admitted by that cycle
-            order.append(self._waiting(by_key[key], wait, result.resolved.get(key)))
-        if parked is not None:
-            order.extend(self._waiting(*found) for found in parked() if found[0].key not in waits)
-        return order
+        judged = [
+            (by_key[key], waits[key], result.resolved.get(key))
+            for key in result.order
+            if key in waits  # not admitted by that cycle
+        ]
+        if parked is None:
+            return [self._waiting(*found) for found in judged]
+        # The parked work merged in by rule 3 (the order each line keeps), the judged
+        # work in the cycle's order: each keeps its place among its own.
+        rest = (found for found in parked() if found[0].key not in waits)
+        merged = heapq.merge(judged, rest, key=lambda found: order_key(found[0]))
+        return [self._waiting(*found) for found in merged]
 
     def _waiting(
         self, workload: Workload, wait: Wait, resolved: Queued | QueueProblem | None
