@@ -108,9 +108,9 @@ class QuotaUsage:
 
 
 HOLDING = SCHEDULED | {Phase.DELETING, Phase.BACKOFF}
-"""Phases the snapshot walks: the ones that want room, and the ones that may hold it (a
-dispatched AppWrapper being deleted holds it until its objects are gone; one pausing after
-a requeue may still hold quota while its pods go)."""
+"""Phases whose standing is kept (`refresh`): the ones that want room, and the ones that
+may hold it (a dispatched AppWrapper being deleted holds it until its objects are gone;
+one pausing after a requeue may still hold quota while its pods go)."""
 CLAIM_TIMEOUT = 120.0
 """Seconds a preemptor's claim on the room its victims free lasts (victims stuck
 terminating must not hold a cluster for ever)."""
