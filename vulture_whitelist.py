@@ -37,13 +37,9 @@ _.connection_pool_maxsize
 _both_satisfy_the_protocol
 
 # Dead, in modules other branches are changing (issue 29): left to their owners.
-_.admitted_through  # controller/cache.py, Standing.admitted_through
 ANNOTATION_ITEM  # api/constants.py
 SHORT_NAME  # api/models.py
 
 # Python calls a module's __getattr__ for a missing name: dispatcher/__init__.py reads
 # __version__ lazily with it (the kubectl plugin starts faster).
 __getattr__
-
-# Called by the controller once it feeds the queue manager (core/queues) from its cache.
-_.line_changed

@@ -3,8 +3,15 @@
 No I/O. Fed by the AppWrapper watch and by the status writer's own writes (`update`), it
 keeps one entry per AppWrapper: its phase, what it is to the scheduler at its current
 version (queued with its workload, or holding room in a member), what it holds there until
-its pods change, and a dispatch decided but not yet written (assumed). `snapshot` hands the
-scheduler the pending workloads and per-member snapshots; nothing else reads these facts.
+its pods change, and a dispatch decided but not yet written (assumed).
+
+What changed is carried, once per cycle (`refresh`), into two kept structures: the pending
+workloads in a `core.queues.QueueManager` (`queues`; each in its line, the cluster queue it
+resolves to, "" for capacity only) and the quota in use in a `core.quota.usage.Usage`
+(charged on assume and on a dispatch seen, released on finish, requeue, deletion, or when a
+requeued one's last pods go). Only the AppWrappers whose facts changed are derived again; a
+cycle costs what changed and what holds room, not the whole backlog. `snapshot` hands the
+scheduler per-member snapshots (capacity minus what the dispatched hold) and the claims.
 
 Preemption claims are not remembered here but derived from the API server's objects: a
 victim's status names its preemptor (`preemptedBy`) until it is dispatched again, so a
@@ -14,20 +21,20 @@ need.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
-
-from dispatcher.api.constants import FINALIZER
-from dispatcher.api.models import ConditionType, parse_time
 from dispatcher.cluster.capacity import Owner
 from dispatcher.cluster.member import Member
 from dispatcher.controller.reading import AppWrapperReader, resource_version
-from dispatcher.core import conditions as cond
+from dispatcher.controller.standing import (
+    Eviction,
+    Standing,
+    derive,
+    eviction_of,
+)
 from dispatcher.core.model import (
     AdmittedWorkload,
     ClusterSnapshot,
@@ -36,40 +43,16 @@ from dispatcher.core.model import (
     Workload,
 )
 from dispatcher.core.phase import SCHEDULED, Phase, phase_of_raw
-from dispatcher.core.quota.flavors import charge_of, with_flavors
+from dispatcher.core.queues import QueueManager
 from dispatcher.core.quota.model import Charge, Flavor, QueueSpec
+from dispatcher.core.quota.resolve import resolve
+from dispatcher.core.quota.tree import QuotaTree
+from dispatcher.core.quota.usage import Usage
 from dispatcher.core.reservations import Holding, holding
 from dispatcher.core.scheduling import Claim
 from dispatcher.core.workloads import queue_name_of
 
 Obj = dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Standing:
-    """What one AppWrapper, at one resourceVersion, is to the scheduler: queued (wants
-    room), dispatched (holds room in `cluster` since `dispatched_at`), or neither."""
-
-    pending: Workload | None = None
-    held: Workload | None = None
-    cluster: str = ""
-    dispatched_at: float = 0.0
-    candidate: bool = True
-    """May be chosen as a preemption victim (not while it is being evicted already)."""
-    charge: Charge | None = None
-    """With quotas: what it uses of its cluster queue's quota (while it holds room)."""
-    local: str = ""
-    """With quotas: the AppQueue ("namespace/name") it was admitted through."""
-    lingering: Charge | None = None
-    """Queued again after a dispatch (requeued, evicted): its last admission's charge, which
-    it still holds while pods of that dispatch hold capacity somewhere."""
-
-    def admitted_through(self, queues: set[str], locals_: set[str]) -> bool:
-        charge = self.charge
-        return charge is not None and (charge.queue in queues or self.local in locals_)
-
-
-NOT_SCHEDULED = Standing()
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,15 +65,6 @@ class Assumed:
     at: float
     charge: Charge | None = None
     local: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Eviction:
-    """A victim's own record of an eviction: who its room is for, where, since when."""
-
-    preemptor: str
-    cluster: str  # "" once requeued (its pods may still be terminating somewhere)
-    at: float
 
 
 @dataclass
@@ -117,20 +91,66 @@ class Update:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    pending: list[Workload]
     clusters: list[ClusterSnapshot]
     claims: dict[str, Claim] = field(default_factory=dict)
-    charges: list[Charge] = field(default_factory=list)
-    """Quota used by every dispatched AppWrapper (in any member)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaUsage:
+    """What the queues' status shows: the charges held (by key; those still charged while
+    a requeued one's pods go are `releasing`), the AppQueue each was admitted through, and
+    the pending workloads."""
+
+    charges: Mapping[str, Charge]
+    local_of: Mapping[str, str]
+    releasing: frozenset[str]
+    pending: list[Workload]
 
 
 HOLDING = SCHEDULED | {Phase.DELETING, Phase.BACKOFF}
-"""Phases the snapshot walks: the ones that want room, and the ones that may hold it (a
-dispatched AppWrapper being deleted holds it until its objects are gone; one pausing after
-a requeue may still hold quota while its pods go)."""
+"""Phases whose standing is kept (`refresh`): the ones that want room, and the ones that
+may hold it (a dispatched AppWrapper being deleted holds it until its objects are gone;
+one pausing after a requeue may still hold quota while its pods go)."""
 CLAIM_TIMEOUT = 120.0
 """Seconds a preemptor's claim on the room its victims free lasts (victims stuck
 terminating must not hold a cluster for ever)."""
+
+
+def _freed(before: ClusterSnapshot, after: ClusterSnapshot) -> bool:
+    """Whether `after` may admit something `before` could not: a node new, changed or
+    with fewer requests, a reservation gone or smaller, the member reachable again or
+    its namespaces changed. Room only taken (a dispatch, pods
+    bound where they were reserved) frees nothing: the parked work stays parked."""
+    if after.reachable and not before.reachable:
+        return True
+    if (after.labels, after.namespaces, after.wildcard) != (
+        before.labels,
+        before.namespaces,
+        before.wildcard,
+    ):
+        return True
+    nodes = {n.name: n for n in before.nodes}
+    for node in after.nodes:
+        old = nodes.get(node.name)
+        if old is node:
+            continue
+        if old is None or (node.allocatable, node.labels, node.taints, node.schedulable) != (
+            old.allocatable,
+            old.labels,
+            old.taints,
+            old.schedulable,
+        ):
+            return True
+        if any(node.requested[name] < amount for name, amount in old.requested.items()):
+            return True
+    reservations = {r.key: r for r in after.reservations}
+    for reservation in before.reservations:
+        now = reservations.get(reservation.key)
+        if now is None or now.pod_sets != reservation.pod_sets:
+            return True
+    # New preemption candidates come only with a dispatch, which wakes every question
+    # already when preemption is on (`QueueManager.admitted`).
+    return False
 
 
 def _strays(member: Member, held: set[Owner]) -> list[Reservation]:
@@ -154,24 +174,6 @@ def _strays(member: Member, held: set[Owner]) -> list[Reservation]:
     return strays
 
 
-def _eviction_of(obj: Obj) -> Eviction | None:
-    status = obj.get("status") or {}
-    preemptor = status.get("preemptedBy")
-    if not preemptor:
-        return None
-    condition = next(
-        (c for c in status.get("conditions") or [] if c.get("type") == ConditionType.PREEMPTED),
-        None,
-    )
-    if condition is None or condition.get("status") != "True":
-        return None
-    try:
-        at = parse_time(condition.get("lastTransitionMicroTime") or "").timestamp()
-    except ValueError:
-        at = 0.0
-    return Eviction(str(preemptor), str(status.get("clusterName") or ""), at)
-
-
 class SchedulerCache:
     def __init__(
         self,
@@ -191,6 +193,23 @@ class SchedulerCache:
         self._entries: dict[str, _Entry] = {}
         self._queued: set[str] = set()
         """Keys in phase queued: with none, there is no cycle to run."""
+        self.queues = QueueManager()
+        """The pending workloads, each in its line, in order (the scheduler's `take`)."""
+        self._tree: QuotaTree | None = None
+        self._usage: Usage | None = None
+        self._dirty: set[str] = set()
+        """Keys whose facts changed since they were last carried into `queues`/usage."""
+        self._charged: dict[str, tuple[Charge, str]] = {}
+        """key -> (the charge held, the AppQueue admitted through): what `_usage` holds."""
+        self._lingering: dict[str, Charge] = {}
+        """Requeued ones with their last admission's charge, held while their pods go."""
+        self._holders: dict[str, None] = {}
+        """Keys that hold room in a member (dispatched, or a dispatch assumed), in order."""
+        self._evicted: set[str] = set()
+        """Keys whose status records an eviction (their preemptor's claim)."""
+        self._seen: tuple[dict[str, ClusterSnapshot], dict[str, Claim]] = ({}, {})
+        """The last cycle's member snapshots and claims: capacity-parked work is woken
+        when room may have been freed since (`_freed`)."""
 
     # -- fed by the watch and by our own writes -----------------------------------------
 
@@ -198,22 +217,27 @@ class SchedulerCache:
         """Record the newest object of `key` (None: deleted) and say what that changed."""
         if obj is None:
             self._queued.discard(key)
-            return Update(decision=self._entries.pop(key, None) is not None)
+            self._evicted.discard(key)
+            gone = self._entries.pop(key, None) is not None
+            self._dirty.add(key)
+            return Update(decision=gone)
         version = resource_version(obj)
         entry = self._entries.get(key)
         if entry is not None and version < entry.version:
             return Update()  # an older copy than one we already saw (our own write)
         phase = phase_of_raw(obj)
         generation = obj["metadata"].get("generation")
-        eviction = _eviction_of(obj)
+        eviction = eviction_of(obj)
         if phase is Phase.QUEUED:
             self._queued.add(key)
         else:
             self._queued.discard(key)
         uid = str(obj["metadata"].get("uid") or "")
         queue = queue_name_of(obj["metadata"].get("labels"))
+        self._dirty.add(key)
         if entry is None:
             self._entries[key] = _Entry(version, phase, generation, eviction, uid, queue)
+            self._note_eviction(key, eviction)
             return Update(decision=True)
         changed = (entry.phase, entry.generation, entry.queue) != (phase, generation, queue)
         entry.queue = queue
@@ -230,15 +254,25 @@ class SchedulerCache:
             # A requeue clears clusterName; the claim is still on that member.
             eviction = known
         entry.eviction = eviction
+        self._note_eviction(key, eviction)
         entry.standing = None
         if phase not in SCHEDULED:
             entry.held = None  # a finished one's derived facts are most of its memory
         return Update(decision=changed, finished=finished)
 
+    def _note_eviction(self, key: str, eviction: Eviction | None) -> None:
+        if eviction is None:
+            self._evicted.discard(key)
+        else:
+            self._evicted.add(key)
+
     def forget_standings(self) -> None:
-        """Priorities changed (a PriorityClass did): derive every standing again."""
+        """Priorities or queues changed (a PriorityClass, a quota object did): derive every
+        standing again, and let everything parked be tried again."""
         for entry in self._entries.values():
             entry.standing = None
+        self._dirty.update(self._entries)
+        self.queues.line_changed()
 
     # -- assume / forget ----------------------------------------------------------------
 
@@ -254,10 +288,17 @@ class SchedulerCache:
         entry = self._entries[key]
         entry.assumed = Assumed(workload, cluster, at, charge, local)
         entry.busy = True
+        # Kept at once: the next cycle sees the room and the quota in use.
+        self.queues.remove(key)
+        self._holders[key] = None
+        self._lingering.pop(key, None)
+        self._set_charge(key, charge, local)
 
     def start(self, key: str) -> None:
         """A write about `key` (an eviction) is in flight: decide nothing else for it."""
         self._entries[key].busy = True
+        self.queues.remove(key)
+        self._dirty.add(key)
 
     def finish(self, key: str) -> None:
         """The write returned (the overlay shows its result) or failed: drop the guess."""
@@ -265,10 +306,101 @@ class SchedulerCache:
         if entry is not None:
             entry.assumed = None
             entry.busy = False
+            self._dirty.add(key)
 
     def busy(self, key: str) -> bool:
         entry = self._entries.get(key)
         return entry is not None and entry.busy
+
+    # -- carried into the kept structures ------------------------------------------------
+
+    def refresh(self, now: float, tree: QuotaTree | None) -> None:
+        """Carry what changed since the last call into `queues` and the usage: the keys
+        whose facts changed are derived again; the lingering charges whose pods are gone
+        are released. A new quota tree re-resolves every pending one's line."""
+        if tree is not self._tree:
+            self._tree = tree
+            self._usage = Usage(tree) if tree is not None else None
+            if self._usage is not None:
+                for charge, _ in self._charged.values():
+                    self._usage.charge(charge)
+            self._dirty.update(self.queues.workloads())
+            self.queues.line_changed()
+        moment = datetime.fromtimestamp(now, UTC)
+        dirty, self._dirty = self._dirty, set()
+        for key in dirty:
+            self._sync(key, moment)
+        for key, charge in list(self._lingering.items()):
+            entry = self._entries.get(key)
+            if entry is None or not self._holding_pods(key, entry.uid):
+                del self._lingering[key]
+                if key in self._charged and self._charged[key][0] is charge:
+                    self._set_charge(key, None, "")
+
+    def _sync(self, key: str, moment: datetime) -> None:
+        entry = self._entries.get(key)
+        if entry is None or entry.phase not in HOLDING:
+            self.queues.remove(key)
+            self._holders.pop(key, None)
+            self._lingering.pop(key, None)
+            self._set_charge(key, None, "")
+            return
+        if entry.assumed is not None:
+            self.queues.remove(key)
+            self._holders[key] = None
+            self._lingering.pop(key, None)
+            self._set_charge(key, entry.assumed.charge, entry.assumed.local)
+            return
+        standing = entry.standing
+        if standing is None:
+            standing = entry.standing = self._derive(key, moment)
+        if standing.held is not None:
+            self._holders[key] = None
+        else:
+            self._holders.pop(key, None)
+        charge = standing.charge
+        self._lingering.pop(key, None)
+        lingering = standing.lingering
+        if charge is None and lingering is not None and self._holding_pods(key, entry.uid):
+            charge = self._lingering[key] = lingering
+        self._set_charge(key, charge, standing.local)
+        pending = standing.pending
+        if pending is None or entry.busy:
+            self.queues.remove(key)
+            return
+        line = self._line(pending)
+        if self.queues.line_of(key) != line or self.queues.workload(key) != pending:
+            self.queues.upsert(pending, line)
+
+    def _line(self, workload: Workload) -> str:
+        """The cluster queue it waits in ("" for capacity only, or none resolved)."""
+        tree = self._tree
+        if tree is None:
+            return ""
+        namespace = workload.key.partition("/")[0]
+        found = resolve(namespace, workload.queue_name, tree.setup, tree)
+        return found.queue if found is not None else ""
+
+    def _set_charge(self, key: str, charge: Charge | None, local: str) -> None:
+        """Keep `key`'s charge in the usage; quota given back wakes its cohort tree."""
+        old = self._charged.get(key)
+        if old is not None and old[0] is charge:
+            self._charged[key] = (charge, local)
+            return
+        if charge is None:
+            self._charged.pop(key, None)
+        else:
+            self._charged[key] = (charge, local)
+        usage = self._usage
+        if usage is None:
+            return
+        root = usage.release(key) if old is not None else ""
+        if charge is not None:
+            usage.charge(charge)
+            if old is not None and (old[0].queue, old[0].amounts) == (charge.queue, charge.amounts):
+                return  # the same quota, written down (an assumed dispatch seen)
+        if root:
+            self.queues.quota_released(root)
 
     # -- reads --------------------------------------------------------------------------
 
@@ -286,46 +418,34 @@ class SchedulerCache:
         entry = self._entries.get(key)
         return entry.assumed.cluster if entry is not None and entry.assumed else None
 
-    def workload(self, key: str) -> Workload | None:
-        entry = self._entries.get(key)
-        standing = entry.standing if entry is not None else None
-        if standing is None:
-            return None
-        return standing.pending or standing.held
+    def pending(self, key: str) -> Workload | None:
+        """The pending workload of `key` as last carried into `queues` (not translated)."""
+        return self.queues.workload(key)
+
+    def usage(self) -> Usage | None:
+        """The quota in use, kept (a copy of its ledger starts each cycle's `QuotaView`)."""
+        return self._usage
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def snapshot(self, now: float) -> Snapshot:
-        """Queued workloads and, per member, capacity minus what dispatched ones hold, and
-        the hub namespaces it takes."""
-        moment = datetime.fromtimestamp(now, UTC)
-        pending: list[Workload] = []
-        charges: list[Charge] = []
+        """Per member, capacity minus what dispatched ones hold (after `refresh`), and the
+        preemptors' claims. Capacity-parked work is woken when these changed."""
         held: dict[str, list[tuple[str, _Entry, Workload, float, bool]]] = {
             name: [] for name in self._members
         }
-        for key, entry, guess, standing in self._holding(moment):
+        for key in self._holders:
+            entry = self._entries[key]
+            guess = entry.assumed
             if guess is not None:
-                if guess.charge is not None:
-                    charges.append(guess.charge)
                 if guess.cluster in held:
                     held[guess.cluster].append((key, entry, guess.workload, guess.at, True))
                 continue
-            if standing.charge is not None:
-                charges.append(standing.charge)
-            if standing.held is not None:
-                if standing.cluster in held:
-                    item = (key, entry, standing.held, standing.dispatched_at, standing.candidate)
-                    held[standing.cluster].append(item)
-            else:
-                if standing.lingering is not None and self._holding_pods(key, entry.uid):
-                    charges.append(standing.lingering)
-                if standing.pending is not None and not entry.busy:
-                    pending.append(standing.pending)
-        if not pending:
-            # Nothing to decide: what the dispatched ones hold is not worth deriving.
-            return Snapshot(pending, [])
+            standing = entry.standing
+            if standing is not None and standing.held is not None and standing.cluster in held:
+                item = (key, entry, standing.held, standing.dispatched_at, standing.candidate)
+                held[standing.cluster].append(item)
         clusters = []
         for name, member in self._members.items():
             reservations, admitted = self._holdings(member, held[name])
@@ -343,13 +463,21 @@ class SchedulerCache:
                     wildcard=member.snapshot_wildcard,
                 )
             )
-        return Snapshot(pending, clusters, self._claims(now), charges)
+        claims = self._claims(now)
+        before, claimed = self._seen
+        if claims != claimed or any(
+            c.name not in before or _freed(before[c.name], c) for c in clusters
+        ):
+            self.queues.capacity_freed()
+        self._seen = ({c.name: c for c in clusters}, claims)
+        return Snapshot(clusters, claims)
 
     def running(self) -> Iterator[tuple[str, float, str]]:
         """(key, dispatched at, cluster queue or "") of each AppWrapper that holds room as
         of its last derived standing or assumed dispatch (read-only; for "see the queue")."""
-        for key, entry in self._entries.items():
-            if entry.phase not in HOLDING:
+        for key in self._holders:
+            entry = self._entries.get(key)
+            if entry is None or entry.phase not in HOLDING:
                 continue
             assumed, standing = entry.assumed, entry.standing
             if assumed is not None:
@@ -371,8 +499,9 @@ class SchedulerCache:
         """Dispatched AppWrappers charged to one of `queues` or admitted through one of
         `locals_` (as derived so far; one not derived yet is not charged to anything)."""
         found = []
-        for key, entry in self._entries.items():
-            standing = entry.standing
+        for key in self._holders:
+            entry = self._entries.get(key)
+            standing = entry.standing if entry is not None else None
             if (
                 standing is not None
                 and standing.charge is not None
@@ -381,120 +510,26 @@ class SchedulerCache:
                 found.append(key)
         return found
 
-    def quota_usage(
-        self, now: float
-    ) -> tuple[list[Charge], list[Workload], dict[str, str], set[str]]:
-        """(charges of the dispatched, the queued workloads, dispatched key -> AppQueue,
-        the queued ones still charged while their last dispatch's pods go), for the
-        queues' status."""
-        moment = datetime.fromtimestamp(now, UTC)
-        charges: list[Charge] = []
-        pending: list[Workload] = []
-        local_of: dict[str, str] = {}
-        releasing: set[str] = set()
-        for key, entry, guess, standing in self._holding(moment):
-            if guess is not None:
-                if guess.charge is not None:
-                    charges.append(guess.charge)
-                    local_of[key] = guess.local
-                continue
-            if standing.charge is not None:
-                charges.append(standing.charge)
-                local_of[key] = standing.local
-            else:
-                if standing.pending is not None:
-                    pending.append(standing.pending)
-                if standing.lingering is not None and self._holding_pods(key, entry.uid):
-                    charges.append(standing.lingering)
-                    local_of[key] = standing.local
-                    releasing.add(key)
-        return charges, pending, local_of, releasing
-
-    def _holding(self, moment: datetime) -> Iterator[tuple[str, _Entry, Assumed | None, Standing]]:
-        """Each AppWrapper in a phase that wants or holds room: its assumed dispatch, if
-        one is in flight, else its standing (derived on first need)."""
-        for key, entry in self._entries.items():
-            if entry.phase not in HOLDING:
-                continue
-            if entry.assumed is not None:
-                yield key, entry, entry.assumed, NOT_SCHEDULED
-                continue
-            standing = entry.standing
-            if standing is None:
-                standing = entry.standing = self._derive(key, moment)
-            yield key, entry, None, standing
+    def quota_usage(self, now: float) -> QuotaUsage:
+        """The kept usage and the pending workloads, for the queues' status."""
+        self.refresh(now, self._tree)
+        return QuotaUsage(
+            charges={k: c for k, (c, _) in self._charged.items()},
+            local_of={k: local for k, (_, local) in self._charged.items()},
+            releasing=frozenset(self._lingering),
+            pending=list(self.queues.workloads().values()),
+        )
 
     def _derive(self, key: str, now: datetime) -> Standing:
-        obj = self._current(key)
-        if obj is None:
-            return NOT_SCHEDULED
-        try:
-            aw = self._models.parse(obj)
-        except ValidationError:
-            return NOT_SCHEDULED
-        status = aw.status
-        deleting = bool(aw.metadata.deletionTimestamp)
-        if deleting and not cond.is_dispatched(status):
-            return NOT_SCHEDULED
-        if cond.is_new(status) and FINALIZER not in aw.metadata.finalizers:
-            return NOT_SCHEDULED  # the reconciler has not taken it in yet
-        if cond.is_dispatched(status):
-            assert status is not None
-            workload = self._models.workload(aw, priority=status.priority or 0, now=now)
-            if not isinstance(workload, Workload):
-                return NOT_SCHEDULED
-            dispatched = now.timestamp()
-            if status.lastDispatchedAt:
-                with contextlib.suppress(ValueError):
-                    dispatched = parse_time(status.lastDispatchedAt).timestamp()
-            charge, local = None, ""
-            admission = status.admission
-            if admission is not None:
-                chosen = tuple((f.name, tuple(f.resources)) for f in admission.flavors)
-                workload = with_flavors(workload, chosen, self._flavors())
-                charge = charge_of(
-                    key,
-                    admission.clusterQueue,
-                    workload,
-                    chosen,
-                    admitted_at=dispatched,
-                    spec=self._queues().get(admission.clusterQueue),
-                )
-                local = admission.queue
-            return Standing(
-                held=workload,
-                charge=charge,
-                local=local,
-                cluster=status.clusterName or self._only_member(),
-                dispatched_at=dispatched,
-                # Being evicted or deleted already: it holds its room until its objects
-                # are gone (they may still make pods), but is nobody's victim again.
-                candidate=not (deleting or status.is_true(ConditionType.PREEMPTED)),
-            )
-        queued = cond.is_queued(status) or cond.is_new(status)
-        if queued or (status is not None and status.admission is not None):
-            priority, error = self._models.priority(aw)
-            if error or self._models.refusal(aw, obj):
-                return NOT_SCHEDULED
-            workload = self._models.workload(aw, priority=priority, now=now)
-            if isinstance(workload, Workload):
-                lingering, local = None, ""
-                admission = status.admission if status is not None else None
-                if admission is not None:
-                    chosen = tuple((f.name, tuple(f.resources)) for f in admission.flavors)
-                    lingering = charge_of(
-                        key,
-                        admission.clusterQueue,
-                        workload,
-                        chosen,
-                        admitted_at=0.0,
-                        spec=self._queues().get(admission.clusterQueue),
-                    )
-                    local = admission.queue
-                # Pausing after a requeue (backoff): not pending, maybe still charged.
-                pending = workload if queued else None
-                return Standing(pending=pending, lingering=lingering, local=local)
-        return NOT_SCHEDULED
+        return derive(
+            self._current(key),
+            key,
+            self._models,
+            now=now,
+            flavors=self._flavors,
+            queues=self._queues,
+            only_member=self._only_member,
+        )
 
     def _only_member(self) -> str:
         # Dispatched before the cluster was recorded (by MCAD, which had no clusterName):
@@ -536,7 +571,8 @@ class SchedulerCache:
         once. While its victims are gone but it does not fit, the preemptor waits.
         """
         claims: dict[str, Claim] = {}
-        for key, entry in self._entries.items():
+        for key in sorted(self._evicted):
+            entry = self._entries[key]
             eviction = entry.eviction
             if eviction is None or now - eviction.at > CLAIM_TIMEOUT:
                 continue

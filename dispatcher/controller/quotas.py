@@ -25,8 +25,8 @@ from dispatcher.api.models import AppWrapperStatus
 from dispatcher.api.queues import QUEUE_KINDS, parse
 from dispatcher.clock import Clock
 from dispatcher.config import Config
-from dispatcher.core.model import Workload
-from dispatcher.core.quota.model import Charge, CohortSpec, Flavor, QuotaSetup, StopPolicy
+from dispatcher.controller.cache import QuotaUsage
+from dispatcher.core.quota.model import CohortSpec, Flavor, QuotaSetup, StopPolicy
 from dispatcher.core.quota.read import setup_of
 from dispatcher.core.quota.resolve import Queued, resolve
 from dispatcher.core.quota.summary import QueueSummary, summarize
@@ -45,7 +45,7 @@ INFOS = {
 NAMESPACES = ResourceInfo("v1", "Namespace", "namespaces", namespaced=False)
 STATUS_EVERY_SECONDS = 1.0
 
-Usage = Callable[[float], tuple[list[Charge], list[Workload], dict[str, str], set[str]]]
+Usage = Callable[[float], QuotaUsage]
 """now -> (charges of the dispatched, the queued workloads, dispatched key -> AppQueue, the
 queued ones still charged while their last dispatch's pods go): the scheduler cache's."""
 """(charges of admitted AppWrappers, pending ones' queues, admitted key -> AppQueue, keys
@@ -101,7 +101,7 @@ class Quotas:
         self._tree: QuotaTree | None = None
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
-        self._usage: Usage = lambda now: ([], [], {}, set())
+        self._usage: Usage = lambda now: QuotaUsage({}, {}, frozenset(), [])
         self.summaries: dict[str, QueueSummary] = {}
         """Each cluster queue as its status was last computed (metrics read it)."""
         self.local_summaries: dict[str, QueueSummary] = {}
@@ -118,12 +118,12 @@ class Quotas:
         """Where the queues' usage is read (the scheduler cache)."""
         self._usage = usage
 
-    def _queued_usage(self) -> tuple[list[Charge], list[Queued], dict[str, str], set[str]]:
+    def _queued_usage(self) -> tuple[QuotaUsage, list[Queued]]:
         """The usage, each queued workload resolved to the queue it waits in."""
-        charges, pending, local_of, releasing = self._usage(self._clock.time())
+        usage = self._usage(self._clock.time())
         tree = self.tree()
         queued = []
-        for workload in pending:
+        for workload in usage.pending:
             namespace = workload.key.partition("/")[0]
             found = resolve(namespace, workload.queue_name, tree.setup, tree)
             if isinstance(found, Queued):
@@ -131,7 +131,7 @@ class Quotas:
             elif found is not None and found.local:
                 # Held back by its queue (stopped, inactive...): still pending there.
                 queued.append(Queued(found.local, found.queue))
-        return charges, queued, local_of, releasing
+        return usage, queued
 
     def touch(self) -> None:
         """Something a queue's status shows may have changed."""
@@ -229,8 +229,10 @@ class Quotas:
         tree = self.tree()
         if not (tree.setup.enabled or tree.setup.cohorts or tree.setup.flavors):
             return
-        charges, pending, local_of, releasing = self._queued_usage()
-        queues, locals_ = summarize(tree, charges, pending, local_of, releasing)
+        usage, pending = self._queued_usage()
+        queues, locals_ = summarize(
+            tree, usage.charges.values(), pending, usage.local_of, usage.releasing
+        )
         self.summaries, self.local_summaries = queues, locals_
         now = datetime.fromtimestamp(self._clock.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for name, summary in queues.items():

@@ -1,10 +1,12 @@
-"""The scheduler: snapshot -> schedule -> assume -> a status-only write.
+"""The scheduler: refresh -> snapshot -> take -> assume -> a status-only write.
 
 Side effects: status writes on the hub (admissions and evictions), Events.
 
 It wakes on anything that can change a decision (an AppWrapper queued, capacity freed, a
-node changed), takes a snapshot from the scheduler cache, runs `core.scheduling.schedule`,
-and for each decision:
+node changed), has the scheduler cache carry what changed into its queue manager and usage,
+takes a snapshot of the members, runs `core.queues.take` (the cycle over the work not
+parked; what it refuses is parked until an event can change its answer, keeping its last
+waiting status), and for each decision:
 - an admission is assumed in the cache at once (the next cycle sees the room in use), then
   written as the `Dispatched` condition; the reconciler, woken by the write, creates the
   objects. A failed write drops the assumption and the AppWrapper is decided again;
@@ -16,9 +18,10 @@ and for each decision:
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,7 +46,9 @@ from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
 from dispatcher.core.model import Workload
 from dispatcher.core.phase import Phase
+from dispatcher.core.queues import order_key, take
 from dispatcher.core.quota.flavors import charge_of, with_flavors
+from dispatcher.core.quota.resolve import Queued, QueueProblem
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling import (
@@ -52,11 +57,15 @@ from dispatcher.core.scheduling import (
     LowestPriorityFirst,
     Preempt,
     PreemptionPolicy,
-    schedule,
+    Wait,
 )
 from dispatcher.core.scheduling.pooled import anywhere, pooled
 from dispatcher.kube.errors import Conflict, KubeError
 from dispatcher.metrics.recorder import Recorder
+
+Parked = Callable[[], Iterator[tuple[Workload, Wait, Queued | QueueProblem | None]]]
+Observer = Callable[[CycleResult | None, list[Workload], float, Parked | None], None]
+"""Sees each cycle: its result, the work it judged, and how to list the parked work."""
 
 BATCH_SECONDS = 0.005
 BATCH_MAX_SECONDS = 0.25
@@ -76,11 +85,15 @@ class Scheduler:
         wrote: Callable[[str], None],
         quota_tree: Callable[[], QuotaTree] | None = None,
         recorder: Recorder | None = None,
-        observe: Callable[[CycleResult | None, list[Workload], float], None] | None = None,
+        observe: Observer | None = None,
     ) -> None:
         self._config = config
         self._recorder = recorder or Recorder()
         self._observe = observe  # sees each cycle's order and waits (controller/visibility.py)
+        self._waits: dict[str, Wait] = {}
+        """The last wait of each pending one (and of some that left: pruned in bulk)."""
+        self._resolved: dict[str, Queued | QueueProblem | None] = {}
+        self._held: frozenset[str] = frozenset()  # the clusters the last cycle held
         self._quota_tree = quota_tree
         self._cache = cache
         self._models = models
@@ -121,55 +134,105 @@ class Scheduler:
     def cycle(self) -> CycleResult | None:
         """One scheduling cycle; its writes run in the background. None if nothing waits."""
         self._kick.clear()
-        if not self._cache.anything_queued():
-            if self._observe is not None:
-                self._observe(None, [], self._clock.time())
-            return None  # woken by a change that cannot matter: nothing waits
         started = time.perf_counter()
         now = self._clock.time()
-        snapshot = self._cache.snapshot(now)
-        if not snapshot.pending:
-            if self._observe is not None:
-                self._observe(None, [], now)
+        tree = self._quota_tree() if self._quota_tree is not None else None
+        # 1. What changed since the last cycle is carried into the queues and the usage
+        #    (a deletion too: what left must leave the pending list).
+        self._cache.refresh(now, tree)
+        queues = self._cache.queues
+        if not self._cache.anything_queued() or not len(queues):
+            self._observe_none(now)
             self._cycle_seconds = time.perf_counter() - started
             return None
+        # 2. The members' room (waking capacity-parked work if it changed) and the claims.
+        snapshot = self._cache.snapshot(now)
         policy = None
         if self._policy is not None:
             policy = HonourClaims(self._policy, snapshot.claims)
-        pending, clusters = snapshot.pending, snapshot.clusters
-        if self._config.fit is Fit.CLUSTER_TOTAL:
-            pending = [anywhere(w) for w in pending]
+        clusters = snapshot.clusters
+        pooled_fit = self._config.fit is Fit.CLUSTER_TOTAL
+        if pooled_fit:
             clusters = [pooled(c) for c in clusters]
-        tree = self._quota_tree() if self._quota_tree is not None else None
         quotas = None
         if tree is not None:
-            pooled_fit = self._config.fit is Fit.CLUSTER_TOTAL
-            quotas = QuotaView(tree, snapshot.charges, place_flavors=not pooled_fit)
-        result = schedule(
-            pending,
+            quotas = QuotaView(tree, usage=self._cache.usage(), place_flavors=not pooled_fit)
+        judged: list[Workload] = []
+
+        def prepare(active: list[Workload]) -> list[Workload]:
+            judged.extend(active)  # as written: what an admission records
+            return [anywhere(w) for w in active] if pooled_fit else active
+
+        # 3. The cycle over the work not parked; what it refused is parked.
+        result = take(
+            queues,
             clusters,
             mode=self._config.queue_mode,
             now=now,
             starvation_after=self._config.starvation_after_seconds,
             preemption=policy,
             quotas=quotas,
+            held_before=self._held,
+            prepare=prepare,
         )
+        self._held = result.held
         self.cycles += 1
-        self.considered.update(w.key for w in snapshot.pending)
-        # The spec as written is what an admission records (and checks is still current).
-        self._apply(result, snapshot.pending, now, tree)
+        self.considered.update(w.key for w in judged)
+        # 4. Assume, write, note the waits.
+        self._apply(result, judged, now, tree)
+        self._keep_waits(result)
         if self._observe is not None:
-            self._observe(result, snapshot.pending, now)
+            self._observe(result, judged, now, self._parked)
         self._cycle_seconds = time.perf_counter() - started
-        self._recorder.cycle(self._cycle_seconds, admitted=bool(result.admits), waits=result.waits)
+        self._recorder.cycle(self._cycle_seconds, admitted=bool(result.admits), waits=())
+        # The metrics count every pending one by its last wait, parked ones included.
+        self._recorder.waits = self._waits
         self._log.debug(
             "cycle",
             cycle=self.cycles,
-            pending=len(snapshot.pending),
+            pending=len(queues),
+            judged=len(judged),
             admitted=len(result.admits),
             seconds=round(self._cycle_seconds, 4),
         )
         return result
+
+    def _observe_none(self, now: float) -> None:
+        self._held = frozenset()
+        if self._observe is not None:
+            self._observe(None, [], now, None)
+
+    def _keep_waits(self, result: CycleResult) -> None:
+        """The last wait of each pending one: a parked one's still says why (it is not
+        judged again until an event), for the pending list and the metrics."""
+        waits, resolved = self._waits, self._resolved
+        for admit in result.admits:
+            waits.pop(admit.key, None)
+            resolved.pop(admit.key, None)
+        for wait in result.waits:
+            waits[wait.key] = wait
+            resolved[wait.key] = result.resolved.get(wait.key)
+        queues = self._cache.queues
+        if len(waits) > 2 * len(queues) + 64:  # amortized: those that left the queues
+            for key in [k for k in waits if k not in queues]:
+                del waits[key]
+                resolved.pop(key, None)
+
+    def waits(self) -> dict[str, Wait]:
+        """Why each pending AppWrapper waits: its wait in the last cycle that judged it."""
+        queues = self._cache.queues
+        return {k: w for k, w in self._waits.items() if k in queues}
+
+    def _parked(self) -> Iterator[tuple[Workload, Wait, Queued | QueueProblem | None]]:
+        """The parked work in the order the scheduler takes each line (merged across
+        lines by rule 3), with its last wait: after the cycle's own order in the pending
+        list."""
+        queues = self._cache.queues
+        lines = [queues.in_line(line) for line in queues.lines()]
+        for workload in heapq.merge(*lines, key=order_key):
+            wait = self._waits.get(workload.key)
+            if wait is not None and queues.is_parked(workload.key):
+                yield workload, wait, self._resolved.get(workload.key)
 
     def _apply(
         self, result: CycleResult, pending: list[Workload], now: float, tree: QuotaTree | None

@@ -1,8 +1,10 @@
 """What the leader knows of its queues, kept for "see the queue" (no I/O of its own).
 
-The scheduler hands every cycle's result here (`observe`): the pending AppWrappers in the
-order the cycle took them, the queue each resolved to and why each waits. Only references
-are kept then; the pending view (`core.visibility.pending_view`) is built from the last
+The scheduler hands every cycle's result here (`observe`): the AppWrappers the cycle judged
+in the order it took them, the queue each resolved to and why each waits, and (listed on
+demand) the parked ones, which the cycle did not judge, with their last wait, merged in by
+rule 3 (priority, age, name): positions are the order the scheduler takes them in. Only
+references are kept then; the pending view (`core.visibility.pending_view`) is built from the last
 cycle on the first question after it, and reused until the next cycle: no cycle pays for
 a view nobody asks for, and no question costs a cycle. What runs (`Active`) is read from
 the scheduler cache; the durations of those that finished feed the start estimates.
@@ -10,16 +12,20 @@ the scheduler cache; the durations of those that finished feed the start estimat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import heapq
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dispatcher.core.model import Workload
+from dispatcher.core.queues import order_key
 from dispatcher.core.quota.resolve import Queued, QueueProblem
-from dispatcher.core.scheduling import CycleResult
+from dispatcher.core.scheduling import CycleResult, Wait
 from dispatcher.core.visibility import Active, Durations, PendingView, Waiting, pending_view
 
 Obj = dict[str, Any]
+Parked = Callable[[], Iterable[tuple[Workload, Wait, Queued | QueueProblem | None]]]
+"""Lists the parked work in order, each with its last wait and the queue it resolved to."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,51 +70,64 @@ class Visibility:
         self._current = current
         self._finished = finished
         self.durations = Durations()
-        self._last: tuple[CycleResult, Sequence[Workload]] | None = None
+        self._last: tuple[CycleResult, Sequence[Workload], Parked | None] | None = None
         self._at = 0.0
         self._view: PendingView | None = None
         self._known: dict[str, _Known] = {}
         self._active: list[Active] = []
         self.cycles = 0
 
-    def observe(self, result: CycleResult | None, pending: Sequence[Workload], now: float) -> None:
+    def observe(
+        self,
+        result: CycleResult | None,
+        pending: Sequence[Workload],
+        now: float,
+        parked: Parked | None = None,
+    ) -> None:
         """A cycle ran (None: nothing is pending). Cheap, since it runs in the scheduler's
         loop: what ran is tracked (O(running)); the order is kept by reference and read on
-        the first question (`view`)."""
+        the first question (`view`), the parked work listed then by `parked`."""
         self.cycles += 1
         self._at = now
         self._view = None
         self._active = self._track()
-        self._last = (result, pending) if result is not None else None
+        self._last = (result, pending, parked) if result is not None else None
 
     def _order(self) -> list[Waiting]:
         if self._last is None:
             return []
-        result, pending = self._last
+        result, pending, parked = self._last
         by_key = {w.key: w for w in pending}
         waits = {w.key: w for w in result.waits}
-        order: list[Waiting] = []
-        for key in result.order:
-            wait = waits.get(key)
-            if wait is None:
-                continue  # admitted by that cycle
-            workload = by_key[key]
-            queue, local = _queues(result.resolved.get(key))
-            kind, limit = kind_and_limit(self._current(key))
-            order.append(
-                Waiting(
-                    key=key,
-                    priority=workload.priority,
-                    queued_since=workload.queued_since or workload.created_at,
-                    cluster_queue=queue,
-                    local_queue=local,
-                    reason=str(wait.reason),
-                    message=wait.message,
-                    kind=kind,
-                    limit=limit,
-                )
-            )
-        return order
+        judged = [
+            (by_key[key], waits[key], result.resolved.get(key))
+            for key in result.order
+            if key in waits  # not admitted by that cycle
+        ]
+        if parked is None:
+            return [self._waiting(*found) for found in judged]
+        # The parked work merged in by rule 3 (the order each line keeps), the judged
+        # work in the cycle's order: each keeps its place among its own.
+        rest = (found for found in parked() if found[0].key not in waits)
+        merged = heapq.merge(judged, rest, key=lambda found: order_key(found[0]))
+        return [self._waiting(*found) for found in merged]
+
+    def _waiting(
+        self, workload: Workload, wait: Wait, resolved: Queued | QueueProblem | None
+    ) -> Waiting:
+        queue, local = _queues(resolved)
+        kind, limit = kind_and_limit(self._current(workload.key))
+        return Waiting(
+            key=workload.key,
+            priority=workload.priority,
+            queued_since=workload.queued_since or workload.created_at,
+            cluster_queue=queue,
+            local_queue=local,
+            reason=str(wait.reason),
+            message=wait.message,
+            kind=kind,
+            limit=limit,
+        )
 
     def view(self) -> PendingView:
         if self._view is None:

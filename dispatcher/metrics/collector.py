@@ -160,7 +160,7 @@ def _queue_metrics(manager: Manager) -> Iterator[Metric]:
 
 def _pending_metrics(manager: Manager) -> Iterator[Metric]:
     """Queued AppWrappers per cluster queue ("" without queues) and AppQueue, by status."""
-    _, pending, _, _ = manager.cache.quota_usage(manager.clock.time())
+    pending = manager.cache.quota_usage(manager.clock.time()).pending
     tree = manager.quotas.tree()
     waits = manager.recorder.waits
     queued: Counter[tuple[str, str]] = Counter()

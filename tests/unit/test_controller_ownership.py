@@ -330,7 +330,9 @@ async def test_an_edit_between_the_fit_and_the_admission_write_is_not_admitted()
         await env.add_node("n1", cpu="2")
         await env.apply(appwrapper("a", deployment("a", 1, {"cpu": "1"})))
         await env.reconcile("a")
-        [fitted] = env.manager.cache.snapshot(env.clock.time()).pending
+        env.manager.cache.refresh(env.clock.time(), env.manager.quotas.tree())
+        fitted = env.manager.cache.pending("team/a")
+        assert fitted is not None
         await edit(env, "a", deployment("a", 4, {"cpu": "1"}))
         await env.caught_up()
         # The write for the decision made on the old spec finds the new one: no dispatch.

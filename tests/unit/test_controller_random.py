@@ -347,11 +347,13 @@ class Walk:
             )
         return "\n".join(lines)
 
-    def check_settled(self, last: CycleResult | None) -> None:
+    def check_settled(self) -> None:
         """Rule 3: no AppWrapper lost. Each one is dispatched with its objects, queued with
-        a reason to wait, or finished; deleted ones are gone."""
+        a reason to wait (the last cycle that judged it gave one: a parked one is not
+        judged again until an event can change its answer), or finished; deleted ones are
+        gone."""
         appwrappers = self.appwrappers()
-        waiting = {w.key: w.message for w in (last.waits if last else ())}
+        waiting = {k: w.message for k, w in self.env.manager.scheduler.waits().items()}
         for name in self.deleted:
             assert name not in appwrappers, f"{name} was deleted but is still there"
         for name in self.names:
@@ -373,8 +375,8 @@ class Walk:
         for _ in range(STEPS):
             await self.step()
             self.check()
-        last = await self.settle()
-        self.check_settled(last)
+        await self.settle()
+        self.check_settled()
 
 
 def cpu_milli_of_node(node: Obj) -> int:

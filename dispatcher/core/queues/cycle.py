@@ -19,10 +19,10 @@ own question like any other; those behind it are parked behind it until it goes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dispatcher.api.models import Reason
-from dispatcher.core.model import ClusterSnapshot, QueueMode
+from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
 from dispatcher.core.queues.manager import QueueManager, Wake
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling.cycle import CycleResult, schedule
@@ -48,15 +48,19 @@ def take(
     quotas: QuotaView | None = None,
     held_before: frozenset[str] = frozenset(),
     per_line: int | None = None,
+    prepare: Callable[[list[Workload]], list[Workload]] | None = None,
 ) -> CycleResult:
     """One cycle over `manager.active()`; admitted work leaves the manager, refused work
     is parked. `held_before`: the clusters the previous cycle held (its `held`): while
-    any is held, capacity-parked work is tried again (the hold may end this cycle)."""
+    any is held, capacity-parked work is tried again (the hold may end this cycle).
+    `prepare`: given the active work in order, returns what `schedule` decides on (in
+    the same order: translated, e.g. for a pooled fit; the manager keeps the original)."""
     manager.wake_starving(now - starvation_after)
     if held_before:
         manager.capacity_freed()
+    active = manager.active(per_line)
     result = schedule(
-        manager.active(per_line),
+        prepare(active) if prepare is not None else active,
         clusters,
         mode=mode,
         now=now,

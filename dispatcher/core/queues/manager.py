@@ -28,7 +28,7 @@ along (if it is admitted they are next in the same cycle).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import islice
@@ -247,6 +247,10 @@ class QueueManager:
 
     def workload(self, key: str) -> Workload | None:
         return self._workloads.get(key)
+
+    def workloads(self) -> Mapping[str, Workload]:
+        """Every pending workload (active and parked), by key (read-only)."""
+        return self._workloads
 
     def line_of(self, key: str) -> str | None:
         return self._line_of.get(key)

@@ -1,0 +1,178 @@
+"""What one AppWrapper, at one resourceVersion, is to the scheduler. No I/O.
+
+`derive` reads the AppWrapper's current object (its status as last written) into a
+`Standing`: queued (its workload), dispatched (what it holds, in which member, its quota
+charge) or neither; `eviction_of` reads the record an eviction leaves on its victim. The
+scheduler cache derives a standing once per resourceVersion (`controller/cache.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from dispatcher.api.constants import FINALIZER
+from dispatcher.api.models import AppWrapper, ConditionType, parse_time
+from dispatcher.controller.reading import AppWrapperReader
+from dispatcher.core import conditions as cond
+from dispatcher.core.model import Workload
+from dispatcher.core.quota.flavors import charge_of, with_flavors
+from dispatcher.core.quota.model import Charge, Flavor, QueueSpec
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """What one AppWrapper, at one resourceVersion, is to the scheduler: queued (wants
+    room), dispatched (holds room in `cluster` since `dispatched_at`), or neither."""
+
+    pending: Workload | None = None
+    held: Workload | None = None
+    cluster: str = ""
+    dispatched_at: float = 0.0
+    candidate: bool = True
+    """May be chosen as a preemption victim (not while it is being evicted already)."""
+    charge: Charge | None = None
+    """With quotas: what it uses of its cluster queue's quota (while it holds room)."""
+    local: str = ""
+    """With quotas: the AppQueue ("namespace/name") it was admitted through."""
+    lingering: Charge | None = None
+    """Queued again after a dispatch (requeued, evicted): its last admission's charge, which
+    it still holds while pods of that dispatch hold capacity somewhere."""
+
+
+NOT_SCHEDULED = Standing()
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """A victim's own record of an eviction: who its room is for, where, since when."""
+
+    preemptor: str
+    cluster: str  # "" once requeued (its pods may still be terminating somewhere)
+    at: float
+
+
+def eviction_of(obj: Obj) -> Eviction | None:
+    status = obj.get("status") or {}
+    preemptor = status.get("preemptedBy")
+    if not preemptor:
+        return None
+    condition = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == ConditionType.PREEMPTED),
+        None,
+    )
+    if condition is None or condition.get("status") != "True":
+        return None
+    try:
+        at = parse_time(condition.get("lastTransitionMicroTime") or "").timestamp()
+    except ValueError:
+        at = 0.0
+    return Eviction(str(preemptor), str(status.get("clusterName") or ""), at)
+
+
+def derive(
+    obj: Obj | None,
+    key: str,
+    models: AppWrapperReader,
+    *,
+    now: datetime,
+    flavors: Callable[[], Mapping[str, Flavor]],
+    queues: Callable[[], Mapping[str, QueueSpec]],
+    only_member: Callable[[], str],
+) -> Standing:
+    """`key`'s standing from its current object (None: gone). `only_member`: the member
+    a dispatch that recorded none went to (single-cluster mode), else ""."""
+    if obj is None:
+        return NOT_SCHEDULED
+    try:
+        aw = models.parse(obj)
+    except ValidationError:
+        return NOT_SCHEDULED
+    status = aw.status
+    deleting = bool(aw.metadata.deletionTimestamp)
+    if deleting and not cond.is_dispatched(status):
+        return NOT_SCHEDULED
+    if cond.is_new(status) and FINALIZER not in aw.metadata.finalizers:
+        return NOT_SCHEDULED  # the reconciler has not taken it in yet
+    if cond.is_dispatched(status):
+        return _dispatched(
+            key, aw, models, now=now, flavors=flavors, queues=queues, only_member=only_member
+        )
+    queued = cond.is_queued(status) or cond.is_new(status)
+    if queued or (status is not None and status.admission is not None):
+        priority, error = models.priority(aw)
+        if error or models.refusal(aw, obj):
+            return NOT_SCHEDULED
+        workload = models.workload(aw, priority=priority, now=now)
+        if isinstance(workload, Workload):
+            lingering, local = None, ""
+            admission = status.admission if status is not None else None
+            if admission is not None:
+                chosen = tuple((f.name, tuple(f.resources)) for f in admission.flavors)
+                lingering = charge_of(
+                    key,
+                    admission.clusterQueue,
+                    workload,
+                    chosen,
+                    admitted_at=0.0,
+                    spec=queues().get(admission.clusterQueue),
+                )
+                local = admission.queue
+            # Pausing after a requeue (backoff): not pending, maybe still charged.
+            pending = workload if queued else None
+            return Standing(pending=pending, lingering=lingering, local=local)
+    return NOT_SCHEDULED
+
+
+def _dispatched(
+    key: str,
+    aw: AppWrapper,
+    models: AppWrapperReader,
+    *,
+    now: datetime,
+    flavors: Callable[[], Mapping[str, Flavor]],
+    queues: Callable[[], Mapping[str, QueueSpec]],
+    only_member: Callable[[], str],
+) -> Standing:
+    """A dispatched one: what it holds, where, since when, and what it is charged."""
+    status = aw.status
+    deleting = bool(aw.metadata.deletionTimestamp)
+    assert status is not None
+    workload = models.workload(aw, priority=status.priority or 0, now=now)
+    if not isinstance(workload, Workload):
+        return NOT_SCHEDULED
+    dispatched = now.timestamp()
+    if status.lastDispatchedAt:
+        with contextlib.suppress(ValueError):
+            dispatched = parse_time(status.lastDispatchedAt).timestamp()
+    charge, local = None, ""
+    admission = status.admission
+    if admission is not None:
+        chosen = tuple((f.name, tuple(f.resources)) for f in admission.flavors)
+        workload = with_flavors(workload, chosen, flavors())
+        charge = charge_of(
+            key,
+            admission.clusterQueue,
+            workload,
+            chosen,
+            admitted_at=dispatched,
+            spec=queues().get(admission.clusterQueue),
+        )
+        local = admission.queue
+    return Standing(
+        held=workload,
+        charge=charge,
+        local=local,
+        cluster=status.clusterName or only_member(),
+        dispatched_at=dispatched,
+        # Being evicted or deleted already: it holds its room until its objects
+        # are gone (they may still make pods), but is nobody's victim again.
+        candidate=not (deleting or status.is_true(ConditionType.PREEMPTED)),
+    )
