@@ -65,10 +65,14 @@ def peak_rss_mib(pid: int) -> float:
     raise AssertionError(f"no VmHWM in /proc/{pid}/status")
 
 
+STORED_VERSION = "appwrappers.v1beta1.workload.codeflare.dev"
+
+
 def failed_names(cluster: Any, namespace: str) -> set[str]:
     """AppWrappers whose State column reads Failed: the server prints the table, so the
-    megabytes of each object never travel."""
-    out = cluster.kubectl("get", "appwrappers", "-n", namespace, "--no-headers").stdout
+    megabytes of each object never travel. Read as stored (v1beta1): no conversion of each
+    megabyte on every look."""
+    out = cluster.kubectl("get", STORED_VERSION, "-n", namespace, "--no-headers").stdout
     return {row.split()[0] for row in out.splitlines() if row.split()[1:2] == ["Failed"]}
 
 
@@ -150,7 +154,7 @@ async def test_oversized_appwrappers_stored_without_the_webhook_are_failed_withi
 
 
 async def _none_left(cluster: Any, namespace: str) -> bool:
-    out = await cluster.akubectl("get", "appwrappers", "-n", namespace, "--no-headers")
+    out = await cluster.akubectl("get", STORED_VERSION, "-n", namespace, "--no-headers")
     return not out.stdout.strip()
 
 
