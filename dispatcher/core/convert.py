@@ -33,7 +33,6 @@ one item's MCAD fields never land on another object.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping
 from typing import Any, Final
@@ -73,6 +72,30 @@ class ConversionError(ValueError):
     """The object cannot be converted; the message names the field."""
 
 
+def copy_json(value: Any) -> Any:
+    """A copy of a JSON value (dicts, lists, scalars) made with an explicit stack: a user's
+    object may be nested deeper than `copy.deepcopy`'s recursion allows (two frames a level),
+    and a conversion that failed on it would fail every read of its namespace."""
+    if not isinstance(value, dict | list):
+        return value
+    root: Any = {} if isinstance(value, dict) else []
+    stack: list[tuple[Any, Any]] = [(value, root)]
+    while stack:
+        source, target = stack.pop()
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, item in items:
+            if isinstance(item, dict | list):
+                child: Any = {} if isinstance(item, dict) else []
+                stack.append((item, child))
+            else:
+                child = item
+            if isinstance(target, dict):
+                target[key] = child
+            else:
+                target.append(child)
+    return root
+
+
 def convert(obj: Mapping[str, Any], desired: str) -> Obj:
     """`obj` (an AppWrapper of either generation) as `desired` ("group/version").
     Raises ConversionError naming the field that stops it."""
@@ -82,7 +105,8 @@ def convert(obj: Mapping[str, Any], desired: str) -> Obj:
     if desired not in (V1BETA1, V1BETA2):
         raise ConversionError(f"desiredAPIVersion {desired!r}: not served here")
     if source == desired:
-        return copy.deepcopy(dict(obj))
+        same: Obj = copy_json(dict(obj))
+        return same
     return to_v1beta2(obj) if desired == V1BETA2 else to_v1beta1(obj)
 
 
@@ -94,7 +118,7 @@ def to_v1beta2(obj: Mapping[str, Any]) -> Obj:
     out = _copy_top(obj, V1BETA2)
     annotations = _annotations(out)
     carried = _pop_json(annotations, V1BETA2_FIELDS)
-    spec = copy.deepcopy(_mapping(obj.get("spec"), "spec"))
+    spec = copy_json(_mapping(obj.get("spec"), "spec"))
     stash: Obj = {} if "spec" in obj else {"spec": ABSENT}
     new_spec: Obj = {}
     if "suspend" in spec:
@@ -134,7 +158,7 @@ def to_v1beta2(obj: Mapping[str, Any]) -> Obj:
     elif "status" in carried:
         out["status"] = carried["status"]
     elif "status" in obj:
-        out["status"] = copy.deepcopy(status)
+        out["status"] = copy_json(status)
     return out
 
 
@@ -174,7 +198,7 @@ def to_v1beta1(obj: Mapping[str, Any]) -> Obj:
             "not in its v1beta2 view and a change made there would lose them: change it as "
             "v1beta1 (appwrappers.v1beta1.workload.codeflare.dev)"
         )
-    spec = copy.deepcopy(_mapping(obj.get("spec"), "spec"))
+    spec = copy_json(_mapping(obj.get("spec"), "spec"))
     carried: Obj = {}
     if "managedBy" in spec:
         carried["managedBy"] = spec.pop("managedBy")
@@ -208,9 +232,9 @@ def to_v1beta1(obj: Mapping[str, Any]) -> Obj:
     elif isinstance(status, Mapping) and status:
         # Written in v1beta2 by another writer than the dispatcher: kept until the
         # dispatcher writes a status of its own.
-        carried["status"] = copy.deepcopy(dict(status))
+        carried["status"] = copy_json(dict(status))
     elif "status" in obj:
-        out["status"] = copy.deepcopy(status)
+        out["status"] = copy_json(status)
     if carried:
         annotations[V1BETA2_FIELDS] = _dump(carried)
     _set_annotations(out, annotations)
@@ -257,15 +281,15 @@ def _take(entries: list[Obj], used: list[bool], index: int, ref: str) -> Obj:
 
 def _v1beta2_status(status: Mapping[str, Any], spec: Any) -> Obj:
     derived = v1beta2_status(status, spec=spec)
-    out: Obj = copy.deepcopy(dict(status))
+    out: Obj = copy_json(dict(status))
     out.update((k, v) for k, v in derived.items() if k != "conditions")
     own = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
-    out["conditions"] = [*copy.deepcopy(own), *derived["conditions"]]
+    out["conditions"] = [*copy_json(own), *derived["conditions"]]
     return out
 
 
 def _v1beta1_status(status: Mapping[str, Any]) -> Obj:
-    out: Obj = {k: copy.deepcopy(v) for k, v in status.items() if k not in V1BETA2_STATUS_FIELDS}
+    out: Obj = {k: copy_json(v) for k, v in status.items() if k not in V1BETA2_STATUS_FIELDS}
     conditions = out.pop("conditions", None)
     if isinstance(conditions, list):
         own = [c for c in conditions if not _is_v1beta2_condition(c)]
@@ -284,7 +308,7 @@ def _is_v1beta2_condition(condition: Any) -> bool:
 
 
 def _copy_top(obj: Mapping[str, Any], api_version: str) -> Obj:
-    out: Obj = {k: copy.deepcopy(v) for k, v in obj.items() if k not in ("spec", "status")}
+    out: Obj = {k: copy_json(v) for k, v in obj.items() if k not in ("spec", "status")}
     out["apiVersion"] = api_version
     return out
 

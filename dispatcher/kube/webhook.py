@@ -14,7 +14,6 @@ Every replica serves it, leader or not: the API server may call any of them.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import ssl
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -29,6 +28,7 @@ from cryptography.x509.oid import NameOID
 
 from dispatcher.core import crdcheck
 from dispatcher.core.convert import ConversionError, convert
+from dispatcher.kube.jsoncodec import decode
 
 MUTATE_PATH = "/mutate-appwrapper"
 VALIDATE_PATH = "/validate-appwrapper"
@@ -225,7 +225,7 @@ class _Reviews:
 def _read_review(body: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
     """A review and its `request` (which must carry a uid); ValueError, KeyError or
     TypeError when the body is not one."""
-    review = json.loads(body)
+    review = decode(body)
     inner = review["request"]
     if not isinstance(inner, dict) or "uid" not in inner:
         raise ValueError("no request.uid")

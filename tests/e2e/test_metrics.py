@@ -104,6 +104,7 @@ async def test_a_job_through_a_queue_is_counted_and_shown(
             "STAGE",
             "APPQUEUE",
             "REASON",
+            "STATUS",
             "CLUSTER",
             "PRIORITY",
             "AGE",

@@ -425,3 +425,21 @@ def test_the_v1beta2_status_is_the_v1beta1_one_and_more() -> None:
         "Unhealthy",
         "DeletingResources",
     }
+
+
+def test_an_item_nested_deeper_than_deepcopy_goes_converts_both_ways() -> None:
+    # copy.deepcopy takes two frames a level: 500 levels were a RecursionError, and a
+    # conversion that fails fails every read of the namespace through v1beta2.
+    deep: Any = 1
+    for _ in range(500):
+        deep = {"a": deep}
+    item = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "deep"}, "x": deep}
+    obj = {
+        "apiVersion": "workload.codeflare.dev/v1beta1",
+        "kind": "AppWrapper",
+        "metadata": {"name": "deep", "namespace": "team"},
+        "spec": {"resources": {"GenericItems": [{"generictemplate": item}]}},
+    }
+    there = convert(obj, "workload.codeflare.dev/v1beta2")
+    back = convert(there, "workload.codeflare.dev/v1beta1")
+    assert back["spec"]["resources"]["GenericItems"][0]["generictemplate"] == item
