@@ -33,14 +33,13 @@ import orjson
 import structlog
 from aiohttp import web
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
 
 from dispatcher.api.constants import GROUP as APPWRAPPER_GROUP
 from dispatcher.controller.gatekeeper import AccessReviews
 from dispatcher.controller.webview import QueueRow, appwrapper_page, queues_page
 from dispatcher.core.gatekeeping import Access, Creator
 from dispatcher.core.visibility import Pending, PendingView, rfc3339
-from dispatcher.kube.webhook import certificate_names
+from dispatcher.kube.webhook import certificate_names, issued_by
 
 GROUP = "visibility.workload.codeflare.dev"
 VERSION = "v1alpha1"
@@ -103,7 +102,7 @@ class FrontProxy:
             cert = x509.load_der_x509_certificate(der)
         except ValueError:
             return "the client certificate cannot be read"
-        if not any(_issued_by(cert, ca) for ca in self.cas):
+        if not any(issued_by(cert, ca) for ca in self.cas):
             return "the client certificate is not issued by the front proxy's CA"
         if self.allowed_names and not certificate_names(cert) & self.allowed_names:
             return "the client certificate names none of requestheader-allowed-names"
@@ -123,16 +122,6 @@ class FrontProxy:
             groups=groups,
             extra=tuple(sorted((k, tuple(v)) for k, v in extra.items())),
         )
-
-
-def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
-    if cert.issuer != ca.subject:
-        return False
-    try:
-        cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, InvalidSignature):
-        return False
-    return True
 
 
 def _rfc3339(at: float | None) -> str | None:

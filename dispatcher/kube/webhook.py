@@ -113,7 +113,7 @@ class ClientAuth:
             cert = x509.load_der_x509_certificate(der)
         except ValueError:  # one OpenSSL accepted but cryptography cannot read
             return "the client certificate cannot be read"
-        if not any(_issued_by(cert, ca) for ca in self._cas):
+        if not any(issued_by(cert, ca) for ca in self._cas):
             return "the client certificate is not issued by a CA of webhook.client_ca_file"
         names = certificate_names(cert)
         if not names & self.names:
@@ -121,7 +121,8 @@ class ClientAuth:
         return ""
 
 
-def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+def issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    """Whether `ca` signed `cert` directly (its issuer named and its signature checked)."""
     if cert.issuer != ca.subject:
         return False
     try:

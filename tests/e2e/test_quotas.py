@@ -442,7 +442,7 @@ async def test_a_three_level_tree_shares_by_weight(
     # (A new kind of reason is written within the waiting writer's 10 s.) Behind the head
     # of its queue, its status says its own terms: what the queue uses and the cohort lends
     # move with others' work, and are the pending list's and the queue's status's to tell.
-    message = await wait_message(cluster, namespace, "l5", f"queue {light}: needs cpu 1")
+    message = await wait_message(cluster, namespace, "l5", f"queue {light}: needs cpu 1; nominal 0")
     assert message == f"queue {light}: needs cpu 1; nominal 0"
 
 
