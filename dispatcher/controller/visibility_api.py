@@ -24,7 +24,6 @@ Paths (under /apis/visibility.workload.codeflare.dev/v1alpha1):
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +38,12 @@ from dispatcher.controller.gatekeeper import AccessReviews
 from dispatcher.controller.webview import QueueRow, appwrapper_page, queues_page
 from dispatcher.core.gatekeeping import Access, Creator
 from dispatcher.core.visibility import Pending, PendingView, rfc3339
-from dispatcher.kube.webhook import certificate_names, issued_by
+from dispatcher.kube.webhook import (
+    certificate_names,
+    issued_by,
+    peer_certificate,
+    status_response,
+)
 
 GROUP = "visibility.workload.codeflare.dev"
 VERSION = "v1alpha1"
@@ -225,18 +229,18 @@ class VisibilityApi:
     ) -> web.StreamResponse:
         if request.path == "/healthz":
             return await handler(request)
-        problem = self.front_proxy.problem(_peer_certificate(request))
+        problem = self.front_proxy.problem(peer_certificate(request))
         if problem:
-            return status(403, "Forbidden", problem)
+            return status_response(403, "Forbidden", problem)
         user = self.front_proxy.user(request.headers, lambda h: request.headers.getall(h, []))
         if not user.username:
-            return status(401, "Unauthorized", "the front proxy named no user")
+            return status_response(401, "Unauthorized", "the front proxy named no user")
         request[USER] = user
         if request.path.rstrip("/") in (BASE, f"/apis/{GROUP}"):
             return await handler(request)  # discovery: standbys answer it too
         if not self._leading():
             leader = await self._leader()
-            return status(
+            return status_response(
                 503,
                 "ServiceUnavailable",
                 f"this replica is not the leader; the leader ({leader or 'unknown'}) holds the"
@@ -291,7 +295,7 @@ class VisibilityApi:
             limit = int(request.query.get("limit", DEFAULT_LIMIT))
             offset = int(request.query.get("offset", 0))
         except ValueError:
-            return status(400, "BadRequest", "limit and offset are whole numbers")
+            return status_response(400, "BadRequest", "limit and offset are whole numbers")
         limit = max(0, min(limit, MAX_LIMIT))
         offset = max(0, offset)
         head = orjson.dumps(
@@ -333,13 +337,13 @@ class VisibilityApi:
     async def one(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         if not await self.visible(request[USER], [namespace]):
-            return status(
+            return status_response(
                 403, "Forbidden", f"you may not list appwrappers in namespace {namespace}"
             )
         view = self._view()
         pending = view.by_key.get(f"{namespace}/{name}")
         if pending is None:
-            return status(404, "NotFound", f"appwrapper {namespace}/{name} is not pending")
+            return status_response(404, "NotFound", f"appwrapper {namespace}/{name} is not pending")
         return _json(
             {
                 "kind": "PendingAppWrapper",
@@ -358,19 +362,21 @@ class VisibilityApi:
     async def appwrapper_view(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         if not await self.visible(request[USER], [namespace]):
-            return status(
+            return status_response(
                 403, "Forbidden", f"you may not list appwrappers in namespace {namespace}"
             )
         obj = self._appwrapper(f"{namespace}/{name}")
         if obj is None:
-            return status(404, "NotFound", f"appwrapper {namespace}/{name} not found")
+            return status_response(404, "NotFound", f"appwrapper {namespace}/{name} not found")
         view = self._view()
         page = appwrapper_page(obj, view.by_key.get(f"{namespace}/{name}"), view.at)
         return web.Response(text=page, content_type="text/html", charset="utf-8")
 
 
 def _refused(namespace: str) -> web.Response:
-    return status(403, "Forbidden", f"you may not list appwrappers in namespace {namespace}")
+    return status_response(
+        403, "Forbidden", f"you may not list appwrappers in namespace {namespace}"
+    )
 
 
 def _prefix(request: web.Request) -> str:
@@ -380,23 +386,3 @@ def _prefix(request: web.Request) -> str:
 
 def _json(body: Obj) -> web.Response:
     return web.Response(body=orjson.dumps(body), content_type="application/json")
-
-
-def status(code: int, reason: str, message: str) -> web.Response:
-    body = {
-        "apiVersion": "v1",
-        "kind": "Status",
-        "status": "Failure",
-        "code": code,
-        "reason": reason,
-        "message": message,
-    }
-    return web.Response(body=orjson.dumps(body), status=code, content_type="application/json")
-
-
-def _peer_certificate(request: web.Request) -> bytes | None:
-    transport = request.transport
-    tls = transport.get_extra_info("ssl_object") if transport is not None else None
-    if not isinstance(tls, ssl.SSLObject | ssl.SSLSocket):
-        return None
-    return tls.getpeercert(binary_form=True)

@@ -161,7 +161,7 @@ class _Reviews:
             await asyncio.wait_for(self._turns.acquire(), self._queue_seconds)
         except TimeoutError:
             self._log.warning("webhook_busy", path=path, in_flight=self._max_in_flight)
-            return _status(429, "TooManyRequests", busy)
+            return status_response(429, "TooManyRequests", busy)
         try:
             return await answer()
         finally:
@@ -177,10 +177,10 @@ class _Reviews:
 
         async def answer(request: web.Request) -> web.Response:
             if self._client_auth is not None:
-                refused = self._client_auth.problem(_peer_certificate(request))
+                refused = self._client_auth.problem(peer_certificate(request))
                 if refused:
                     self._log.warning("webhook_caller_refused", path=path, reason=refused)
-                    return _status(403, "Forbidden", refused)
+                    return status_response(403, "Forbidden", refused)
             return await self._in_turn(path, busy, lambda: self._review(request, handler, path))
 
         return answer
@@ -301,7 +301,7 @@ def conversion_response(request: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _peer_certificate(request: web.Request) -> bytes | None:
+def peer_certificate(request: web.Request) -> bytes | None:
     transport = request.transport
     tls = transport.get_extra_info("ssl_object") if transport is not None else None
     if not isinstance(tls, ssl.SSLObject | ssl.SSLSocket):
@@ -309,7 +309,7 @@ def _peer_certificate(request: web.Request) -> bytes | None:
     return tls.getpeercert(binary_form=True)
 
 
-def _status(code: int, reason: str, message: str) -> web.Response:
+def status_response(code: int, reason: str, message: str) -> web.Response:
     """A refusal the API server shows as it is: a Status object (any other answer than 200
     makes the call fail, and with failurePolicy Fail the request is refused)."""
     body = {
