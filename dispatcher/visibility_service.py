@@ -73,7 +73,8 @@ def _tls(config: Config, proxy: FrontProxy, directory: Path) -> ssl.SSLContext:
 def queue_rows(dispatcher: Manager) -> list[QueueRow]:
     """Each cluster queue's usage against its nominal quota, per flavor and resource."""
     tree = dispatcher.quotas.tree()
-    summaries = dispatcher.quotas.summaries
+    # Computed now, not the last status write's: the page matches the pending list beside it.
+    summaries, _ = dispatcher.quotas.summarize()
     counts: dict[str, int] = {}
     for pending in dispatcher.visibility.view().items:
         counts[pending.cluster_queue] = counts.get(pending.cluster_queue, 0) + 1

@@ -225,14 +225,19 @@ class Quotas:
                 self._log.warning("queue_status_failed", error=str(exc)[:300])
             await asyncio.sleep(STATUS_EVERY_SECONDS)
 
+    def summarize(self) -> tuple[dict[str, QueueSummary], dict[str, QueueSummary]]:
+        """Each cluster queue and each AppQueue as the cache shows them now (the status
+        written last may be up to STATUS_EVERY_SECONDS older)."""
+        usage, pending = self._queued_usage()
+        return summarize(
+            self.tree(), usage.charges.values(), pending, usage.local_of, usage.releasing
+        )
+
     async def write_status(self) -> None:
         tree = self.tree()
         if not (tree.setup.enabled or tree.setup.cohorts or tree.setup.flavors):
             return
-        usage, pending = self._queued_usage()
-        queues, locals_ = summarize(
-            tree, usage.charges.values(), pending, usage.local_of, usage.releasing
-        )
+        queues, locals_ = self.summarize()
         self.summaries, self.local_summaries = queues, locals_
         now = datetime.fromtimestamp(self._clock.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for name, summary in queues.items():
