@@ -147,6 +147,7 @@ class Manager:
             running=self.cache.running,
             current=self.status.current,
             finished=lambda key: self.cache.phase(key) is Phase.FINISHED,
+            changes=lambda: self.cache.queues.changes,
         )
         self.scheduler = Scheduler(
             config=self.config,

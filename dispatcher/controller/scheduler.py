@@ -18,7 +18,6 @@ waiting status), and for each decision:
 from __future__ import annotations
 
 import asyncio
-import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Mapping
@@ -41,14 +40,15 @@ from dispatcher.config import Config, Fit
 from dispatcher.controller.cache import SchedulerCache
 from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.status import Change, StatusWriter
+from dispatcher.controller.visibility import Found, Pending, in_line_order
 from dispatcher.controller.waiting import WaitingWriter
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
 from dispatcher.core.model import Workload
 from dispatcher.core.phase import Phase
-from dispatcher.core.queues import order_key, take
+from dispatcher.core.queues import take
 from dispatcher.core.quota.flavors import charge_of, with_flavors
-from dispatcher.core.quota.resolve import Queued, QueueProblem
+from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling import (
@@ -63,9 +63,8 @@ from dispatcher.core.scheduling.pooled import anywhere, pooled
 from dispatcher.kube.errors import Conflict, KubeError
 from dispatcher.metrics.recorder import Recorder
 
-Parked = Callable[[], Iterator[tuple[Workload, Wait, Queued | QueueProblem | None]]]
-Observer = Callable[[CycleResult | None, list[Workload], float, Parked | None], None]
-"""Sees each cycle: its result, the work it judged, and how to list the parked work."""
+Observer = Callable[[CycleResult | None, list[Workload], float, Pending | None], None]
+"""Sees each cycle: its result, the work it judged, and how to list what is pending."""
 
 BATCH_SECONDS = 0.005
 BATCH_MAX_SECONDS = 0.25
@@ -182,7 +181,7 @@ class Scheduler:
         self._apply(result, judged, now, tree)
         self._keep_waits(result)
         if self._observe is not None:
-            self._observe(result, judged, now, self._parked)
+            self._observe(result, judged, now, self._pending_now)
         self._cycle_seconds = time.perf_counter() - started
         self._recorder.cycle(self._cycle_seconds, admitted=bool(result.admits), waits=())
         # The metrics count every pending one by its last wait, parked ones included.
@@ -223,16 +222,17 @@ class Scheduler:
         queues = self._cache.queues
         return {k: w for k, w in self._waits.items() if k in queues}
 
-    def _parked(self) -> Iterator[tuple[Workload, Wait, Queued | QueueProblem | None]]:
-        """The parked work in the order the scheduler takes each line (merged across
-        lines by rule 3), with its last wait: after the cycle's own order in the pending
-        list."""
-        queues = self._cache.queues
-        lines = [queues.in_line(line) for line in queues.lines()]
-        for workload in heapq.merge(*lines, key=order_key):
-            wait = self._waits.get(workload.key)
-            if wait is not None and queues.is_parked(workload.key):
-                yield workload, wait, self._resolved.get(workload.key)
+    def _pending_now(self) -> Iterator[Found]:
+        """Every pending workload now, in line order, with its last wait (the pending
+        list merges the last cycle's order with it)."""
+        tree = self._quota_tree() if self._quota_tree is not None else None
+
+        def resolve_now(workload: Workload) -> Queued | QueueProblem | None:
+            if tree is None:
+                return None
+            return resolve(workload.key.partition("/")[0], workload.queue_name, tree.setup, tree)
+
+        return in_line_order(self._cache.queues, self._waits, self._resolved, resolve_now)
 
     def _apply(
         self, result: CycleResult, pending: list[Workload], now: float, tree: QuotaTree | None

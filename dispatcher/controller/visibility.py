@@ -1,31 +1,57 @@
 """What the leader knows of its queues, kept for "see the queue" (no I/O of its own).
 
 The scheduler hands every cycle's result here (`observe`): the AppWrappers the cycle judged
-in the order it took them, the queue each resolved to and why each waits, and (listed on
-demand) the parked ones, which the cycle did not judge, with their last wait, merged in by
-rule 3 (priority, age, name): positions are the order the scheduler takes them in. Only
+in the order it took them, the queue each resolved to and why each waits, and how to list
+what is pending now (`in_line_order`). On demand the two are merged: the judged work still
+pending keeps the cycle's order, every other pending one (parked, woken since, or new since
+that cycle) comes in by rule 3 (priority, age, name), with its last wait or, never judged
+yet, the reason `AwaitingHeadOfLine`. Each pending AppWrapper is listed exactly once; the
+positions are the order the scheduler takes them in. Only
 references are kept then; the pending view (`core.visibility.pending_view`) is built from the last
 cycle on the first question after it, and reused until the next cycle: no cycle pays for
-a view nobody asks for, and no question costs a cycle. What runs (`Active`) is read from
+a view nobody asks for, and no question costs a cycle; a question after work arrived or
+left since (`changes`) lists again. What runs (`Active`) is read from
 the scheduler cache; the durations of those that finished feed the start estimates.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dispatcher.api.models import Reason
 from dispatcher.core.model import Workload
-from dispatcher.core.queues import order_key
+from dispatcher.core.queues import QueueManager, order_key
 from dispatcher.core.quota.resolve import Queued, QueueProblem
 from dispatcher.core.scheduling import CycleResult, Wait
 from dispatcher.core.visibility import Active, Durations, PendingView, Waiting, pending_view
 
 Obj = dict[str, Any]
-Parked = Callable[[], Iterable[tuple[Workload, Wait, Queued | QueueProblem | None]]]
-"""Lists the parked work in order, each with its last wait and the queue it resolved to."""
+Found = tuple[Workload, Wait, Queued | QueueProblem | None]
+Pending = Callable[[], Iterable[Found]]
+"""Lists every pending workload now, in line order, with its wait and resolved queue."""
+NOT_JUDGED = "not judged yet: the next scheduling cycle decides"
+
+
+def in_line_order(
+    queues: QueueManager,
+    waits: Mapping[str, Wait],
+    resolved: Mapping[str, Queued | QueueProblem | None],
+    resolve: Callable[[Workload], Queued | QueueProblem | None],
+) -> Iterator[Found]:
+    """Every workload pending in `queues`, in the order the scheduler takes each line
+    (merged across lines by rule 3), with its last wait and the queue it resolved to; one
+    no cycle has judged yet gets a wait saying so and its queue resolved now."""
+    lines = [queues.in_line(line) for line in queues.lines()]
+    for workload in heapq.merge(*lines, key=order_key):
+        key = workload.key
+        wait = waits.get(key)
+        if wait is None:
+            yield workload, Wait(key, NOT_JUDGED, Reason.QUEUED), resolve(workload)
+        else:
+            yield workload, wait, resolved.get(key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +91,15 @@ class Visibility:
         running: Callable[[], Iterator[tuple[str, float, str]]],
         current: Callable[[str], Obj | None],
         finished: Callable[[str], bool],
+        changes: Callable[[], int] = lambda: 0,
     ) -> None:
         self._running = running  # (key, dispatched at, cluster queue) of what holds room
         self._current = current
         self._finished = finished
+        self._changes = changes  # who is pending changed when this did
+        self._listed_at = -1
         self.durations = Durations()
-        self._last: tuple[CycleResult, Sequence[Workload], Parked | None] | None = None
+        self._last: tuple[CycleResult, Sequence[Workload], Pending | None] | None = None
         self._at = 0.0
         self._view: PendingView | None = None
         self._known: dict[str, _Known] = {}
@@ -82,21 +111,21 @@ class Visibility:
         result: CycleResult | None,
         pending: Sequence[Workload],
         now: float,
-        parked: Parked | None = None,
+        pending_now: Pending | None = None,
     ) -> None:
         """A cycle ran (None: nothing is pending). Cheap, since it runs in the scheduler's
         loop: what ran is tracked (O(running)); the order is kept by reference and read on
-        the first question (`view`), the parked work listed then by `parked`."""
+        the first question (`view`), what is pending then listed by `pending_now`."""
         self.cycles += 1
         self._at = now
         self._view = None
         self._active = self._track()
-        self._last = (result, pending, parked) if result is not None else None
+        self._last = (result, pending, pending_now) if result is not None else None
 
     def _order(self) -> list[Waiting]:
         if self._last is None:
             return []
-        result, pending, parked = self._last
+        result, pending, pending_now = self._last
         by_key = {w.key: w for w in pending}
         waits = {w.key: w for w in result.waits}
         judged = [
@@ -104,11 +133,14 @@ class Visibility:
             for key in result.order
             if key in waits  # not admitted by that cycle
         ]
-        if parked is None:
+        if pending_now is None:
             return [self._waiting(*found) for found in judged]
-        # The parked work merged in by rule 3 (the order each line keeps), the judged
-        # work in the cycle's order: each keeps its place among its own.
-        rest = (found for found in parked() if found[0].key not in waits)
+        # What is pending now decides who is listed: the judged work still pending in the
+        # cycle's order, the rest merged in by rule 3 (the order each line keeps).
+        now = list(pending_now())
+        still = {found[0].key for found in now}
+        judged = [found for found in judged if found[0].key in still]
+        rest = [found for found in now if found[0].key not in waits]
         merged = heapq.merge(judged, rest, key=lambda found: order_key(found[0]))
         return [self._waiting(*found) for found in merged]
 
@@ -130,7 +162,9 @@ class Visibility:
         )
 
     def view(self) -> PendingView:
-        if self._view is None:
+        changes = self._changes()
+        if self._view is None or changes != self._listed_at:
+            self._listed_at = changes
             self._view = pending_view(self._order(), self._active, self.durations, self._at)
         return self._view
 

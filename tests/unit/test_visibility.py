@@ -3,6 +3,7 @@ scheduler's own order (a property over random cycles)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -11,9 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatcher.api.models import Reason
-from dispatcher.controller.visibility import Visibility, kind_and_limit
+from dispatcher.controller.visibility import (
+    NOT_JUDGED,
+    Found,
+    Visibility,
+    in_line_order,
+    kind_and_limit,
+)
 from dispatcher.core.model import QueueMode
-from dispatcher.core.scheduling import schedule
+from dispatcher.core.queues import QueueManager, take
+from dispatcher.core.quota.resolve import Queued, QueueProblem
+from dispatcher.core.scheduling import Wait, schedule
 from dispatcher.core.visibility import (
     Active,
     Durations,
@@ -243,3 +252,65 @@ def test_time_formats_agree_with_strftime(at: float) -> None:
     moment = datetime.fromtimestamp(at, UTC)
     assert rfc3339(at) == moment.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert clock(at) == moment.strftime("%H:%M UTC")
+
+
+# One step between views: ("add", cpu, priority), ("cycle",), ("free",) capacity freed,
+# ("drop", index) one pending removed (deleted or admitted elsewhere).
+_step = st.one_of(
+    st.tuples(st.just("add"), st.integers(1, 6), st.integers(0, 3)),
+    st.tuples(st.just("cycle")),
+    st.tuples(st.just("free")),
+    st.tuples(st.just("drop"), st.integers(0, 40)),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(steps=st.lists(_step, min_size=1, max_size=30), mode=st.sampled_from(list(QueueMode)))
+def test_every_pending_one_is_listed_once_whatever_happened_since_the_cycle(
+    steps: list[tuple[object, ...]], mode: QueueMode
+) -> None:
+    """Between cycles work arrives, leaves and is woken; the list asked for at any moment
+    shows each AppWrapper pending then exactly once (never one that left), numbered from 1,
+    and those no cycle judged yet say so."""
+    queues = QueueManager()
+    waits: dict[str, Wait] = {}
+    resolved: dict[str, Queued | QueueProblem | None] = {}
+    state = Visibility(
+        running=lambda: iter(()),
+        current=lambda key: None,
+        finished=lambda k: False,
+        changes=lambda: queues.changes,
+    )
+    members = [cluster("c", node("n", cpu=8))]
+
+    def pending_now() -> Iterator[Found]:
+        return in_line_order(queues, waits, resolved, lambda workload: None)
+
+    for i, step in enumerate(steps):
+        if step[0] == "add":
+            cpu, priority = int(step[1]), int(step[2])  # type: ignore[call-overload]
+            queues.upsert(workload(f"ns/w{i}", pods(1, cpu=cpu), priority=priority), "")
+        elif step[0] == "free":
+            queues.capacity_freed()
+        elif step[0] == "drop" and len(queues):
+            key = sorted(queues.workloads())[int(step[1]) % len(queues)]  # type: ignore[call-overload]
+            queues.remove(key)
+        elif step[0] == "cycle":
+            judged = queues.active()
+            result = take(
+                queues, members, mode=mode, now=NOW, starvation_after=1e9, preemption=None
+            )
+            for admit in result.admits:
+                waits.pop(admit.key, None)
+            waits.update({wait.key: wait for wait in result.waits})
+            state.observe(result, judged, NOW, pending_now)
+        view = state.view() if state.cycles else None
+        if view is None:
+            continue
+        listed = [p.key for p in view.items]
+        assert sorted(listed) == sorted(queues.workloads())
+        assert [p.position for p in view.items] == list(range(1, len(listed) + 1))
+        for item in view.items:
+            if item.key not in waits:
+                assert item.reason == Reason.QUEUED
+                assert item.message == NOT_JUDGED

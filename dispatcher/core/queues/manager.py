@@ -89,6 +89,8 @@ class QueueManager:
         self._active = SortedList()  # OrderKeys of the work cycles take, across lines
         self._parked: dict[str, _Parked] = {}
         self._starving: list[tuple[float, str]] = []  # heap of (queued_since, key), parked
+        self.changes = 0
+        """Counts the workloads' arrivals, changes and departures (who is pending)."""
 
     # -- events --------------------------------------------------------------------------
 
@@ -97,6 +99,7 @@ class QueueManager:
         if workload.key in self._workloads:
             self.remove(workload.key)
         self._workloads[workload.key] = workload
+        self.changes += 1
         self._line_of[workload.key] = line
         target = self._lines.get(line)
         if target is None:
@@ -114,6 +117,7 @@ class QueueManager:
         workload = self._workloads.pop(key, None)
         if workload is None:
             return None
+        self.changes += 1
         name = self._line_of.pop(key)
         line = self._lines[name]
         okey = order_key(workload)
