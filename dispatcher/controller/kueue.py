@@ -70,6 +70,7 @@ class KueueSource:
         self.synced = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
         self._log = structlog.get_logger("kueue")
+        self._unreadable: set[str] = set()  # what the guard could not read, logged once
         if mode is KueueQuotas.OFF:
             self.synced.set()
 
@@ -134,6 +135,12 @@ class KueueSource:
             self.synced.set()
             await asyncio.sleep(CRD_EVERY_SECONDS)
 
+    def _cannot_read(self, what: str, exc: KubeError) -> None:
+        """That sign is not looked at (every GUARD_EVERY_SECONDS: said once)."""
+        if what not in self._unreadable:
+            self._unreadable.add(what)
+            self._log.warning("kueue_guard_unreadable", what=what, error=str(exc)[:200])
+
     async def _guard_loop(self) -> None:
         while True:
             await asyncio.sleep(GUARD_EVERY_SECONDS)
@@ -147,11 +154,11 @@ class KueueSource:
         except NotFound:
             pass
         except KubeError as exc:
-            self._log.warning("kueue_guard_unreadable", what="lease", error=str(exc)[:200])
+            self._cannot_read("lease", exc)
         try:
             webhooks = list((await self._hub.list(WEBHOOKS)).get("items") or [])
         except KubeError as exc:
-            self._log.warning("kueue_guard_unreadable", what="webhooks", error=str(exc)[:200])
+            self._cannot_read("webhooks", exc)
         running = kueue_running(lease, webhooks, self._clock.time())
         if running != self.running:
             if running:
