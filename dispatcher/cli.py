@@ -34,6 +34,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--starvation-after", dest="starvation_after_seconds", type=float)
     run.add_argument("--no-preemption", dest="preemption", action="store_const", const=False)
     run.add_argument("--health-port", dest="health_port", type=int)
+    run.add_argument("--kueue-quotas", dest="kueue_quotas", choices=["off", "beside", "instead"])
     run.add_argument("--qps", type=float)
     run.add_argument("--burst", type=int)
     run.add_argument("--workers", type=int)

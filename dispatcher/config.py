@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from dispatcher.core.faulttolerance import FaultToleranceBounds
 from dispatcher.core.gatekeeping import PriorityPolicy
 from dispatcher.core.model import QueueMode
+from dispatcher.core.quota.kueue import KueueQuotas
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS, DEFAULT_MAX_APPWRAPPER_BYTES
 
 
@@ -221,6 +222,12 @@ class Config(BaseModel):
     queue_required: bool = False
     """With quotas: an AppWrapper that names no queue (and whose namespace has no `default`
     AppQueue) waits, instead of being admitted on capacity alone."""
+    kueue_quotas: KueueQuotas = KueueQuotas.OFF
+    """Read Kueue's own quota objects (kueue.x-k8s.io ClusterQueue, LocalQueue, Cohort,
+    ResourceFlavor, WorkloadPriorityClass): `beside` ours, `instead` of ours, or not (`off`).
+    Only where their CRDs are installed, and never while Kueue itself runs."""
+    kueue_namespace: str = "kueue-system"
+    """Where Kueue's leader Lease would be (one of the signs that Kueue itself runs)."""
     allow_exec_kubeconfigs: bool = False
     """Accept a member kubeconfig read from a Secret (`kubeconfig_secret`) whose user runs a
     credential plugin (`exec`, `auth-provider`): whoever may write the Secret would choose a

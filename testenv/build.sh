@@ -3,6 +3,7 @@
 #   k8s       etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
 #   kwok      fake nodes and pods (plus its stage files)
 #   kuberay   the KubeRay operator (plus its CRDs)
+#   kueue-crds  Kueue's quota CRDs, downloaded from the Go module proxy (Kueue is not built)
 # Output: $APPWRAPPER_CACHE_DIR/bin/<version-stamp>/ (default ~/.cache/appwrapper-dispatcher).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -50,6 +51,22 @@ copy_dir() { # module-dir module subdir dest
 }
 copy_dir . sigs.k8s.io/kwok kustomize/stage kwok-stages
 copy_dir kuberay github.com/ray-project/kuberay/ray-operator config/crd/bases kuberay-crds
+# Kueue's quota CRDs (not Kueue): what the kueue_quotas tests create objects of. Only the
+# module is downloaded (no build), outside any module so no go.mod here changes; its other
+# CRDs (Workloads: 1.4 MB) are not needed.
+kueue_version=v0.15.0
+if [[ ! -d "$out/kueue-crds" ]]; then
+  outside="$(mktemp -d)"
+  kueue_dir="$(cd "$outside" && GO111MODULE=on go mod download -json "sigs.k8s.io/kueue@$kueue_version" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+  rmdir "$outside"
+  mkdir -p "$out/kueue-crds.tmp"
+  for kind in clusterqueues localqueues cohorts resourceflavors workloadpriorityclasses; do
+    cp "$kueue_dir/config/components/crd/bases/kueue.x-k8s.io_$kind.yaml" "$out/kueue-crds.tmp/"
+  done
+  chmod -R u+w "$out/kueue-crds.tmp"
+  mv "$out/kueue-crds.tmp" "$out/kueue-crds"
+fi
 ln -sfn k8s "$out/kubectl"
 ln -sfn "$out" "$cache/bin/current"
 echo "$out"

@@ -233,7 +233,7 @@ class SchedulerCache:
         else:
             self._queued.discard(key)
         uid = str(obj["metadata"].get("uid") or "")
-        queue = queue_name_of(obj["metadata"].get("labels"))
+        queue = queue_name_of(obj["metadata"].get("labels"), obj["metadata"].get("annotations"))
         self._dirty.add(key)
         if entry is None:
             self._entries[key] = _Entry(version, phase, generation, eviction, uid, queue)

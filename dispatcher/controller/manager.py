@@ -47,6 +47,7 @@ from dispatcher.controller.visibility import Visibility
 from dispatcher.controller.waiting import WaitingWriter
 from dispatcher.controller.workqueue import WorkQueue, serve
 from dispatcher.core.phase import Phase, phase_of_raw
+from dispatcher.core.quota.kueue import KueueQuotas
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.events import EventRecorder
@@ -120,6 +121,11 @@ class Manager:
             priority_class=lambda name: self.priority_classes.store.get(name),
             attribution=self.gatekeeper.attribution_problem,
             priority_policy=config.priority_policy,
+            workload_priority_class=(
+                None
+                if config.kueue_quotas is KueueQuotas.OFF
+                else lambda name: self.quotas.kueue.priority_class(name)
+            ),
         )
         self.outbox = Outbox(self._deliver)
         self.status = StatusWriter(

@@ -8,6 +8,9 @@ one loop, at most once a second and only where it changed: counts, usage per fla
 resource, and the `Active` condition (False with the reason for a misconfigured or stopped
 queue), with an Event when a queue turns active or inactive. A quota kind that is not
 installed is an empty cache: without the CRDs the dispatcher runs as without quotas.
+
+With the `kueue_quotas` setting, Kueue's own quota objects (`kueue.KueueSource`) are read
+beside or instead of ours (`core.quota.kueue`); their status is never written here.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from dispatcher.api.queues import QUEUE_KINDS, parse
 from dispatcher.clock import Clock
 from dispatcher.config import Config
 from dispatcher.controller.cache import QuotaUsage
+from dispatcher.controller.kueue import KueueSource
+from dispatcher.core.quota.kueue import KueueQuotas, with_kueue
 from dispatcher.core.quota.model import CohortSpec, Flavor, QuotaSetup, StopPolicy
 from dispatcher.core.quota.read import setup_of
 from dispatcher.core.quota.resolve import Queued, resolve
@@ -98,6 +103,10 @@ class Quotas:
         # Namespaces' labels, for the queues' namespace selectors (listing them may be
         # forbidden: then every selector sees no labels).
         self.namespaces = Informer(hub, NAMESPACES, transform=_labels_only, absent_ok=True)
+        self.kueue = KueueSource(
+            hub=hub, mode=config.kueue_quotas, namespace=config.kueue_namespace, clock=clock
+        )
+        self._noted: set[str] = set()
         self._tree: QuotaTree | None = None
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
@@ -109,6 +118,7 @@ class Quotas:
         self._log = structlog.get_logger("quotas")
         for informer in [*self.informers.values(), self.namespaces]:
             informer.add_handler(self._on_change)
+        self.kueue.on_change(lambda: self._on_change("", None, None))
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call `listener` when any quota object (or a namespace's labels) changes."""
@@ -178,6 +188,7 @@ class Quotas:
     async def synced(self) -> None:
         for informer in [*self.informers.values(), self.namespaces]:
             await informer.synced.wait()
+        await self.kueue.synced.wait()
 
     def tree(self) -> QuotaTree:
         if self._tree is None:
@@ -196,22 +207,31 @@ class Quotas:
             str(obj["metadata"]["name"]): obj["metadata"].get("labels") or {}
             for obj in self.namespaces.store.values()
         }
-        return setup_of(
-            self._models("ClusterAppQueue"),
-            self._models("AppCohort"),
-            self._models("AppFlavor"),
-            self._models("AppQueue"),
+        mode = self._config.kueue_quotas
+        ours = mode is not KueueQuotas.INSTEAD
+        setup = setup_of(
+            self._models("ClusterAppQueue") if ours else (),
+            self._models("AppCohort") if ours else (),
+            self._models("AppFlavor") if ours else (),
+            self._models("AppQueue") if ours else (),
             labels,
             fair_sharing=self._config.fair_sharing,
             fair_preemption=self._config.fair_sharing_preemption,
             queue_required=self._config.queue_required,
         )
+        setup, notes = with_kueue(setup, self.kueue.objects(), mode)
+        for note in notes:
+            if note not in self._noted:  # each once: the tree is rebuilt on every change
+                self._noted.add(note)
+                self._log.warning("kueue_quota_note", note=note)
+        return setup
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
             for kind, informer in self.informers.items():
                 group.create_task(informer.run(), name=f"watch-{kind}")
             group.create_task(self.namespaces.run(), name="watch-namespaces")
+            group.create_task(self.kueue.run(), name="kueue-quotas")
             group.create_task(self._status_loop(), name="queue-status")
 
     async def _status_loop(self) -> None:

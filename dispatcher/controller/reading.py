@@ -19,6 +19,7 @@ from typing import Any
 from dispatcher.api.models import AppWrapper
 from dispatcher.core.gatekeeping import PriorityPolicy, priority_problems
 from dispatcher.core.model import Workload
+from dispatcher.core.quota.kueue import KUEUE_PRIORITY_LABEL, priority_value
 from dispatcher.core.validation import LAST_APPLIED, appwrapper_size, size_problem
 from dispatcher.core.workloads import InvalidSpec, queue_name_of, workload_of
 
@@ -149,12 +150,15 @@ class AppWrapperReader:
         declared_as_written: bool = True,
         attribution: Callable[[Obj], str] = lambda obj: "",
         priority_policy: PriorityPolicy | None = None,
+        workload_priority_class: Callable[[str], Obj | None] | None = None,
     ) -> None:
         self.allowed_kinds = allowed_kinds
         self.declared_as_written = declared_as_written
         self._priority_class = priority_class
         self._attribution = attribution
         self._priority_policy = priority_policy
+        # Kueue's WorkloadPriorityClasses, when its quota objects are read (else None).
+        self._workload_priority_class = workload_priority_class
         # key -> (resourceVersion, why it may not be dispatched for want of a trusted
         # creator): `verify`'s answers, read from the object (the signature covers the spec
         # as stored), once per version.
@@ -189,7 +193,15 @@ class AppWrapperReader:
         return model
 
     def priority(self, aw: AppWrapper) -> tuple[int, str]:
-        """Effective priority and, if its PriorityClass is unknown, the error."""
+        """Effective priority and, if its PriorityClass is unknown, the error. Kueue's
+        `kueue.x-k8s.io/priority-class` label, where read, wins over a PriorityClass, as in
+        Kueue."""
+        kueue_class = self._kueue_class(aw)
+        if kueue_class:
+            value = priority_value(self._workload_priority_class_of(kueue_class))
+            if value is None:
+                return aw.spec.priority, f"WorkloadPriorityClass {kueue_class!r} not found"
+            return value, ""
         name = aw.spec.priorityClassName
         if not name:
             return aw.spec.priority, ""
@@ -197,6 +209,15 @@ class AppWrapperReader:
         if found is None:
             return aw.spec.priority, f"PriorityClass {name!r} not found"
         return int(found.get("value", 0)), ""
+
+    def _kueue_class(self, aw: AppWrapper) -> str:
+        if self._workload_priority_class is None:
+            return ""
+        return aw.metadata.labels.get(KUEUE_PRIORITY_LABEL) or ""
+
+    def _workload_priority_class_of(self, name: str) -> Obj | None:
+        lookup = self._workload_priority_class
+        return lookup(name) if lookup is not None else None
 
     def verify(self, obj: Obj) -> str:
         """Why `obj` may not be dispatched for want of a creator record the admission
@@ -221,8 +242,14 @@ class AppWrapperReader:
         problem = self.verify(obj)
         if problem or self._priority_policy is None:
             return problem
-        spec = {"priorityClassName": aw.spec.priorityClassName, "priority": aw.spec.priority}
+        spec: dict[str, Any] = {
+            "priorityClassName": aw.spec.priorityClassName,
+            "priority": aw.spec.priority,
+        }
         value, missing = self.priority(aw)
+        if self._kueue_class(aw):
+            # A WorkloadPriorityClass's value is held to the namespace's range as a number.
+            spec = {"priority": value}
         problems = priority_problems(
             spec,
             namespace=aw.metadata.namespace,
@@ -244,7 +271,8 @@ class AppWrapperReader:
             priority,
             status.requeueCount if status is not None else 0,
             (status.queuedAt or "") if status is not None else "",
-            queue_name_of(aw.metadata.labels),  # a label: editing it changes no generation
+            # Labels and annotations: editing them changes no generation.
+            queue_name_of(aw.metadata.labels, aw.metadata.annotations),
         )
         cached = self._workloads.get(aw.key)
         if cached is not None and cached[0] == stamp:

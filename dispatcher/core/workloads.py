@@ -208,7 +208,7 @@ def workload_of(
         placement=placement,
         queued_since=queued_since,
         preemptible=aw.spec.preemptible,
-        queue_name=queue_name_of(aw.metadata.labels),
+        queue_name=queue_name_of(aw.metadata.labels, aw.metadata.annotations),
         charge_pod_sets=None if charged == sets else charged,
     )
 
@@ -235,7 +235,13 @@ def _queue_times(aw: AppWrapper, now: datetime) -> tuple[float, float]:
     return created, queued_since
 
 
-def queue_name_of(labels: Mapping[str, str] | None) -> str:
-    """The AppQueue an AppWrapper names: this project's label, else Kueue's ("" = none)."""
-    labels = labels or {}
-    return labels.get(LABEL_QUEUE) or labels.get(KUEUE_LABEL_QUEUE) or ""
+def queue_name_of(
+    labels: Mapping[str, str] | None, annotations: Mapping[str, str] | None = None
+) -> str:
+    """The AppQueue an AppWrapper names: this project's label, else Kueue's, else either as
+    an annotation (Kueue reads its queue name from both; "" = none)."""
+    for found in (labels or {}, annotations or {}):
+        name = found.get(LABEL_QUEUE) or found.get(KUEUE_LABEL_QUEUE)
+        if name:
+            return name
+    return ""

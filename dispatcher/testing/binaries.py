@@ -59,6 +59,12 @@ class Binaries:
     def kuberay_crds(self) -> Path:
         return self.root / "kuberay-crds"
 
+    @property
+    def kueue_crds(self) -> Path:
+        """Kueue v0.15.0's quota CRDs (ClusterQueue, LocalQueue, Cohort, ResourceFlavor,
+        WorkloadPriorityClass), as published: serving v1beta1 (stored) and v1beta2."""
+        return self.root / "kueue-crds"
+
 
 def ensure_binaries(cache: Path = DEFAULT_CACHE) -> Binaries:
     """Build the control plane if missing (cold: minutes; warm: a second) and return it."""

@@ -179,6 +179,7 @@ class LocalQueue:
     name: str
     cluster_queue: str
     stop: StopPolicy = StopPolicy.NONE
+    problems: tuple[str, ...] = ()  # why it admits nothing (e.g. Kueue's of the same name)
 
 
 @dataclass(frozen=True, slots=True)

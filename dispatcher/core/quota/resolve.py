@@ -52,6 +52,8 @@ def resolve(
     if local is None:
         return QueueProblem(f"AppQueue {namespace}/{name} does not exist")
     where = f"{namespace}/{name}"
+    if local.problems:
+        return QueueProblem(f"queue {where} is inactive: {'; '.join(local.problems)}", where)
     if local.stop is not StopPolicy.NONE:
         return QueueProblem(
             f"AppQueue {where} is stopped (stopPolicy {local.stop})", where, local.cluster_queue
