@@ -14,6 +14,8 @@ process, and the benchmark records:
 4. the requests one change costs: a running AppWrapper deleted, so the next in line is
    dispatched, counted until the counts stop moving.
 
+`--until ready` stops after step 1 (the memory a backlog of `--count` costs once read).
+
 Requests come from the dispatcher's `/metrics` (`appwrapper_dispatcher_api_requests`), the
 member liveness probe left out. Figures print and go to JSON.
 """
@@ -95,6 +97,8 @@ async def _measure(
             f"RSS {result['rss_mb_at_ready']:.0f} MB",
             flush=True,
         )
+        if args.until == "ready":
+            return result
         watcher = Watcher(client)
         watch = asyncio.create_task(watcher.informer.run())
         names = set(_names(args.count))
@@ -160,6 +164,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=30.0)
     parser.add_argument("--timeout", type=float, default=7200.0)
     parser.add_argument("--workers", type=int, help="the dispatcher's reconcile workers")
+    parser.add_argument("--until", choices=["ready", "all"], default="all")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/backlog.json"))
     parser.add_argument("--workdir", type=Path, help="keep the cluster's and dispatcher's logs")
     args = parser.parse_args()

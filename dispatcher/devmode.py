@@ -156,7 +156,8 @@ async def probe_loopback(
                 "POST", CONFIGMAPS.path(SECRET_NAMESPACE), query={"dryRun": "All"}, body=body
             )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(reached.wait(), PROBE_INTERVAL)
+                async with asyncio.timeout(PROBE_INTERVAL):  # not wait_for: see kube/certs.py
+                    await reached.wait()
     except KubeError as exc:
         return Probe(port, False, f"the probe failed: {exc}")
     finally:

@@ -144,8 +144,11 @@ class WebhookCerts:
         try:
             while True:
                 wait = min(self.check_seconds, self._due_at - self.now())
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
+                # that comes as the event is set, and the loop would run on after shutdown.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), max(wait, MIN_WAIT))
+                    async with asyncio.timeout(max(wait, MIN_WAIT)):
+                        await changed.wait()
                 changed.clear()
                 try:
                     await self.check()

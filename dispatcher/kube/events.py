@@ -256,4 +256,5 @@ class EventRecorder:
     async def flush(self, timeout: float = 5) -> None:
         """Wait (bounded) until queued events are posted; used at shutdown and in tests."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._queue.join(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: see kube/certs.py
+                await self._queue.join()

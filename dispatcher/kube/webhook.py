@@ -158,7 +158,10 @@ class _Reviews:
         self, path: str, busy: str, answer: Callable[[], Awaitable[web.Response]]
     ) -> web.Response:
         try:
-            await asyncio.wait_for(self._turns.acquire(), self._queue_seconds)
+            # Not wait_for: on Python 3.11 it can lose a cancellation or a turn taken as
+            # the time runs out.
+            async with asyncio.timeout(self._queue_seconds):
+                await self._turns.acquire()
         except TimeoutError:
             self._log.warning("webhook_busy", path=path, in_flight=self._max_in_flight)
             return status_response(429, "TooManyRequests", busy)
