@@ -2,7 +2,9 @@
 
 Side effects: on the hub, a GET of Kueue's ClusterQueue CRD (which version it stores), one
 watch per Kueue kind once that CRD exists, and every GUARD_EVERY_SECONDS a GET of Kueue's
-leader Lease and a list of the validating webhook configurations (is Kueue itself running?).
+leader Lease and of Kueue's validating webhook configuration, both by name (is Kueue itself
+running?). By name, not a list of every webhook configuration: the dispatcher may read no
+other cluster's admission setup.
 
 The kinds are read in the version the CRD stores: Kueue's CRDs serve v1beta1 and v1beta2
 without a conversion webhook when Kueue is not installed, so a field only the other version
@@ -23,6 +25,7 @@ from dispatcher.core.quota.kueue import (
     KUEUE_GROUP,
     KUEUE_KINDS,
     KUEUE_LEASE,
+    KUEUE_WEBHOOK,
     KueueObjects,
     KueueQuotas,
     kueue_running,
@@ -156,7 +159,9 @@ class KueueSource:
         except KubeError as exc:
             self._cannot_read("lease", exc)
         try:
-            webhooks = list((await self._hub.list(WEBHOOKS)).get("items") or [])
+            webhooks = [await self._hub.get(WEBHOOKS, None, KUEUE_WEBHOOK)]
+        except NotFound:
+            pass
         except KubeError as exc:
             self._cannot_read("webhooks", exc)
         running = kueue_running(lease, webhooks, self._clock.time())

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.core.quota.kueue import KUEUE_PRIORITY_LABEL
+from dispatcher.core.quota.kueue import KUEUE_PRIORITY_LABEL, KUEUE_WEBHOOK
 from dispatcher.testing.binaries import ensure_binaries
 from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
@@ -173,7 +173,7 @@ async def test_kueue_running_leaves_its_queues_to_it(
     runs: its queues are then not read, and an AppWrapper naming one says why it waits."""
     fake_nodes.add("n", cpu="8", memory="64Gi")
     await kueue_setup(cluster, namespace, version="v1beta2")
-    hook = f"{namespace}-kueue"
+    hook = KUEUE_WEBHOOK  # cluster-scoped: this module's tests run one at a time
     config = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",

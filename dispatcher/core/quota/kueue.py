@@ -388,6 +388,8 @@ def with_kueue(
 # -- is Kueue itself running? ---------------------------------------------------------------
 
 KUEUE_LEASE = "c1f6bfd2.kueue.x-k8s.io"
+KUEUE_WEBHOOK = "kueue-validating-webhook-configuration"
+"""The name Kueue's manifests and Helm chart give its validating webhook configuration."""
 """The Lease Kueue's manager holds when it leads (its default leader election id)."""
 
 
