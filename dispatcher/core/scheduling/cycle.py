@@ -236,15 +236,17 @@ def schedule(
     # 2. Snapshot: one mutable simulation per cluster, built on first use.
     cycle = CycleState(clusters, now)
     decisions = _Decisions(cycle, now=now, starvation_after=starvation_after)
+    strict_fifo = _strict_fifo(mode, quotas)
+    order = decisions.order
 
     # 3. Fit, or preempt, each workload in order; each ends in one of the outcomes below.
     for workload in ordered:
-        decisions.order.append(workload.key)
+        order.append(workload.key)
         queued = resolved.get(workload.key)
         if isinstance(queued, QueueProblem):
             decisions.queue_problem(workload, queued)
             continue
-        strict = _strict(mode, queued, quotas)
+        strict = strict_fifo[queued.queue if queued is not None else ""]
         if decisions.waits_behind_head(workload, queued):
             continue
         if queued is None:
@@ -267,12 +269,14 @@ def schedule(
     return decisions.result(resolved)
 
 
-def _strict(mode: QueueMode, queued: Queued | None, quotas: QuotaView | None) -> bool:
-    """Whether the workload's queue is StrictFIFO: its cluster queue's strategy, else `mode`."""
-    if queued is None:
-        return mode is QueueMode.STRICT_FIFO
-    assert quotas is not None
-    return quotas.spec(queued.queue).strategy is QueueMode.STRICT_FIFO
+def _strict_fifo(mode: QueueMode, quotas: QuotaView | None) -> dict[str, bool]:
+    """Whether each cluster queue's strategy is StrictFIFO; for "" (no queue), `mode`'s."""
+    strict: dict[str, bool] = {}
+    if quotas is not None:
+        for name, spec in quotas.setup.queues.items():
+            strict[name] = spec.strategy is QueueMode.STRICT_FIFO
+    strict[""] = mode is QueueMode.STRICT_FIFO  # (a cluster queue is never named "")
+    return strict
 
 
 def _fit_unqueued(
