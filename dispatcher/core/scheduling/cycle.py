@@ -235,122 +235,210 @@ def schedule(
 
     # 2. Snapshot: one mutable simulation per cluster, built on first use.
     cycle = CycleState(clusters, now)
-    admits: list[Admit] = []
-    waits: list[Wait] = []
-    preemptions: list[Preempt] = []
-    heads: dict[str, str] = {}  # queue ("" for none) -> its first workload not admitted
-    blocked: str | None = None  # StrictFIFO: the message of every workload after the head
-    blocked_queues: dict[str, Wait] = {}  # the same, per cluster queue (key left blank)
-    blocking: set[str] = set()  # the heads that block them
+    decisions = _Decisions(cycle, now=now, starvation_after=starvation_after)
+    strict_fifo = _strict_fifo(mode, quotas)
+    order = decisions.order
 
-    # 3. Fit, or preempt, each workload in order.
-    order: list[str] = []
+    # 3. Fit, or preempt, each workload in order; each ends in one of the outcomes below.
     for workload in ordered:
         order.append(workload.key)
         queued = resolved.get(workload.key)
         if isinstance(queued, QueueProblem):
-            message = cycle.messages.setdefault(queued.message, queued.message)
-            waits.append(Wait(workload.key, message, Reason.QUEUE_NOT_READY))
+            decisions.queue_problem(workload, queued)
             continue
-        strict = mode is QueueMode.STRICT_FIFO
-        if queued is not None:
-            assert quotas is not None
-            strict = quotas.spec(queued.queue).strategy is QueueMode.STRICT_FIFO
-            behind = blocked_queues.get(queued.queue)
-            if behind is not None:
-                waits.append(replace(behind, key=workload.key))
-                continue
-        elif blocked is not None:
-            waits.append(Wait(workload.key, blocked))
+        strict = strict_fifo[queued.queue if queued is not None else ""]
+        if decisions.waits_behind_head(workload, queued):
             continue
         if queued is None:
-            rules: Callable[[], VictimRules] | None = None
-            if quotas is not None and quotas.charges:
-                # Work admitted through a queue is not a queue-less preemptor's to take.
-                rules = partial(CapacityOnly, workload, quotas.charges)
-            decided = _fit(workload, cycle, preemption, preempt=True, rules=rules, context="")
-            assignment = None
-            fitted = workload
+            decided = _fit_unqueued(workload, cycle, preemption, quotas)
+            assignment, fitted = None, workload
         else:
             assert quotas is not None
             outcome = _fit_queued(workload, queued, quotas, cycle, preemption)
             if isinstance(outcome, QuotaRefusal):
-                # Quota, not capacity, keeps it out: it holds no cluster.
-                message = cycle.messages.setdefault(outcome.message, outcome.message)
-                waits.append(Wait(workload.key, message, Reason.QUOTA_EXCEEDED))
-                heads.setdefault(queued.queue, workload.key)
-                if strict and not outcome.never:
-                    blocking.add(workload.key)
-                    blocked_queues[queued.queue] = Wait(
-                        "",
-                        f"waiting behind {workload.key} (head of queue {queued.queue})",
-                        Reason.QUOTA_EXCEEDED,
-                    )
+                decisions.refused_by_quota(workload, queued, outcome, strict=strict)
                 continue
             decided, assignment, fitted = outcome
         if isinstance(decided, str):
-            admits.append(
-                Admit(
-                    workload.key,
-                    decided,
-                    queue=queued.queue if queued else "",
-                    local=queued.local if queued else "",
-                    assignment=assignment,
-                )
-            )
-            continue
+            decisions.admitted(workload, decided, queued, assignment)
+        else:
+            # 4. It fits nowhere: say why, maybe preempt, and hold what it is owed.
+            decisions.fits_nowhere(workload, fitted, decided, queued, assignment, strict=strict)
 
-        # 4. It fits nowhere: say why, maybe preempt, and hold what it is owed.
-        heads.setdefault(queued.queue if queued else "", workload.key)
-        message = cycle.message(fitted, decided.reasons, decided.why)
+    # 5. Hand the decisions back to the controller.
+    return decisions.result(resolved)
+
+
+def _strict_fifo(mode: QueueMode, quotas: QuotaView | None) -> dict[str, bool]:
+    """Whether each cluster queue's strategy is StrictFIFO; for "" (no queue), `mode`'s."""
+    strict: dict[str, bool] = {}
+    if quotas is not None:
+        for name, spec in quotas.setup.queues.items():
+            strict[name] = spec.strategy is QueueMode.STRICT_FIFO
+    strict[""] = mode is QueueMode.STRICT_FIFO  # (a cluster queue is never named "")
+    return strict
+
+
+def _fit_unqueued(
+    workload: Workload,
+    cycle: CycleState,
+    preemption: PreemptionPolicy | None,
+    quotas: QuotaView | None,
+) -> str | _Tried:
+    """A workload with no queue is fitted on capacity alone (as without quotas)."""
+    rules: Callable[[], VictimRules] | None = None
+    if quotas is not None and quotas.charges:
+        # Work admitted through a queue is not a queue-less preemptor's to take.
+        rules = partial(CapacityOnly, workload, quotas.charges)
+    return _fit(workload, cycle, preemption, preempt=True, rules=rules, context="")
+
+
+@dataclass(slots=True)
+class _Decisions:
+    """What one cycle has decided so far, in queue order: one method per outcome.
+
+    The methods run in the cycle's order, and each later workload reads what the earlier
+    ones left: the heads found, the queues blocked behind a StrictFIFO head, the clusters
+    held (in `cycle`).
+    """
+
+    cycle: CycleState
+    now: float
+    starvation_after: float
+    order: list[str] = field(default_factory=list)  # every pending key, as taken
+    admits: list[Admit] = field(default_factory=list)
+    waits: list[Wait] = field(default_factory=list)
+    preemptions: list[Preempt] = field(default_factory=list)
+    heads: dict[str, str] = field(default_factory=dict)  # queue ("" = none) -> first not admitted
+    blocked: str | None = None  # StrictFIFO: the message of every workload after the head
+    blocked_queues: dict[str, Wait] = field(default_factory=dict)  # the same, per cluster queue
+    blocking: set[str] = field(default_factory=set)  # the heads that block them
+
+    def queue_problem(self, workload: Workload, problem: QueueProblem) -> None:
+        """Its queue cannot be used (a broken link, a stopped queue): it waits, holds nothing
+        and blocks nothing."""
+        message = self.cycle.messages.setdefault(problem.message, problem.message)
+        self.waits.append(Wait(workload.key, message, Reason.QUEUE_NOT_READY))
+
+    def waits_behind_head(self, workload: Workload, queued: Queued | None) -> bool:
+        """Whether a StrictFIFO head before it blocks it (its cluster queue's head, or with
+        no queue the head of line); if so it waits, saying behind whom."""
+        if queued is not None:
+            behind = self.blocked_queues.get(queued.queue)
+            if behind is None:
+                return False
+            self.waits.append(replace(behind, key=workload.key))
+            return True
+        if self.blocked is None:
+            return False
+        self.waits.append(Wait(workload.key, self.blocked))
+        return True
+
+    def refused_by_quota(
+        self, workload: Workload, queued: Queued, refusal: QuotaRefusal, *, strict: bool
+    ) -> None:
+        """Quota, not capacity, keeps it out: it waits and holds no cluster; as a StrictFIFO
+        head it blocks its queue, unless waiting cannot help it (`never`)."""
+        message = self.cycle.messages.setdefault(refusal.message, refusal.message)
+        self.waits.append(Wait(workload.key, message, Reason.QUOTA_EXCEEDED))
+        self.heads.setdefault(queued.queue, workload.key)
+        if strict and not refusal.never:
+            self._block(workload.key, queued, Reason.QUOTA_EXCEEDED)
+
+    def admitted(
+        self, workload: Workload, cluster: str, queued: Queued | None, assignment: Assignment | None
+    ) -> None:
+        """It fits `cluster` (its quota charged already, with a queue): dispatch it there."""
+        self.admits.append(
+            Admit(
+                workload.key,
+                cluster,
+                queue=queued.queue if queued else "",
+                local=queued.local if queued else "",
+                assignment=assignment,
+            )
+        )
+
+    def fits_nowhere(
+        self,
+        workload: Workload,
+        fitted: Workload,
+        tried: _Tried,
+        queued: Queued | None,
+        assignment: Assignment | None,
+        *,
+        strict: bool,
+    ) -> None:
+        """It fits no cluster (`fitted`: with the flavors of `assignment`): it waits saying
+        why, preempts if victims were chosen, and then, as a StrictFIFO head, blocks those
+        after it, or, starving under BestEffortFIFO, holds every cluster it could fit."""
+        cycle = self.cycle
+        self.heads.setdefault(queued.queue if queued else "", workload.key)
+        message = cycle.message(fitted, tried.reasons, tried.why)
         if assignment is not None and assignment.admissible:
             # Capacity refused it in the flavor its quota came from: say which nodes those are.
             message += f" (in flavor {assignment.describe()})"
-        chosen = decided.chosen
-        if chosen is not None and queued is not None:
-            chosen = replace(chosen, queue=queued.queue)
-        if chosen is not None:
-            preemptions.append(chosen)
-            cycle.hold(chosen.cluster, f"held for {workload.key}, which is preempting")
-            where = "" if len(cycle.clusters) == 1 else f" in {chosen.cluster}"
-            message += f"; preempting {', '.join(chosen.victims)}{where}"
+        if tried.chosen is not None:
+            message += self._preempt(workload, tried.chosen, queued)
         # Its quota keeps it out when no flavor it may use has quota now (it preempts for it).
         quota_bound = assignment is not None and not assignment.admissible
         reason = Reason.QUOTA_EXCEEDED if quota_bound else Reason.INSUFFICIENT_RESOURCES
-        waits.append(Wait(workload.key, message, reason))
+        self.waits.append(Wait(workload.key, message, reason))
         gang = cycle.gang(fitted)
         usable = cycle.usable(fitted)
         if strict:
             if any(cycle.could_ever_fit(gang, c) for c in usable):
-                why = f"waiting behind {workload.key} (head of line)"
-                blocking.add(workload.key)
-                if queued is None:
-                    blocked = why
-                else:
-                    blocked_queues[queued.queue] = Wait(
-                        "", f"waiting behind {workload.key} (head of queue {queued.queue})", reason
-                    )
-        elif now - workload.queued_since > starvation_after:
-            for cluster in usable:
-                if cluster.name not in cycle.held and cycle.could_ever_fit(gang, cluster):
-                    cycle.hold(
-                        cluster.name,
-                        f"held for {workload.key}, queued longer than {starvation_after:g}s"
-                        " (starvation guard)",
-                    )
+                self._block(workload.key, queued, reason)
+        elif self.now - workload.queued_since > self.starvation_after:
+            self._guard_starving(workload, gang, usable)
 
-    # 5. Hand the decisions back to the controller.
-    return CycleResult(
-        admits=tuple(admits),
-        waits=tuple(waits),
-        preemptions=tuple(preemptions),
-        head_key=next(iter(heads.values()), None),
-        heads=frozenset(heads.values()),
-        order=tuple(order),
-        resolved=resolved,
-        held=frozenset(cycle.held),
-        blocking=frozenset(blocking),
-    )
+    def _preempt(self, workload: Workload, chosen: Preempt, queued: Queued | None) -> str:
+        """Record the preemption and hold its cluster for the preemptor (its victims' room is
+        its claim); the words its wait message ends with."""
+        if queued is not None:
+            chosen = replace(chosen, queue=queued.queue)
+        self.preemptions.append(chosen)
+        self.cycle.hold(chosen.cluster, f"held for {workload.key}, which is preempting")
+        where = "" if len(self.cycle.clusters) == 1 else f" in {chosen.cluster}"
+        return f"; preempting {', '.join(chosen.victims)}{where}"
+
+    def _block(self, key: str, queued: Queued | None, reason: Reason) -> None:
+        """StrictFIFO: head `key` blocks every later workload of its cluster queue (with no
+        queue, every later workload with no queue)."""
+        self.blocking.add(key)
+        if queued is None:
+            self.blocked = f"waiting behind {key} (head of line)"
+        else:
+            self.blocked_queues[queued.queue] = Wait(
+                "", f"waiting behind {key} (head of queue {queued.queue})", reason
+            )
+
+    def _guard_starving(
+        self, workload: Workload, gang: Gang, usable: Sequence[ClusterSnapshot]
+    ) -> None:
+        """The starvation guard: a workload queued too long holds every cluster not held yet
+        that it could fit when empty, so smaller ones after it cannot take its room."""
+        for cluster in usable:
+            if cluster.name not in self.cycle.held and self.cycle.could_ever_fit(gang, cluster):
+                self.cycle.hold(
+                    cluster.name,
+                    f"held for {workload.key}, queued longer than {self.starvation_after:g}s"
+                    " (starvation guard)",
+                )
+
+    def result(self, resolved: Mapping[str, Queued | QueueProblem | None]) -> CycleResult:
+        heads = self.heads
+        return CycleResult(
+            admits=tuple(self.admits),
+            waits=tuple(self.waits),
+            preemptions=tuple(self.preemptions),
+            head_key=next(iter(heads.values()), None),
+            heads=frozenset(heads.values()),
+            order=tuple(self.order),
+            resolved=resolved,
+            held=frozenset(self.cycle.held),
+            blocking=frozenset(self.blocking),
+        )
 
 
 def _fit_queued(

@@ -73,122 +73,176 @@ class LowestPriorityFirst:
     def choose_victims(
         self, workload: Workload, cluster: ClusterSnapshot, rules: VictimRules | None = None
     ) -> tuple[str, ...] | None:
-        if rules is None:
-            candidates: list[AdmittedWorkload] = sorted(
-                (a for a in cluster.admitted if a.preemptible and a.priority < workload.priority),
-                key=lambda a: (a.priority, -a.dispatched_at, a.key),
-            )
-        else:
-            candidates = sorted(
-                (a for a in cluster.admitted if rules.allowed(a)),
-                key=lambda a: (rules.order(a), a.priority, -a.dispatched_at, a.key),
-            )
+        candidates = _candidates(workload, cluster, rules)
         gang = Gang.of(workload.pod_sets)
-        state = ClusterState(cluster)
-
-        def fits() -> bool:
-            return state.fits(gang) and (rules is None or rules.fits())
-
-        if candidates and fits():
+        trial = _Trial(ClusterState(cluster), gang, rules)
+        if candidates and trial.fits():
             return ()
         if not candidates:
             return None
-        # Evict candidates in order until it fits.
-        undo: dict[str, Callable[[], None]] = {}
-        taken: list[AdmittedWorkload] = []
-
-        def take(victim: AdmittedWorkload) -> None:
-            room = evict(state, victim)
-            quota = rules.evict(victim.key) if rules is not None else None
-
-            def back() -> None:
-                room()
-                if quota is not None:
-                    quota()
-
-            undo[victim.key] = back
-
-        for candidate in candidates:
-            if rules is not None and not rules.still_allowed(candidate):
-                continue
-            take(candidate)
-            taken.append(candidate)
-            if fits():
-                break
-        else:
-            for victim in taken:
-                undo[victim.key]()
+        # Evict candidates in order until it fits; then give back those not needed.
+        if not trial.take_until_fits(candidates):
             return None  # evicting all of them still leaves it short
-        # Give back victims that are not needed, last taken first, until each one left is
-        # needed (after one is given back, an earlier one may have become unneeded).
-        given_back = True
-        while given_back:
-            given_back = False
-            for victim in reversed(taken):
-                undo[victim.key]()
-                if fits():
-                    taken.remove(victim)
-                    given_back = True
-                    break
-                take(victim)
-        for victim in taken:
-            undo[victim.key]()  # the rules' ledger is the caller's to use again
+        trial.give_back_unneeded()
+        chosen = trial.release()
         # Confirm on the member as the next cycle will build it without the victims: there
         # the other reservations are placed afresh and may take room the victims free (as
         # their pending pods would). Take further candidates, in order, while it falls short,
         # or evicting these would not make it fit and it would have to evict again.
-        chosen = [v.key for v in taken]
-
-        def fits_afresh(keys: list[str]) -> bool:
-            if rules is not None and not rules.fits_without(keys):
-                return False
-            return ClusterState(without(cluster, frozenset(keys))).fits(gang)
-
-        if fits_afresh(chosen):
+        afresh = _Afresh(cluster, gang, rules)
+        if afresh.fits(chosen):
             return tuple(chosen)
-        # Each check builds a state: the shortest run of further candidates that makes it
-        # fit is found by doubling, then halving; then every victim the fresh state does
-        # without is spared, last taken first, a block at a time while blocks can go.
-        # (Never another queue's work here: whether its queue still borrows is known only
-        # along the run above.)
+        # Never another queue's work here: whether its queue still borrows is known only
+        # along the run above.
+        taken = set(chosen)
         spare = [
             c.key
             for c in candidates
-            if c.key not in set(chosen) and (rules is None or rules.order(c) == 1)
+            if c.key not in taken and (rules is None or rules.order(c) == 1)
         ]
-        if not spare or not fits_afresh(chosen + spare):
+        if not spare or not afresh.fits(chosen + spare):
             return None
+        chosen += spare[: afresh.shortest_run(chosen, spare)]
+        return tuple(afresh.spare_unneeded(chosen))
+
+
+def _candidates(
+    workload: Workload, cluster: ClusterSnapshot, rules: VictimRules | None
+) -> list[AdmittedWorkload]:
+    """Who may be evicted for `workload`, in the order they are taken: without `rules`, the
+    preemptible of strictly lower priority, lowest priority first, then most recently
+    dispatched first; with them, those the rules allow, in the rules' order first."""
+    if rules is None:
+        return sorted(
+            (a for a in cluster.admitted if a.preemptible and a.priority < workload.priority),
+            key=lambda a: (a.priority, -a.dispatched_at, a.key),
+        )
+    return sorted(
+        (a for a in cluster.admitted if rules.allowed(a)),
+        key=lambda a: (rules.order(a), a.priority, -a.dispatched_at, a.key),
+    )
+
+
+class _Trial:
+    """Victims evicted one by one on one `ClusterState` (and the rules' ledger), each with
+    the function that gives back what its eviction freed."""
+
+    __slots__ = ("gang", "rules", "state", "taken", "undo")
+
+    def __init__(self, state: ClusterState, gang: Gang, rules: VictimRules | None) -> None:
+        self.state = state
+        self.gang = gang
+        self.rules = rules
+        self.taken: list[AdmittedWorkload] = []  # in the order taken
+        self.undo: dict[str, Callable[[], None]] = {}
+
+    def fits(self) -> bool:
+        return self.state.fits(self.gang) and (self.rules is None or self.rules.fits())
+
+    def take(self, victim: AdmittedWorkload) -> None:
+        room = evict(self.state, victim)
+        quota = self.rules.evict(victim.key) if self.rules is not None else None
+
+        def back() -> None:
+            room()
+            if quota is not None:
+                quota()
+
+        self.undo[victim.key] = back
+
+    def take_until_fits(self, candidates: Iterable[AdmittedWorkload]) -> bool:
+        """Take candidates in order (those the rules still allow) until the workload fits;
+        if it never does, give them all back and say so."""
+        rules = self.rules
+        for candidate in candidates:
+            if rules is not None and not rules.still_allowed(candidate):
+                continue
+            self.take(candidate)
+            self.taken.append(candidate)
+            if self.fits():
+                return True
+        for victim in self.taken:
+            self.undo[victim.key]()
+        return False
+
+    def give_back_unneeded(self) -> None:
+        """Give back victims that are not needed, last taken first, until each one left is
+        needed (after one is given back, an earlier one may have become unneeded)."""
+        taken = self.taken
+        given_back = True
+        while given_back:
+            given_back = False
+            for victim in reversed(taken):
+                self.undo[victim.key]()
+                if self.fits():
+                    taken.remove(victim)
+                    given_back = True
+                    break
+                self.take(victim)
+
+    def release(self) -> list[str]:
+        """Give back every victim (the rules' ledger is the caller's to use again); their
+        keys, in the order taken."""
+        for victim in self.taken:
+            self.undo[victim.key]()
+        return [v.key for v in self.taken]
+
+
+@dataclass(frozen=True, slots=True)
+class _Afresh:
+    """Whether the workload fits the cluster as the next cycle will build it without a set
+    of victims. Each check builds a state, so the searches below take few checks: the
+    shortest run of further candidates by doubling, then halving; victims spared a block at
+    a time while blocks can go."""
+
+    cluster: ClusterSnapshot
+    gang: Gang
+    rules: VictimRules | None
+
+    def fits(self, keys: list[str]) -> bool:
+        if self.rules is not None and not self.rules.fits_without(keys):
+            return False
+        return ClusterState(without(self.cluster, frozenset(keys))).fits(self.gang)
+
+    def shortest_run(self, chosen: list[str], spare: list[str]) -> int:
+        """How many of `spare`, from the first, `chosen` needs to fit (all of them do)."""
         low, high = 0, 1
-        while high < len(spare) and not fits_afresh(chosen + spare[:high]):
+        while high < len(spare) and not self.fits(chosen + spare[:high]):
             low, high = high, min(2 * high, len(spare))
         while high - low > 1:
             middle = (low + high) // 2
-            if fits_afresh(chosen + spare[:middle]):
+            if self.fits(chosen + spare[:middle]):
                 high = middle
             else:
                 low = middle
-        chosen += spare[:high]
+        return high
 
-        def give_back(block: list[str]) -> None:
-            """Spare `block` at once if the fresh state does without it, else its halves."""
-            nonlocal chosen
-            rest = [k for k in chosen if k not in set(block)]
-            if fits_afresh(rest):
-                chosen = rest
-            elif len(block) > 1:
-                give_back(block[: len(block) // 2])
-                give_back(block[len(block) // 2 :])
-
-        give_back(chosen[::-1])  # last taken first
+    def spare_unneeded(self, chosen: list[str]) -> list[str]:
+        """`chosen` without every victim the fresh state does without, last taken first: a
+        block at a time while blocks can go, then one at a time, until each one left is
+        needed."""
+        chosen = self._spare_block(chosen, chosen[::-1])
         given_back = True
-        while given_back:  # then one at a time, until each one left is needed
+        while given_back:
             given_back = False
             for key in reversed(chosen):
                 rest = [k for k in chosen if k != key]
-                if fits_afresh(rest):
+                if self.fits(rest):
                     chosen, given_back = rest, True
                     break
-        return tuple(chosen)
+        return chosen
+
+    def _spare_block(self, chosen: list[str], block: list[str]) -> list[str]:
+        """`chosen` without `block` if the fresh state does without it, else without what
+        each of its halves can spare."""
+        leaving = set(block)
+        rest = [k for k in chosen if k not in leaving]
+        if self.fits(rest):
+            return rest
+        if len(block) > 1:
+            chosen = self._spare_block(chosen, block[: len(block) // 2])
+            chosen = self._spare_block(chosen, block[len(block) // 2 :])
+        return chosen
 
 
 @dataclass(frozen=True, slots=True)
