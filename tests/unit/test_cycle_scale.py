@@ -20,6 +20,7 @@ import random
 import re
 from collections import Counter
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -439,7 +440,6 @@ def plain_schedule(
     return CycleResult(tuple(admits), tuple(waits), tuple(preemptions), head_key)
 
 
-SEEN: Counter[str] = Counter()
 CYCLE_CASES = [
     (seed, mode, preempt, clusters)
     for seed in range(4)
@@ -449,10 +449,9 @@ CYCLE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("seed", "mode", "preempt", "clusters"), CYCLE_CASES)
-def test_cycle_decides_as_without_shortcuts(
+def _random_case(
     seed: int, mode: QueueMode, preempt: bool, clusters: int
-) -> None:
+) -> tuple[list[Workload], list[ClusterSnapshot], dict[str, Any]]:
     rng = random.Random(1000 + seed)
     names = [f"c{i}" for i in range(clusters)]
     snapshots = [random_cluster(rng, name, nodes=40, reservations=10) for name in names]
@@ -463,23 +462,34 @@ def test_cycle_decides_as_without_shortcuts(
         "starvation_after": 3000.0,
         "preemption": LowestPriorityFirst() if preempt else None,
     }
-    got = schedule(pending, snapshots, **kwargs)  # type: ignore[arg-type]
+    return pending, snapshots, kwargs
+
+
+@pytest.mark.parametrize(("seed", "mode", "preempt", "clusters"), CYCLE_CASES)
+def test_cycle_decides_as_without_shortcuts(
+    seed: int, mode: QueueMode, preempt: bool, clusters: int
+) -> None:
+    pending, snapshots, kwargs = _random_case(seed, mode, preempt, clusters)
+    got = schedule(pending, snapshots, **kwargs)
     want = plain_schedule(pending, snapshots, **kwargs)  # type: ignore[arg-type]
     assert got.admits == want.admits
     assert got.waits == want.waits
     assert got.preemptions == want.preemptions
     assert got.head_key == want.head_key
-    SEEN["admits"] += len(got.admits)
-    SEEN["per-node"] += sum("but no node can hold" in w.message for w in got.waits)
-    SEEN["preemptions"] += len(got.preemptions)
-    SEEN["held"] += sum("held for" in w.message for w in got.waits)
 
 
 def test_the_random_cycles_cover_the_cases() -> None:
-    """(Runs after the cases above.) They admitted, failed per node, preempted and held."""
-    if len(SEEN) < 4:
-        pytest.skip("run with the cycle cases")
-    assert all(count > 10 for count in SEEN.values()), SEEN
+    """The cases above admitted, failed per node, preempted and held (counted here, not
+    summed across tests: those may run in other processes)."""
+    seen: Counter[str] = Counter()
+    for case in CYCLE_CASES:
+        pending, snapshots, kwargs = _random_case(*case)
+        got = schedule(pending, snapshots, **kwargs)
+        seen["admits"] += len(got.admits)
+        seen["per-node"] += sum("but no node can hold" in w.message for w in got.waits)
+        seen["preemptions"] += len(got.preemptions)
+        seen["held"] += sum("held for" in w.message for w in got.waits)
+    assert all(seen[what] > 10 for what in ("admits", "per-node", "preemptions", "held")), seen
 
 
 def test_same_reason_is_one_string() -> None:
