@@ -33,6 +33,9 @@ from dispatcher.testing.fakeenv import APPWRAPPER, NAMESPACE, FakeEnv
 Obj = dict[str, Any]
 OBJECT_UID = "chaos.testing/object-uid"
 """Label on each pod: the uid of the wrapped object it was made for."""
+KUBELET_FINALIZER = "chaos.testing/kubelet"
+"""On each pod: it goes only once the kubelet has finished it (`Kubelet.collect`), so that a
+pod whose object was deleted terminates for a while with a deletionTimestamp, as it does."""
 DEPLOYMENTS = ResourceInfo("apps/v1", "Deployment", "deployments", namespaced=True)
 JOBS = ResourceInfo("batch/v1", "Job", "jobs", namespaced=True)
 WRAPPED_KINDS = (DEPLOYMENTS, JOBS)
@@ -298,7 +301,9 @@ class Kubelet:
 
     Pods are made per wrapped object (a Deployment's replicas, a Job's parallelism; a Job's
     succeeded pods are not made again), bound first-fit to a node whose allocatable CPU
-    still has room for them (else left Pending and unbound), and named uniquely.
+    still has room for them (else left Pending and unbound), and named uniquely. Each is
+    owned by its object: deleting the object marks them deleting at once (the garbage
+    collector), and they terminate until `collect` (the kubelet).
     """
 
     def __init__(self, env: FakeEnv, chaos: Chaos, rng: random.Random) -> None:
@@ -358,10 +363,23 @@ class Kubelet:
                     spec: Obj = {**template["spec"]}
                     if node:
                         spec["nodeName"] = node
+                    owner = {
+                        "apiVersion": obj["apiVersion"],
+                        "kind": obj["kind"],
+                        "name": name_of(obj),
+                        "uid": uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
                     pod = {
                         "apiVersion": "v1",
                         "kind": "Pod",
-                        "metadata": {"name": name, "labels": labels},
+                        "metadata": {
+                            "name": name,
+                            "labels": labels,
+                            "ownerReferences": [owner],
+                            "finalizers": [KUBELET_FINALIZER],
+                        },
                         "spec": spec,
                     }
                     await self.env.fake.create(PODS, NAMESPACE, pod)
@@ -377,6 +395,8 @@ class Kubelet:
             for pod in self.pods():
                 if pod["spec"].get("nodeName") or pod_phase(pod) in TERMINAL:
                     continue
+                if pod["metadata"].get("deletionTimestamp"):
+                    continue  # on its way out: kube-scheduler binds no deleted pod
                 node = self._node_for(cpu_milli(pod), room)
                 if node:
                     room[node] -= cpu_milli(pod)
@@ -426,16 +446,23 @@ class Kubelet:
         return names
 
     async def collect(self, share: float = 1.0) -> list[str]:
-        """Pods whose object is gone are removed (each with probability `share`): the
-        garbage collector and the kubelet finishing their termination."""
+        """Pods being deleted, or whose object is gone, finish terminating and go (each
+        with probability `share`): the kubelet's part of a deletion."""
         live = {o["metadata"]["uid"] for o in self.wrapped()}
         names = [
             name_of(p)
             for p in self.pods()
-            if p["metadata"]["labels"].get(OBJECT_UID) not in live and self.rng.random() < share
+            if (
+                p["metadata"].get("deletionTimestamp")
+                or p["metadata"]["labels"].get(OBJECT_UID) not in live
+            )
+            and self.rng.random() < share
         ]
         with self.chaos.as_test():
-            await self.env.remove_pods(names)
+            for name in names:
+                await self.env.fake.delete(PODS, NAMESPACE, name)
+                patch = {"metadata": {"finalizers": None}}
+                await self.env.fake.merge_patch(PODS, NAMESPACE, name, patch)
         return names
 
 
