@@ -339,11 +339,13 @@ def start_appwrapper(
     *,
     qps: float = 50,
     burst: int = 100,
+    frameworks: tuple[str, ...] = ("workload.codeflare.dev/appwrapper",),
 ) -> subprocess.Popen[bytes]:
-    """Kueue (with its AppWrapper integration) and the AppWrapper controller, as the children
-    of one shell, so that the system's CPU and memory are those of its process tree and
-    stopping the shell (SIGTERM) stops both. Set up first by `install_appwrapper`. The
-    controller's client is its own fixed 20 QPS / 30 burst (no setting changes it)."""
+    """Kueue (with its AppWrapper integration, and any other `frameworks`) and the AppWrapper
+    controller, as the children of one shell, so that the system's CPU and memory are those
+    of its process tree and stopping the shell (SIGTERM) stops both. Set up first by
+    `install_appwrapper`. The controller's client is its own fixed 20 QPS / 30 burst (no
+    setting changes it)."""
     kueue = shlex.join(
         kueue_command(
             cluster,
@@ -351,7 +353,7 @@ def start_appwrapper(
             workdir,
             qps=qps,
             burst=burst,
-            frameworks=("workload.codeflare.dev/appwrapper",),
+            frameworks=frameworks,
         )
     )
     controller = shlex.join(
