@@ -22,16 +22,20 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import datetime
 import fcntl
 import ipaddress
 import json
+import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -161,9 +165,13 @@ def list_specs(binary: Path, source: Path, work: Path) -> list[Spec]:
     return parse_report(out.read_text())
 
 
+SUITE_DESCRIPTION = "AppWrapper Test Suite"
+"""Its RunSpecs description, which Ginkgo puts before every spec's name when it focuses."""
+
+
 def focus(name: str) -> str:
     """A Go (RE2) regular expression matching exactly this full spec name."""
-    return "^" + conformance.focus_on(name)
+    return "^" + conformance.focus_on(f"{SUITE_DESCRIPTION} {name}")
 
 
 # -- the cluster -----------------------------------------------------------------------------
@@ -341,7 +349,9 @@ def start_reference(cluster: LocalCluster, cache: Path, work: Path) -> subproces
     them, with this suite's settings."""
     controller, kueue = peers.appwrapper(cache, build=False), peers.kueue(cache, build=False)
     peers.install_crds(cluster, controller)
-    cert_dir = work / "appwrapper-certs"
+    # Its webhook server reads the files from $TMPDIR/k8s-webhook-server/serving-certs
+    # whatever the settings say: a TMPDIR of this run's own, and the rotator told the same.
+    cert_dir = work / "k8s-webhook-server" / "serving-certs"
     controller_webhooks(cluster, controller.source, cert_dir)
     settings = yaml.safe_dump(controller_configuration(cert_dir))
     cluster.apply(
@@ -352,7 +362,10 @@ def start_reference(cluster: LocalCluster, cache: Path, work: Path) -> subproces
             "data": {"config.yaml": settings},
         }
     )
-    return peers.start_appwrapper(cluster, controller, kueue, work, frameworks=KUEUE_FRAMEWORKS)
+    env = {**os.environ, "TMPDIR": str(work)}
+    return peers.start_appwrapper(
+        cluster, controller, kueue, work, frameworks=KUEUE_FRAMEWORKS, env=env
+    )
 
 
 # -- this dispatcher -------------------------------------------------------------------------
@@ -385,7 +398,7 @@ def our_settings(cluster: LocalCluster, port: int, kueue_quotas: str | None) -> 
 
 def start_ours(
     cluster: LocalCluster, work: Path, kueue_quotas: str | None
-) -> subprocess.Popen[bytes]:
+) -> tuple[subprocess.Popen[bytes], int]:
     """The dispatcher from this checkout, with its admission webhook and the CRD's conversion
     served by it (registered by URL, as `make demo` does)."""
     install_appwrapper_crd(cluster, server_side=True)
@@ -401,7 +414,7 @@ def start_ours(
     config.write_text(json.dumps(our_settings(cluster, port, kueue_quotas)))
     log = (work / "ours.log").open("ab")
     command = [sys.executable, "-m", "dispatcher", "run", "--config", str(config)]
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), port
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -491,10 +504,24 @@ def _cell(text: str) -> str:
 
 def _start(
     system: str, cluster: LocalCluster, cache: Path, work: Path, kueue_quotas: str | None
-) -> subprocess.Popen[bytes]:
+) -> tuple[subprocess.Popen[bytes], int]:
+    """The system, and the port its admission webhook listens on."""
     if system == "appwrapper":
-        return start_reference(cluster, cache, work)
+        return start_reference(cluster, cache, work), WEBHOOK_PORT
     return start_ours(cluster, work, kueue_quotas)
+
+
+def wait_listening(process: subprocess.Popen[bytes], port: int, timeout: float = 120) -> None:
+    """Until the webhook answers (the suite's first create needs it), or the system exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"the system exited ({process.returncode}): see its log")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on {port} after {timeout:.0f} s: see the log")
+        time.sleep(0.5)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -529,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
             home = work / "home"
             (home / ".kube").mkdir(parents=True)
             shutil.copy(cluster.kubeconfig, home / ".kube" / "config")
-            system = _start(args.system, cluster, args.cache, work, args.kueue_quotas)
+            system, port = _start(args.system, cluster, args.cache, work, args.kueue_quotas)
+            wait_listening(system, port)
             cluster.kubectl("wait", "--for=condition=Established", peers.APPWRAPPER_CRD)
             for number, spec in enumerate(specs):
                 cap = args.cap or CAPS.get(spec.name, DEFAULT_CAP)

@@ -79,9 +79,9 @@ def test_parse_report_of_an_empty_suite() -> None:
 def test_focus_matches_the_name_alone(name: str, others: list[str]) -> None:
     # Go's RE2 and Python's re agree on these escapes.
     pattern = re.compile(focus(name))
-    assert pattern.search(name)
-    assert not any(pattern.search(other) for other in others)
-    assert not pattern.search("prefix " + name)
+    assert pattern.search(f"AppWrapper Test Suite {name}")
+    assert not any(pattern.search(f"AppWrapper Test Suite {other}") for other in others)
+    assert not pattern.search(f"AppWrapper Test Suite prefix {name}")
 
 
 def outcome(test: str, result: str, detail: str = "") -> Outcome:
