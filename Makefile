@@ -85,13 +85,15 @@ bench: venv testenv
 # Kueue, or SYSTEM=appwrapper against the AppWrapper controller with Kueue. Writes
 # benchmarks/results/conformance-appwrapper-$(SYSTEM).{json,md} (see
 # docs/appwrapper-compatibility.md). KUEUE_QUOTAS=beside|instead passes the dispatcher's
-# Kueue quota setting.
+# Kueue quota setting; OUR_QUEUES=1 also writes the suite's Kueue objects as this
+# dispatcher's own quota kinds (results as ours-our-queues).
 SUITE ?= mcad
 SYSTEM ?= ours
 KUEUE_QUOTAS ?=
+OUR_QUEUES ?=
 conformance: venv testenv
 	$(PY) -m benchmarks.conformance --suite $(SUITE) --system $(SYSTEM) \
-	  $(if $(KUEUE_QUOTAS),--kueue-quotas $(KUEUE_QUOTAS))
+	  $(if $(KUEUE_QUOTAS),--kueue-quotas $(KUEUE_QUOTAS)) $(if $(OUR_QUEUES),--our-queues)
 
 # The peers of the side-by-side benchmark (benchmarks/peer_bench.py): MCAD v1.40.0
 # (kar-controllers), Kueue v0.15.0 (cmd/kueue) and the AppWrapper v1beta2 controller v1.1.2

@@ -396,6 +396,54 @@ def our_settings(cluster: LocalCluster, port: int, kueue_quotas: str | None) -> 
     return settings
 
 
+QUEUE = "e2e-test-queue"
+FLAVOR = "e2e-test-flavor"
+
+
+def translated_queues() -> list[dict[str, Any]]:
+    """The suite's Kueue objects (util_test.go: a ResourceFlavor, a ClusterQueue of 2 CPUs
+    and 2 GPUs for every namespace, its LocalQueue in the suite's namespace) written as this
+    dispatcher's own quota kinds, field for field: with `--our-queues`, what the run would
+    show once Kueue's kinds are read as written."""
+    api = "workload.codeflare.dev/v1beta1"
+    quota = [
+        {"name": "cpu", "nominalQuota": "2000m"},
+        {"name": "nvidia.com/gpu", "nominalQuota": 2},
+    ]
+    return [
+        {"apiVersion": api, "kind": "AppFlavor", "metadata": {"name": FLAVOR}, "spec": {}},
+        {
+            "apiVersion": api,
+            "kind": "ClusterAppQueue",
+            "metadata": {"name": QUEUE},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "nvidia.com/gpu"],
+                        "flavors": [{"name": FLAVOR, "resources": quota}],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": api,
+            "kind": "AppQueue",
+            "metadata": {"name": QUEUE, "namespace": NAMESPACE},
+            "spec": {"clusterQueue": QUEUE},
+        },
+    ]
+
+
+def install_our_queues(cluster: LocalCluster) -> None:
+    """This dispatcher's quota kinds, served before it starts, and `translated_queues`."""
+    crds = conformance.REPO / "crds" / "queues.yaml"
+    cluster.kubectl("apply", "--server-side", "-f", str(crds))
+    cluster.kubectl("wait", "--for=condition=Established", "-f", str(crds))
+    objects = {"apiVersion": "v1", "kind": "List", "items": translated_queues()}
+    cluster.apply(objects, server_side=True)
+
+
 def start_ours(
     cluster: LocalCluster, work: Path, kueue_quotas: str | None
 ) -> tuple[subprocess.Popen[bytes], int]:
@@ -534,8 +582,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="ours: the dispatcher's Kueue quota setting (beside|instead); unset: not passed",
     )
+    parser.add_argument(
+        "--our-queues",
+        action="store_true",
+        help="ours: the suite's Kueue objects also written as this dispatcher's quota kinds "
+        "(results as SYSTEM-our-queues)",
+    )
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args(argv)
+    if args.our_queues and args.system != "ours":
+        parser.error("--our-queues is for --system ours")
+    run = f"{args.system}-our-queues" if args.our_queues else args.system
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     source, binary = build(args.cache)
     with tempfile.TemporaryDirectory(prefix="aw-conformance-") as tmp:
@@ -546,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         system = None
         outcomes = []
-        logs = args.cache / "appwrapper" / "logs" / args.system
+        logs = args.cache / "appwrapper" / "logs" / run
         logs.mkdir(parents=True, exist_ok=True)
         try:
             for node, size in NODES.items():
@@ -556,6 +613,8 @@ def main(argv: list[str] | None = None) -> int:
             home = work / "home"
             (home / ".kube").mkdir(parents=True)
             shutil.copy(cluster.kubeconfig, home / ".kube" / "config")
+            if args.our_queues:
+                install_our_queues(cluster)
             system, port = _start(args.system, cluster, args.cache, work, args.kueue_quotas)
             wait_listening(system, port)
             cluster.kubectl("wait", "--for=condition=Established", peers.APPWRAPPER_CRD)
@@ -573,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
                 if (work / name).exists():
                     shutil.copy(work / name, logs / name)
             cluster.stop()
-    write_results(args.system, args.only, args.cap, outcomes)
+    write_results(run, args.only, args.cap, outcomes)
     return 0
 
 

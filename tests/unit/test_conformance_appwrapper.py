@@ -20,6 +20,7 @@ from benchmarks.conformance_appwrapper import (
     our_settings,
     parse_report,
     table,
+    translated_queues,
 )
 
 
@@ -118,3 +119,28 @@ def test_our_settings_pass_the_kueue_setting_only_when_given(tmp_path: Path) -> 
 
 def test_mcad_focus_is_unchanged() -> None:
     assert conformance.focus_on("MCAD (a) Test") == r"MCAD \(a\) Test$"
+
+
+def test_translated_queues_keep_the_suites_names_and_quotas() -> None:
+    flavor, cluster_queue, local_queue = translated_queues()
+    assert [o["kind"] for o in (flavor, cluster_queue, local_queue)] == [
+        "AppFlavor",
+        "ClusterAppQueue",
+        "AppQueue",
+    ]
+    assert flavor["metadata"]["name"] == "e2e-test-flavor"
+    assert cluster_queue["metadata"]["name"] == "e2e-test-queue"
+    assert cluster_queue["spec"]["namespaceSelector"] == {}
+    (group,) = cluster_queue["spec"]["resourceGroups"]
+    assert group["coveredResources"] == ["cpu", "nvidia.com/gpu"]
+    assert group["flavors"] == [
+        {
+            "name": "e2e-test-flavor",
+            "resources": [
+                {"name": "cpu", "nominalQuota": "2000m"},
+                {"name": "nvidia.com/gpu", "nominalQuota": 2},
+            ],
+        }
+    ]
+    assert local_queue["metadata"] == {"name": "e2e-test-queue", "namespace": "e2e-test"}
+    assert local_queue["spec"] == {"clusterQueue": "e2e-test-queue"}
