@@ -17,11 +17,10 @@ from benchmarks.conformance_appwrapper import (
     Spec,
     comparison,
     focus,
-    our_settings,
     parse_report,
     table,
-    translated_queues,
 )
+from benchmarks.conformance_appwrapper_systems import our_settings, translated_queues
 
 
 def spec_report(containers: list[str], leaf: str, **extra: Any) -> dict[str, Any]:
@@ -37,17 +36,29 @@ def spec_report(containers: list[str], leaf: str, **extra: Any) -> dict[str, Any
     }
 
 
-def test_parse_report_lists_its_with_full_names_and_labels_in_order() -> None:
+def test_parse_report_lists_its_with_full_names_and_labels_in_source_order() -> None:
     report = [
         {
             "SuiteDescription": "AppWrapper Test Suite",
             "SpecReports": [
                 {"LeafNodeType": "BeforeSuite", "LeafNodeText": ""},
-                spec_report(["Outer", "Creation of Fundamental GVKs"], "Pods"),
                 spec_report(
-                    ["Outer", "Queueing"], "Basic Queuing", LeafNodeLabels=["slow", "Kueue"]
+                    ["Metrics"],
+                    'say "hi"',
+                    ContainerHierarchyLabels=None,
+                    LeafNodeLocation={"FileName": "/e2e/metrics_test.go", "LineNumber": 3},
                 ),
-                spec_report(["Metrics"], 'say "hi"', ContainerHierarchyLabels=None),
+                spec_report(
+                    ["Outer", "Queueing"],
+                    "Basic Queuing",
+                    LeafNodeLabels=["slow", "Kueue"],
+                    LeafNodeLocation={"FileName": "/e2e/appwrapper_test.go", "LineNumber": 244},
+                ),
+                spec_report(
+                    ["Outer", "Creation of Fundamental GVKs"],
+                    "Pods",
+                    LeafNodeLocation={"FileName": "/e2e/appwrapper_test.go", "LineNumber": 51},
+                ),
             ],
         }
     ]
@@ -99,12 +110,16 @@ def test_table_counts_passes_and_keeps_cells_on_one_line() -> None:
 def test_comparison_names_causes_of_differences_only() -> None:
     reference = [outcome("A", "pass"), outcome("B", "pass"), outcome("C", "fail")]
     ours = [outcome("B", "fail"), outcome("A", "pass"), outcome("D", "pass")]
+    other = [outcome("A", "pass"), outcome("B", "pass"), outcome("C", "fail")]
     causes = {"A": "not shown: same outcome", "B": "no Kueue quotas", "C": "not run here"}
-    assert comparison(reference, ours, causes).splitlines()[2:] == [
-        "| A | pass | pass |  |",
-        "| B | pass | fail | no Kueue quotas |",
-        "| C | fail | - | not run here |",
-        "| D | - | pass |  |",
+    text = comparison([("ref", reference), ("ours", ours), ("other", other)], causes)
+    assert text.splitlines() == [
+        "| Test | ref | ours | other | Cause of the difference |",
+        "|---|---|---|---|---|",
+        "| A | pass | pass | pass |  |",
+        "| B | pass | fail | pass | no Kueue quotas |",
+        "| C | fail | - | fail | not run here |",
+        "| D | - | pass | - |  |",
     ]
 
 
