@@ -11,7 +11,10 @@ Both systems see the same cluster: Kueue's CRDs installed (the suite creates a R
 a ClusterQueue of 2 CPUs and a LocalQueue), KubeRay's operator, the PyTorchJob and JobSet CRDs
 (their operators are not here). SYSTEM=appwrapper: Kueue v0.15.0 and the controller v1.1.2
 (`make peers`), the controller's webhooks on and registered by URL. SYSTEM=ours: no Kueue
-controller; the dispatcher with its admission webhook and conversion endpoint on.
+controller; the dispatcher with its admission webhook and conversion endpoint on (the systems:
+benchmarks/conformance_appwrapper_systems.py). `--our-queues`: the suite's Kueue objects also
+written as this dispatcher's quota kinds. `python -m benchmarks.conformance_appwrapper compare
+CAUSES.json RUN...` prints saved runs side by side (docs/appwrapper-compatibility.md).
 
 Side effects: `go` builds into the cache; a local control plane and the system under test run
 for the duration (the controller's webhook listens on port 9443, fixed in its code); results
