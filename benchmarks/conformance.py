@@ -273,6 +273,10 @@ def _failure(output: str) -> str:
     for index, line in enumerate(lines):
         if line.strip().startswith("[Fail]") or "Expected" in line:
             return " ".join(s.strip() for s in lines[index : index + 4])[:300]
+    # Ginkgo v2's other failures ("Unexpected error:", a message of the suite's own).
+    for index, line in enumerate(lines):
+        if line.strip().startswith("[FAILED]") and not line.strip().startswith("[FAILED] in"):
+            return " ".join(s.strip() for s in lines[index : index + 4])[:300]
     return " ".join(lines[-3:])[:300]
 
 

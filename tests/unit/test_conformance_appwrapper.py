@@ -159,3 +159,23 @@ def test_translated_queues_keep_the_suites_names_and_quotas() -> None:
     ]
     assert local_queue["metadata"] == {"name": "e2e-test-queue", "namespace": "e2e-test"}
     assert local_queue["spec"] == {"clusterQueue": "e2e-test-queue"}
+
+
+@pytest.mark.parametrize(
+    ("output", "detail"),
+    [
+        (
+            "x\n  [FAILED] Failed after 0.1s.\n  Expected\n    <Phase>: Resuming\n  to equal\n",
+            "Expected <Phase>: Resuming to equal",
+        ),
+        (
+            "  [FAILED] in [It] - util_test.go:322\n  [FAILED] Unexpected error:\n"
+            "    <*fmt.wrapError>:\n    rate: Wait(n=1) would exceed context deadline\n    {\n",
+            "[FAILED] Unexpected error: <*fmt.wrapError>: rate: Wait(n=1) would exceed context "
+            "deadline {",
+        ),
+        ("a\nb\nc\nd\n", "b c d"),
+    ],
+)
+def test_failure_detail_is_the_suites_own_message(output: str, detail: str) -> None:
+    assert conformance._failure(output) == detail
