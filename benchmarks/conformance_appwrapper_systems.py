@@ -59,6 +59,9 @@ WEBHOOK_PORT = 9443
 def _certificate(
     subject: str, issuer: tuple[str, rsa.RSAPrivateKey] | None, names: Sequence[str]
 ) -> tuple[bytes, rsa.RSAPrivateKey]:
+    """A certificate (PEM) and its key, for `names`: self-signed CA when `issuer` is None,
+    else a serving certificate signed by it. RSA: the rotator reads the CA's key as PKCS#1;
+    ten years: it renews what expires within its look-ahead (90 days)."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     now = datetime.datetime.now(datetime.UTC)
     issuer_name, issuer_key = issuer or (subject, key)
