@@ -80,9 +80,20 @@ bench: venv testenv
 # MCAD v1.40.0's own e2e suite (built from the Go module proxy into $(CACHE_DIR)/mcad) run
 # against this dispatcher, each test alone; SYSTEM=mcad runs it against MCAD itself. Writes
 # benchmarks/results/conformance-$(SYSTEM).{json,md}. Not part of `make test` (~30 min).
+# SUITE=appwrapper: the AppWrapper project's v1.1.2 e2e suite (built into
+# $(CACHE_DIR)/appwrapper; needs `make peers`) against this dispatcher with Kueue's CRDs and no
+# Kueue, or SYSTEM=appwrapper against the AppWrapper controller with Kueue. Writes
+# benchmarks/results/conformance-appwrapper-$(SYSTEM).{json,md} (see
+# docs/appwrapper-compatibility.md). KUEUE_QUOTAS=beside|instead passes the dispatcher's
+# Kueue quota setting; OUR_QUEUES=1 also writes the suite's Kueue objects as this
+# dispatcher's own quota kinds (results as ours-our-queues).
+SUITE ?= mcad
 SYSTEM ?= ours
+KUEUE_QUOTAS ?=
+OUR_QUEUES ?=
 conformance: venv testenv
-	$(PY) -m benchmarks.conformance --system $(SYSTEM)
+	$(PY) -m benchmarks.conformance --suite $(SUITE) --system $(SYSTEM) \
+	  $(if $(KUEUE_QUOTAS),--kueue-quotas $(KUEUE_QUOTAS)) $(if $(OUR_QUEUES),--our-queues)
 
 # The peers of the side-by-side benchmark (benchmarks/peer_bench.py): MCAD v1.40.0
 # (kar-controllers), Kueue v0.15.0 (cmd/kueue) and the AppWrapper v1beta2 controller v1.1.2

@@ -4,7 +4,9 @@ MCAD v1.40.0's Go e2e suite (`test/e2e` of its module, from the Go module proxy)
 into the cache directory, never into the repository. A local control plane gets KWOK nodes
 sized like MCAD's CI cluster; the system under test runs against it; then every active test of
 the suite runs alone (`-ginkgo.focus`), with a time cap and a clean-up between tests, and the
-outcome of each is written as JSON and as a Markdown table.
+outcome of each is written as JSON and as a Markdown table. `--suite appwrapper` runs the
+AppWrapper project's suite instead (benchmarks/conformance_appwrapper.py, which reuses the
+module download and the one-test run here).
 
 Side effects: `go` downloads and builds into the cache; a local control plane and the system
 under test run for the duration; results under benchmarks/results/.
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -133,7 +136,7 @@ def active_tests(source: Path) -> list[str]:
     return names
 
 
-def focus(name: str) -> str:
+def focus_on(name: str) -> str:
     """A Go (RE2) regular expression matching exactly this test's name at the end."""
     return "".join("\\" + c if c in _RE2_SPECIAL else c for c in name) + "$"
 
@@ -217,14 +220,26 @@ def start_system(
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
 
-def run_one(binary: Path, source: Path, home: Path, name: str, cap: float, log: Path) -> Outcome:
-    """One test alone; its whole output kept in `log`."""
+def run_one(
+    binary: Path,
+    source: Path,
+    home: Path,
+    name: str,
+    cap: float,
+    log: Path,
+    *,
+    focus: str | None = None,
+    extra: Sequence[str] = (),
+) -> Outcome:
+    """One test alone (`focus`: the expression that selects it, by default its name at the
+    end; `extra`: more flags for the suite); its whole output kept in `log`."""
     started = time.monotonic()
     command = [
         str(binary),
-        f"-ginkgo.focus={focus(name)}",
+        f"-ginkgo.focus={focus or focus_on(name)}",
         "-ginkgo.noColor",
         f"-test.timeout={int(cap) + 30}s",
+        *extra,
     ]
     try:
         done = subprocess.run(
@@ -257,6 +272,10 @@ def _failure(output: str) -> str:
     lines = output.splitlines()
     for index, line in enumerate(lines):
         if line.strip().startswith("[Fail]") or "Expected" in line:
+            return " ".join(s.strip() for s in lines[index : index + 4])[:300]
+    # Ginkgo v2's other failures ("Unexpected error:", a message of the suite's own).
+    for index, line in enumerate(lines):
+        if line.strip().startswith("[FAILED]") and not line.strip().startswith("[FAILED] in"):
             return " ".join(s.strip() for s in lines[index : index + 4])[:300]
     return " ".join(lines[-3:])[:300]
 
@@ -296,6 +315,14 @@ def table(system: str, outcomes: list[Outcome]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    suite, rest = argparse.ArgumentParser(add_help=False), None
+    suite.add_argument("--suite", choices=["mcad", "appwrapper"], default="mcad")
+    chosen, rest = suite.parse_known_args(argv)
+    if chosen.suite == "appwrapper":
+        # Imported here: it imports this module (and benchmarks.peers, which does too).
+        from benchmarks import conformance_appwrapper
+
+        return conformance_appwrapper.main(rest)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", choices=["ours", "mcad"], default="ours")
     parser.add_argument("--only", default="", help="run only tests whose name matches this")
@@ -306,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"seconds per test, for every test (default: {DEFAULT_CAP:.0f}, more where CAPS says)",
     )
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(rest)
     # Stopped (timeout, kill): the clean-up below still runs, nothing is left behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     source, binary, controller = build(args.cache, controller_too=args.system == "mcad")

@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -339,11 +340,14 @@ def start_appwrapper(
     *,
     qps: float = 50,
     burst: int = 100,
+    frameworks: tuple[str, ...] = ("workload.codeflare.dev/appwrapper",),
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Kueue (with its AppWrapper integration) and the AppWrapper controller, as the children
-    of one shell, so that the system's CPU and memory are those of its process tree and
-    stopping the shell (SIGTERM) stops both. Set up first by `install_appwrapper`. The
-    controller's client is its own fixed 20 QPS / 30 burst (no setting changes it)."""
+    """Kueue (with its AppWrapper integration, and any other `frameworks`) and the AppWrapper
+    controller, as the children of one shell, so that the system's CPU and memory are those
+    of its process tree and stopping the shell (SIGTERM) stops both. Set up first by
+    `install_appwrapper`. The controller's client is its own fixed 20 QPS / 30 burst (no
+    setting changes it). `env`: their environment, if not this process's."""
     kueue = shlex.join(
         kueue_command(
             cluster,
@@ -351,7 +355,7 @@ def start_appwrapper(
             workdir,
             qps=qps,
             burst=burst,
-            frameworks=("workload.codeflare.dev/appwrapper",),
+            frameworks=frameworks,
         )
     )
     controller = shlex.join(
@@ -363,7 +367,7 @@ def start_appwrapper(
         f">>{shlex.quote(str(workdir / 'appwrapper.log'))} 2>&1 & a=$!; "
         'trap \'kill -TERM "$k" "$a" 2>/dev/null; wait\' TERM INT; wait'
     )
-    return subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    return subprocess.Popen(["bash", "-c", script], start_new_session=True, env=env)
 
 
 def main(argv: list[str] | None = None) -> int:
