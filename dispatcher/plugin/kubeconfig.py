@@ -1,6 +1,9 @@
 """The user's kubeconfig read as kubectl reads it, and requests made with it (the standard
 library and PyYAML only: the plugin starts in a fraction of the time kubernetes-asyncio
-takes to import).
+takes to import). What only some kubeconfigs need (`subprocess` for an exec plugin,
+`tempfile` for a client certificate) is imported where it is used, and the system's CA
+roots are read only when the kubeconfig names no CA: every command pays its imports and its
+TLS setup, and `kubectl aw` is timed against `kubectl get` (benchmarks/plugin_bench.py).
 
 Side effects: reads the kubeconfig files and the files it names; runs the `exec`
 credential plugin it names (as kubectl does); HTTPS requests to the API server.
@@ -19,10 +22,7 @@ import http.client
 import json
 import os
 import ssl
-import subprocess
-import tempfile
 import urllib.parse
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,20 +30,32 @@ import yaml
 
 Obj = dict[str, Any]
 STANDBY_RETRIES = 4
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's safe loader where PyYAML was built with it: the same documents, parsed in C."""
 
 
 class PluginError(Exception):
     """Said to the user in one line; the command exits non-zero."""
 
 
-@dataclass
 class Connection:
-    server: str
-    namespace: str
-    context: ssl.SSLContext
-    headers: dict[str, str] = field(default_factory=dict)
-    timeout: float = 30.0
-    _open: http.client.HTTPConnection | None = None
+    # A plain class, not a dataclass: `dataclasses` imports `inspect`, milliseconds on
+    # every command.
+    def __init__(
+        self,
+        *,
+        server: str,
+        namespace: str,
+        context: ssl.SSLContext,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.server = server
+        self.namespace = namespace
+        self.context = context
+        self.headers = headers if headers is not None else {}
+        self.timeout = timeout
+        self._open: http.client.HTTPConnection | None = None
 
     def _connection(self, target: urllib.parse.SplitResult) -> http.client.HTTPConnection:
         """One connection for every request of a command: one TLS handshake, not one each."""
@@ -130,7 +142,7 @@ def _merged(paths: list[Path]) -> tuple[Obj, dict[str, Path]]:
     origin: dict[str, Path] = {}
     for path in paths:
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = yaml.load(path.read_text(), Loader=SAFE_LOADER) or {}
         except FileNotFoundError:
             continue
         except (OSError, yaml.YAMLError) as exc:
@@ -160,6 +172,8 @@ def _data_or_file(entry: Obj, key: str, base: Path) -> bytes | None:
 
 
 def _exec_credential(spec: Obj) -> Obj:
+    import subprocess  # only here: most kubeconfigs name no exec plugin
+
     command = [spec.get("command", ""), *(spec.get("args") or [])]
     env = dict(os.environ)
     for item in spec.get("env") or []:
@@ -200,14 +214,7 @@ def connect(
     user = merged["users"].get(ctx.get("user"), {})
     cluster_file = origin.get(f"clusters/{ctx.get('cluster')}", Path("."))
     user_file = origin.get(f"users/{ctx.get('user')}", Path("."))
-    tls = ssl.create_default_context()
-    if cluster.get("insecure-skip-tls-verify"):
-        tls.check_hostname = False
-        tls.verify_mode = ssl.CERT_NONE
-    else:
-        ca = _data_or_file(cluster, "certificate-authority", cluster_file)
-        if ca:
-            tls.load_verify_locations(cadata=ca.decode())
+    tls = _tls(cluster, cluster_file)
     headers: dict[str, str] = {}
     cert = _data_or_file(user, "client-certificate", user_file)
     key = _data_or_file(user, "client-key", user_file)
@@ -246,8 +253,23 @@ def connect(
     return connection
 
 
+def _tls(cluster: Obj, cluster_file: Path) -> ssl.SSLContext:
+    """As kubectl trusts: the cluster's CA alone where the kubeconfig names one, the system's
+    roots only where it names none (reading them costs tens of milliseconds), nothing
+    checked with `insecure-skip-tls-verify`."""
+    if cluster.get("insecure-skip-tls-verify"):
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        tls.check_hostname = False
+        tls.verify_mode = ssl.CERT_NONE
+        return tls
+    ca = _data_or_file(cluster, "certificate-authority", cluster_file)
+    return ssl.create_default_context(cadata=ca.decode() if ca else None)
+
+
 def _load_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
     """ssl loads a certificate only from files: written owner-only, read, removed."""
+    import tempfile  # only here: a kubeconfig with a token or an exec plugin needs none
+
     with tempfile.TemporaryDirectory(prefix="kubectl-aw-") as directory:
         cert_path, key_path = Path(directory) / "tls.crt", Path(directory) / "tls.key"
         key_path.touch(mode=0o600)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import ssl
+import time
 from argparse import Namespace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from dispatcher.kube import certplan
 from dispatcher.plugin.kubeconfig import PluginError, connect
 from dispatcher.plugin.main import cmd_list, main
 
@@ -63,6 +68,68 @@ def test_kubeconfig_list_first_wins_and_context_namespace(
     assert connect(context="two").namespace == "default"
     with pytest.raises(PluginError, match='context "nope" does not exist'):
         connect(context="nope")
+
+
+CA = certplan.make_ca(time.time(), 3600, name="cluster-ca")
+
+
+@pytest.mark.parametrize(
+    ("cluster", "want_cas", "want_roots", "want_verify"),
+    [
+        pytest.param(
+            {"certificate-authority-data": base64.b64encode(CA.cert_pem).decode()},
+            ["cluster-ca"],
+            False,
+            True,
+            id="CA data: that CA alone, as kubectl",
+        ),
+        pytest.param(
+            {"certificate-authority": "ca.crt"},
+            ["cluster-ca"],
+            False,
+            True,
+            id="CA file beside the kubeconfig: that CA alone",
+        ),
+        pytest.param({}, [], True, True, id="no CA: the system's roots"),
+        pytest.param(
+            {"insecure-skip-tls-verify": True}, [], False, False, id="insecure: nothing checked"
+        ),
+    ],
+)
+def test_tls_trusts_what_the_kubeconfig_names(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cluster: dict[str, Any],
+    want_cas: list[str],
+    want_roots: bool,
+    want_verify: bool,
+) -> None:
+    (tmp_path / "ca.crt").write_bytes(CA.cert_pem)
+    config = tmp_path / "config"
+    config.write_text(
+        json.dumps(
+            {
+                "current-context": "one",
+                "clusters": [{"name": "c", "cluster": {"server": "https://h:1", **cluster}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "one", "context": {"cluster": "c", "user": "u"}}],
+            }
+        )
+    )
+    roots_loaded: list[object] = []
+    plain = ssl.SSLContext.load_default_certs
+    monkeypatch.setattr(
+        ssl.SSLContext,
+        "load_default_certs",
+        lambda self, *a: roots_loaded.append(a) or plain(self, *a),
+    )
+    tls = connect(kubeconfig=str(config)).context
+    if not want_roots:  # the system's roots, where loaded, are many: only the named CA here
+        cas = [dict(n[0] for n in c["subject"])["commonName"] for c in tls.get_ca_certs()]
+        assert cas == want_cas
+    assert bool(roots_loaded) == want_roots
+    assert tls.check_hostname == want_verify
+    assert tls.verify_mode == (ssl.CERT_REQUIRED if want_verify else ssl.CERT_NONE)
 
 
 def test_errors_are_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
