@@ -66,6 +66,15 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     PREEMPTED = "Preempted"
     REQUEUED = "Requeued"
+    QUOTA_RESERVED = "QuotaReserved"
+    """True while its queue's quota is held for it and its admission checks run (nothing is
+    created yet); False with `AdmissionChecksReady` once they passed and it is fitted on the
+    nodes, or with the requeue's reason."""
+
+
+CHECK_CONDITION_PREFIX = "AdmissionCheck."
+"""`AdmissionCheck.<name>`: one condition per admission check, True once the check is Ready
+for the current attempt (docs/autoscaling.md)."""
 
 
 class Reason(StrEnum):
@@ -102,6 +111,16 @@ class Reason(StrEnum):
     QUEUE_DRAINED = "QueueDrained"
     FORBIDDEN = "Forbidden"
     SUSPENDED = "Suspended"
+    CHECKS_PENDING = "AdmissionChecksPending"
+    """QuotaReserved: its quota is held while its admission checks run."""
+    CHECKS_READY = "AdmissionChecksReady"
+    """QuotaReserved False: every check passed; it is fitted on the nodes as usual."""
+    CHECK_PENDING = "Pending"
+    CHECK_READY = "Ready"
+    CHECK_RETRY = "Retry"
+    CHECK_MISCONFIGURED = "CheckMisconfigured"
+    PROVISIONING_FAILED = "ProvisioningFailed"
+    """Failed: the provisioner refused its ProvisioningRequest as many times as allowed."""
     """`spec.suspend` is true: held (Dispatched False), or its objects removed (Requeued)."""
 
 

@@ -37,6 +37,7 @@ from dispatcher.controller.gatekeeper import Gatekeeper
 from dispatcher.controller.ledger import Ledger
 from dispatcher.controller.making import Maker
 from dispatcher.controller.outbox import Notice, Outbox
+from dispatcher.controller.provisioning import Provisioning
 from dispatcher.controller.quotas import Quotas
 from dispatcher.controller.reading import AppWrapperReader, key_of, slimmer
 from dispatcher.controller.reconciler import Reconciler
@@ -176,6 +177,13 @@ class Manager:
             maker=Maker(gatekeeper=self.gatekeeper, quotas=self.quotas, clock=self.clock),
             quotas=self.quotas,
             recorder=self.recorder,
+            provisioning=Provisioning(
+                config=self.config.provisioning,
+                hub=self.hub,
+                status=self.status,
+                reader=self.reader,
+                clock=self.clock,
+            ),
         )
         self.upkeep = Upkeep(
             members=self.members,

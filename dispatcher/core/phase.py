@@ -19,6 +19,8 @@ C = ConditionType
 class Phase(StrEnum):
     QUEUED = "queued"
     """Waiting for the scheduler (new ones too: its first decision writes Init/Queueing)."""
+    RESERVED = "reserved"
+    """Its queue's quota held for it while its admission checks run: nothing created yet."""
     DISPATCHED = "dispatched"
     """Admitted to a member: its objects exist or are being made."""
     EVICTING = "evicting"
@@ -33,8 +35,8 @@ class Phase(StrEnum):
     """Not dispatched, and held there by `spec.suspend`: the scheduler does not see it."""
 
 
-SCHEDULED = frozenset({Phase.QUEUED, Phase.DISPATCHED, Phase.EVICTING})
-"""Phases the scheduler reads: the ones that want room or hold it."""
+SCHEDULED = frozenset({Phase.QUEUED, Phase.RESERVED, Phase.DISPATCHED, Phase.EVICTING})
+"""Phases the scheduler reads: the ones that want room or quota, or hold it."""
 
 
 def phase(true_conditions: Iterable[str], *, deleting: bool, suspended: bool = False) -> Phase:
@@ -49,6 +51,8 @@ def phase(true_conditions: Iterable[str], *, deleting: bool, suspended: bool = F
         return Phase.EVICTING if C.PREEMPTED in true else Phase.DISPATCHED
     if C.BACKOFF in true:
         return Phase.BACKOFF
+    if C.QUOTA_RESERVED in true:
+        return Phase.RESERVED
     return Phase.SUSPENDED if suspended else Phase.QUEUED
 
 

@@ -11,6 +11,12 @@ its queue's quota (with what it may borrow) and one member's nodes both fit it: 
 assignment the queue allows is tried in its order until one also fits a member
 (`_fit_queued`); victims must free both. A workload with no queue is fitted as without
 quotas.
+
+Admission checks (docs/autoscaling.md): a workload whose cluster queue names checks (or, with
+`capacity_checks`, one without a queue) and that fits no member's nodes is admitted with no
+cluster instead of waiting: its quota is reserved (`Admit.cluster == ""`) while its checks
+(a ProvisioningRequest) run, and it asks for no victims. Once they passed (`Workload.checked`)
+it is fitted as any other.
 """
 
 from __future__ import annotations
@@ -37,13 +43,15 @@ __all__ = ["Admit", "CycleResult", "Preempt", "Wait", "queue_order_key", "schedu
 @dataclass(frozen=True, slots=True)
 class Admit:
     """Dispatch workload `key` to `cluster` (charged to cluster queue `queue`, submitted
-    through AppQueue `local`, with the flavors of `assignment`, when it has a queue)."""
+    through AppQueue `local`, with the flavors of `assignment`, when it has a queue). With
+    `cluster` "": its quota is reserved while admission checks `checks` run."""
 
     key: str
     cluster: str
     queue: str = ""
     local: str = ""
     assignment: Assignment | None = None
+    checks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +205,7 @@ def schedule(
     preemption: PreemptionPolicy | None,
     quotas: QuotaView | None = None,
     presorted: bool = False,
+    capacity_checks: tuple[str, ...] = (),
 ) -> CycleResult:
     """Decide, for every pending workload, admit (where) or wait (why); maybe preempt.
 
@@ -268,7 +277,10 @@ def schedule(
             if quotas is not None and quotas.charges:
                 # Work admitted through a queue is not a queue-less preemptor's to take.
                 rules = partial(CapacityOnly, workload, quotas.charges)
-            decided = _fit(workload, cycle, preemption, preempt=True, rules=rules, context="")
+            checks = () if workload.checked else capacity_checks
+            decided = _fit(workload, cycle, preemption, preempt=not checks, rules=rules, context="")
+            if checks and not isinstance(decided, str):
+                decided = ""  # reserved: its checks may bring the nodes it needs
             assignment = None
             fitted = workload
         else:
@@ -288,6 +300,7 @@ def schedule(
                     )
                 continue
             decided, assignment, fitted = outcome
+            checks = quotas.spec(queued.queue).checks if not decided else ()
         if isinstance(decided, str):
             admits.append(
                 Admit(
@@ -296,6 +309,7 @@ def schedule(
                     queue=queued.queue if queued else "",
                     local=queued.local if queued else "",
                     assignment=assignment,
+                    checks=checks if not decided else (),
                 )
             )
             continue
@@ -389,6 +403,10 @@ def _fit_queued(
     if first is None:  # every assignment lost its quota to this cycle's admissions
         return QuotaRefusal(f"queue {queued.queue}: its quota went to earlier admissions")
     _, assignment, fitted = first
+    if spec.checks and not workload.checked and assignment.admissible:
+        # Its quota fits but no member's nodes do: reserve the quota, run the checks.
+        quotas.admit(queued.queue, assignment)
+        return "", assignment, fitted
     if preemption is None:
         if not assignment.admissible:
             return QuotaRefusal(assignment.limit)
