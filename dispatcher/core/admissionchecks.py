@@ -34,6 +34,9 @@ KNOWN_CLASSES = (CHECK_CAPACITY, BEST_EFFORT_ATOMIC, "queued-provisioning.gke.io
 """Classes the cluster autoscaler (and GKE's) serve; another is refused as misconfigured:
 no provisioner answers it, so the AppWrapper would wait for ever with its quota held."""
 
+OVERCOMMITTED = frozenset({"cpu", "memory", "ephemeral-storage"})
+"""Resources a container may request below its limit; any other must set both alike."""
+
 UID_LABEL = "workload.codeflare.dev/appwrapper-uid"
 CHECK_LABEL = "workload.codeflare.dev/admission-check"
 ATTEMPT_LABEL = "workload.codeflare.dev/attempt"
@@ -155,10 +158,14 @@ def template_of(pod_set: PodSet) -> PodSetTemplate:
     wrapped object, so every kind (custompodresources included) is provisioned for exactly
     what the dispatcher will fit afterwards."""
     requests = {k: v for k, v in pod_set.requests.to_kube().items() if k != "pods"}
+    # Extended resources (GPUs...) cannot be overcommitted: the API server wants their
+    # limits equal to their requests.
+    limits = {k: v for k, v in requests.items() if k not in OVERCOMMITTED}
+    resources: dict[str, Any] = {"requests": requests}
+    if limits:
+        resources["limits"] = limits
     spec: dict[str, Any] = {
-        "containers": [
-            {"name": "pod", "image": "provisioning", "resources": {"requests": requests}}
-        ]
+        "containers": [{"name": "pod", "image": "provisioning", "resources": resources}]
     }
     if pod_set.node_selector:
         spec["nodeSelector"] = dict(pod_set.node_selector)

@@ -327,5 +327,8 @@ def test_request_objects_are_owned_and_name_their_templates() -> None:
         assert made["metadata"]["labels"][checks.UID_LABEL] == "u-1"
     spec = templates[1]["template"]["spec"]
     assert spec["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": "1"}
+    assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    head = templates[0]["template"]["spec"]["containers"][0]["resources"]
+    assert head == {"requests": {"cpu": "1"}}
     assert spec["nodeSelector"] == {"pool": "gpu"}
     assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
