@@ -215,8 +215,9 @@ class ProvisioningConfig(BaseModel):
     """Checks run for AppWrappers without a queue (capacity-only work) that fit no node."""
     known_classes: list[str] = Field(default_factory=lambda: list(KNOWN_CLASSES))
     """Classes a provisioner serves here; a check naming another is misconfigured."""
-    poll_seconds: float = Field(default=0.5, gt=0)
-    """How often a held AppWrapper's request is read again."""
+    poll_seconds: float = Field(default=5.0, gt=0)
+    """How often a held AppWrapper's request is read again besides the watch of requests,
+    which wakes it on every change."""
 
 
 class Config(BaseModel):

@@ -66,10 +66,10 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     PREEMPTED = "Preempted"
     REQUEUED = "Requeued"
-    QUOTA_RESERVED = "QuotaReserved"
+    QUOTA_HELD = "QuotaHeld"
     """True while its queue's quota is held for it and its admission checks run (nothing is
-    created yet); False with `AdmissionChecksReady` once they passed and it is fitted on the
-    nodes, or with the requeue's reason."""
+    created yet); still True, with `AdmissionChecksReady`, once they passed and it is fitted
+    on the nodes as usual; False with the reason of a retry or a requeue."""
 
 
 CHECK_CONDITION_PREFIX = "AdmissionCheck."
@@ -112,13 +112,15 @@ class Reason(StrEnum):
     FORBIDDEN = "Forbidden"
     SUSPENDED = "Suspended"
     CHECKS_PENDING = "AdmissionChecksPending"
-    """QuotaReserved: its quota is held while its admission checks run."""
+    """QuotaHeld: its quota is held while its admission checks run."""
     CHECKS_READY = "AdmissionChecksReady"
-    """QuotaReserved False: every check passed; it is fitted on the nodes as usual."""
+    """QuotaHeld (True): every check passed; it is fitted on the nodes as usual."""
     CHECK_PENDING = "Pending"
     CHECK_READY = "Ready"
     CHECK_RETRY = "Retry"
     CHECK_MISCONFIGURED = "CheckMisconfigured"
+    CAPACITY_REVOKED = "CapacityRevoked"
+    """Requeued: the provisioner took back the capacity its admission check had provided."""
     PROVISIONING_FAILED = "ProvisioningFailed"
     """Failed: the provisioner refused its ProvisioningRequest as many times as allowed."""
     """`spec.suspend` is true: held (Dispatched False), or its objects removed (Requeued)."""

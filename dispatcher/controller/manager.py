@@ -165,6 +165,14 @@ class Manager:
 
     def _build_acting(self) -> None:
         """The reconciler, upkeep and the ledger of lives."""
+        self.provisioning = Provisioning(
+            config=self.config.provisioning,
+            hub=self.hub,
+            status=self.status,
+            reader=self.reader,
+            clock=self.clock,
+            wake=self.queue.add,
+        )
         self.reconciler = Reconciler(
             config=self.config,
             reader=self.reader,
@@ -177,13 +185,7 @@ class Manager:
             maker=Maker(gatekeeper=self.gatekeeper, quotas=self.quotas, clock=self.clock),
             quotas=self.quotas,
             recorder=self.recorder,
-            provisioning=Provisioning(
-                config=self.config.provisioning,
-                hub=self.hub,
-                status=self.status,
-                reader=self.reader,
-                clock=self.clock,
-            ),
+            provisioning=self.provisioning,
         )
         self.upkeep = Upkeep(
             members=self.members,
@@ -257,6 +259,8 @@ class Manager:
             self._child(self.priority_classes.run(), "priorityclasses")
             self._child(self.quotas.run(), "quotas")
             self._child(self.events.run(), "events")
+            if self.config.provisioning.enabled:
+                self._child(self.provisioning.requests.run(), "provisioningrequests")
             for member in self.members.values():
                 self._child(member.run(), f"member-{member.name}")
             # Workers start only once the hub's caches have synced: decisions on a partial

@@ -1,4 +1,4 @@
-"""The ProvisioningRequest admission check: what an AppWrapper held for it (`QuotaReserved`)
+"""The ProvisioningRequest admission check: what an AppWrapper held for it (`QuotaHeld`)
 asks of the cluster autoscaler. Side effects: PodTemplates and ProvisioningRequests on the
 hub, and status writes on the AppWrapper (its `AdmissionCheck.<name>` conditions).
 
@@ -8,7 +8,7 @@ by `core.admissionchecks.verdict`; this module reads and writes:
 
 - the attempt in force is the highest attempt label among the AppWrapper's requests (listed by
   its uid); one that was made for an earlier reservation (its `reservation` annotation is not
-  the current `QuotaReserved` transition) is over, and the next attempt is made. The names are
+  the current `QuotaHeld` transition) is over, and the next attempt is made. The names are
   fixed by uid, check and attempt, so a crash between create and record finds them again
   (AlreadyExists is success) and nothing is made twice;
 - every object is owned by the AppWrapper (the garbage collector removes them with it);
@@ -19,7 +19,7 @@ by `core.admissionchecks.verdict`; this module reads and writes:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,6 +43,7 @@ from dispatcher.core.model import Workload
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import AlreadyExists, KubeError
+from dispatcher.kube.informer import Informer
 
 Obj = dict[str, Any]
 
@@ -51,13 +52,26 @@ REQUESTS = ResourceInfo(
 )
 TEMPLATES = ResourceInfo("v1", "PodTemplate", "podtemplates", True)
 RESERVATION_ANNOTATION = "workload.codeflare.dev/reservation"
-"""On a request: the `QuotaReserved` transition time it was made for."""
+"""On a request: the `QuotaHeld` transition time it was made for."""
 MISCONFIGURED_RECHECK = 30.0
 
 
 def _reservation(status: AppWrapperStatus) -> str:
-    found = status.condition(ConditionType.QUOTA_RESERVED)
+    found = status.condition(ConditionType.QUOTA_HELD)
     return (found.lastTransitionMicroTime or "") if found is not None else ""
+
+
+def _slim(obj: Obj) -> Obj:
+    """What waking an owner needs: its name; and the conditions, so a change shows."""
+    meta = obj.get("metadata") or {}
+    return {
+        "metadata": {
+            k: meta[k]
+            for k in ("name", "namespace", "resourceVersion", "ownerReferences")
+            if k in meta
+        },
+        "status": {"conditions": (obj.get("status") or {}).get("conditions") or []},
+    }
 
 
 def _failed_at(request: Mapping[str, Any]) -> float | None:
@@ -79,13 +93,29 @@ class Provisioning:
         status: StatusWriter,
         reader: AppWrapperReader,
         clock: Clock,
+        wake: Callable[[str], None] = lambda key: None,
     ) -> None:
         self._config = config
+        self._wake = wake
+        self.requests = Informer(
+            hub, REQUESTS, label_selector=checks.UID_LABEL, transform=_slim, absent_ok=True
+        )
+        """The dispatcher's requests (by their label), watched only to wake their owners."""
+        self.requests.add_handler(self._on_request)
         self._hub = hub
         self._status = status
         self._reader = reader
         self._clock = clock
         self._log = structlog.get_logger("provisioning")
+
+    def _on_request(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        obj = new if new is not None else old
+        if obj is None:
+            return
+        meta = obj.get("metadata") or {}
+        for owner in meta.get("ownerReferences") or []:
+            if owner.get("kind") == "AppWrapper":
+                self._wake(f"{meta.get('namespace')}/{owner.get('name')}")
 
     async def follow(self, aw: AppWrapper, obj: Obj) -> float | None:
         """Carry each check of `aw` one step; seconds until it should be looked at again."""
@@ -95,7 +125,7 @@ class Provisioning:
             for c in status.conditions
             if c.type.startswith(cond.check_condition(""))
         ]
-        reserved = status.is_true(ConditionType.QUOTA_RESERVED)
+        reserved = status.is_true(ConditionType.QUOTA_HELD) and not cond.checks_ready(status)
         if not names:
             return None
         namespace = aw.metadata.namespace or ""
@@ -110,6 +140,49 @@ class Provisioning:
             if step is not None:
                 again = step if again is None else min(again, step)
         return again
+
+    async def revoked(self, aw: AppWrapper) -> str:
+        """Why the capacity a dispatched `aw` was provisioned on is gone ("" if it is not):
+        its current request says CapacityRevoked."""
+        status = aw.status or AppWrapperStatus()
+        names = [
+            c.type.removeprefix(cond.check_condition(""))
+            for c in status.conditions
+            if c.type.startswith(cond.check_condition("")) and c.status == "True"
+        ]
+        if not names:
+            return ""
+        uid = aw.metadata.uid or ""
+        listed = await self._hub.list(
+            REQUESTS, aw.metadata.namespace, query={"labelSelector": f"{checks.UID_LABEL}={uid}"}
+        )
+        requests = listed.get("items") or []
+        for name in names:
+            current = self._current(requests, uid, name, _reservation(status))
+            if current is None:
+                continue
+            verdict = checks.verdict(
+                current,
+                attempt=checks.latest_attempt(requests, name),
+                retry=Retry(),
+                now=self._clock.time(),
+                failed_at=None,
+                dispatched=True,
+            )
+            if verdict.step is Step.REVOKED:
+                return f"admission check {name}: {verdict.message}"
+        return ""
+
+    @staticmethod
+    def _current(requests: list[Obj], uid: str, name: str, reservation: str) -> Obj | None:
+        """The request of `name` made for this reservation (None: none yet)."""
+        wanted = checks.request_name(uid, name, checks.latest_attempt(requests, name))
+        for request in requests:
+            meta = request["metadata"]
+            if meta["name"] == wanted:
+                made_for = (meta.get("annotations") or {}).get(RESERVATION_ANNOTATION)
+                return request if made_for == reservation else None
+        return None
 
     async def _check(
         self, aw: AppWrapper, name: str, requests: list[Obj], *, reserved: bool
@@ -135,21 +208,9 @@ class Provisioning:
             setting.retry_limit, setting.backoff_base_seconds, setting.backoff_max_seconds
         )
         attempt = checks.latest_attempt(requests, name)
-        current = next(
-            (
-                r
-                for r in requests
-                if r["metadata"]["name"]
-                == checks.request_name(aw.metadata.uid or "", name, attempt)
-            ),
-            None,
-        )
         reservation = _reservation(status)
-        ours = current is not None and (
-            (current["metadata"].get("annotations") or {}).get(RESERVATION_ANNOTATION)
-            == reservation
-        )
-        if not ours or current is None:
+        current = self._current(requests, aw.metadata.uid or "", name, reservation)
+        if current is None:
             if not reserved:
                 return None  # ready, then given back: a later reservation makes the next one
             await self._create(

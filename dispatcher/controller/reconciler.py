@@ -356,6 +356,19 @@ class Reconciler:
         moved = await self._dispatch_moved(aw, obj, status, member)
         if moved is not None:
             return moved
+        if self._provisioning is not None:
+            revoked = await self._provisioning.revoked(aw)
+            if revoked:  # as for a lost node: its objects go, it queues again
+                await self._requeue(
+                    aw,
+                    obj,
+                    status,
+                    Reason.CAPACITY_REVOKED,
+                    revoked,
+                    backoff=False,
+                    remove_from=member,
+                )
+                return Result.done()
         objects: list[Wrapped] = []
         if self._ensured.get(aw.key) != (status.lastDispatchedAt or ""):
             ensured = await self._ensure_objects(aw, obj, status, member)

@@ -325,7 +325,7 @@ class Scheduler:
     ) -> None:
         """The admission is one status write: Dispatched to `cluster` (and Init/Queueing
         when this is its first decision), for the spec `decided` was fitted from. With no
-        `cluster`: QuotaReserved, its admission `checks` to run (nothing is made yet)."""
+        `cluster`: QuotaHeld, its admission `checks` to run (nothing is made yet)."""
         log = self._log.bind(appwrapper=key, cluster=cluster)
 
         def dispatch(obj: dict[str, Any]) -> Change | None:

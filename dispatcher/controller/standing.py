@@ -125,7 +125,11 @@ def derive(
                     spec=queues().get(admission.clusterQueue),
                 )
                 local = admission.queue
-            if status is not None and status.is_true(ConditionType.QUOTA_RESERVED):
+            if (
+                status is not None
+                and status.is_true(ConditionType.QUOTA_HELD)
+                and not cond.checks_ready(status)
+            ):
                 # Held for its admission checks: charged, not pending, holding no room.
                 return Standing(charge=lingering, local=local)
             if cond.checks_ready(status):

@@ -1,6 +1,6 @@
 """The ProvisioningRequest admission check, as plain values. Pure, no I/O, no clock reads.
 
-An AppWrapper held for its checks (`QuotaReserved`) gets, per check and attempt, one
+An AppWrapper held for its checks (`QuotaHeld`) gets, per check and attempt, one
 `autoscaling.x-k8s.io/v1` ProvisioningRequest and a PodTemplate per pod set, all named from
 its uid, the check and the attempt (`request_name`, `template_name`): a dispatcher killed
 between creating them and recording anything finds the same names again, so nothing is

@@ -402,7 +402,7 @@ def mark_requeued(
             now=now,
         )
     set_condition(status, C.REQUEUED, true=True, reason=reason, message=message, now=now)
-    for later in (C.HEAD_OF_LINE, C.DISPATCHED, C.RUNNING, C.QUOTA_RESERVED, *_checks(status)):
+    for later in (C.HEAD_OF_LINE, C.DISPATCHED, C.RUNNING, C.QUOTA_HELD, *_checks(status)):
         if status.condition(later) is not None:
             set_condition(status, later, true=False, reason=reason, message=message, now=now)
     if backoff:
@@ -475,10 +475,10 @@ def checks_ready(status: AppWrapperStatus | None) -> bool:
     """Its admission checks passed in this attempt: it is fitted on the nodes, not held."""
     if status is None:
         return False
-    reserved = status.condition(C.QUOTA_RESERVED)
+    reserved = status.condition(C.QUOTA_HELD)
     return (
         reserved is not None
-        and reserved.status == "False"
+        and reserved.status == "True"
         and reserved.reason == Reason.CHECKS_READY
     )
 
@@ -504,7 +504,7 @@ def mark_reserved(
     )
     set_condition(
         status,
-        C.QUOTA_RESERVED,
+        C.QUOTA_HELD,
         true=True,
         reason=Reason.CHECKS_PENDING,
         message=message,
@@ -536,12 +536,14 @@ def mark_check(
     if not changed:
         return None
     pending = [c for c in _checks(status) if not status.is_true(c)]
-    if not pending and status.is_true(C.QUOTA_RESERVED):
+    held = status.condition(C.QUOTA_HELD)
+    if not pending and held is not None and held.status == "True":
+        # Stays True (its transition time names this reservation: controller/provisioning.py).
         text = "admission checks ready; fitting on the nodes"
         set_condition(
             status,
-            C.QUOTA_RESERVED,
-            true=False,
+            C.QUOTA_HELD,
+            true=True,
             reason=Reason.CHECKS_READY,
             message=text,
             now=now,
@@ -562,7 +564,7 @@ def retry_checks(status: AppWrapperStatus, message: str, *, now: datetime) -> Tr
     for name in _checks(status):
         set_condition(status, name, true=False, reason=Reason.CHECK_RETRY, message=message, now=now)
     set_condition(
-        status, C.QUOTA_RESERVED, true=False, reason=Reason.CHECK_RETRY, message=message, now=now
+        status, C.QUOTA_HELD, true=False, reason=Reason.CHECK_RETRY, message=message, now=now
     )
     _settle(status, AppWrapperState.PENDING, message)
     return Transition(Reason.CHECK_RETRY, message, warning=True)

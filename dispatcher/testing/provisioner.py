@@ -12,7 +12,8 @@ It reads the ProvisioningRequests of one namespace on the real API server (a lis
 - `refuse`: `Failed` (as a stockout would be reported);
 - `expire`: `Provisioned` and `BookingExpired` in one write, and no node made: a booking
   that ran out before the dispatcher looked (its nodes already scaled down again);
-- `revoke`: provisioned, then `CapacityRevoked` `expire_after` seconds later.
+- `revoke`: provisioned, then `expire_after` seconds later its nodes removed and
+  `CapacityRevoked`.
 
 `mode` may be changed while it runs (a test refuses the first attempts, then provisions).
 Nodes it made are deleted by `stop`.
@@ -38,6 +39,7 @@ REQUESTS = ResourceInfo(
 )
 TEMPLATES = ResourceInfo("v1", "PodTemplate", "podtemplates", True)
 NODES = ResourceInfo("v1", "Node", "nodes", False)
+PODS = ResourceInfo("v1", "Pod", "pods", True)
 Mode = Literal["provision", "refuse", "expire", "revoke"]
 
 
@@ -166,8 +168,29 @@ class TestProvisioner:
         self.provisioned_in[name] = time.monotonic() - seen
         if mode == "revoke":
             await asyncio.sleep(self.expire_after)  # the booking's lifetime
+            await self._drain_and_remove(made)  # taken back, as spot capacity is
             await self._condition(name, "CapacityRevoked", "Revoked", "test provisioner: revoked")
             self.answered[name] = "CapacityRevoked"
+
+    async def _drain_and_remove(self, nodes: list[str]) -> None:
+        """Delete the pods on `nodes` (KWOK ends them while it still manages the node), then
+        the nodes: a reclaimed node's pods go with it. Cordoned first, so that no pod made
+        to replace one lands there meanwhile."""
+        for node in nodes:
+            with contextlib.suppress(KubeError):
+                await self.client.merge_patch(NODES, None, node, {"spec": {"unschedulable": True}})
+        for node in nodes:
+            with contextlib.suppress(KubeError):
+                listed = await self.client.list(
+                    PODS, None, query={"fieldSelector": f"spec.nodeName={node}"}
+                )
+                for pod in listed.get("items") or []:
+                    meta = pod["metadata"]
+                    with contextlib.suppress(KubeError):
+                        await self.client.delete(PODS, meta["namespace"], meta["name"])
+        for node in nodes:
+            with contextlib.suppress(KubeError):
+                await self.client.delete(NODES, None, node)
 
     async def _make_nodes(self, request: dict[str, Any]) -> list[str]:
         """One node per pod, all of them or none."""

@@ -18,8 +18,8 @@ from tests.e2e.conftest import (
     QUIET_SECONDS,
     apply,
     appwrapper,
+    deployment,
     get_aw,
-    job,
     pods_of,
     wait_condition,
     wait_established,
@@ -52,9 +52,9 @@ def settings(**check: Any) -> dict[str, Any]:
 
 
 def ray_like(name: str, workers: int = 8, **kwargs: Any) -> dict[str, Any]:
-    """A head (a 1-pod Job) and `workers` GPU workers (a Job of that parallelism)."""
-    head = job(f"{name}-head", 1, {"cpu": "1"})
-    gang = job(f"{name}-workers", workers, {"cpu": "1", GPU: "1"})
+    """A head and `workers` GPU workers (Deployments: their pods run until removed)."""
+    head = deployment(f"{name}-head", 1, {"cpu": "1"})
+    gang = deployment(f"{name}-workers", workers, {"cpu": "1", GPU: "1"})
     return appwrapper(name, head, gang, **kwargs)
 
 
@@ -92,7 +92,7 @@ async def test_a_gang_that_fits_nowhere_gets_its_nodes_and_runs(
         )
         ready = await condition(cluster, namespace, "gang", CHECK)
         assert ready["status"] == "True"
-        reserved = await condition(cluster, namespace, "gang", "QuotaReserved")
+        reserved = await condition(cluster, namespace, "gang", "QuotaHeld")
         assert reserved["reason"] == "AdmissionChecksReady"
         # Every worker runs on a node the provisioner made for this request.
         made = set(provisioner.nodes[request["metadata"]["name"]])
@@ -151,6 +151,28 @@ async def test_a_booking_that_expires_before_dispatch_is_asked_for_again(
         answers = sorted(provisioner.answered.values())
         assert answers == ["BookingExpired", "Provisioned"]
         assert len(await requests_of(cluster, namespace)) == 2
+
+
+async def test_capacity_revoked_after_dispatch_requeues_the_gang_and_asks_again(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
+    fake_nodes.add("cpu", cpu="4", memory="16Gi")
+    async with TestProvisioner(
+        cluster.kubeconfig, namespace, labels=fake_nodes.pool, mode="revoke", expire_after=1.0
+    ) as provisioner:
+        await run_dispatcher(**settings())
+        await apply(cluster, namespace, ray_like("spot", workers=2))
+        await wait_condition(cluster, namespace, "spot", "Running", timeout=60)
+        provisioner.mode = "provision"  # the next attempt keeps its nodes
+
+        async def requeued() -> dict[str, Any] | None:
+            found = await condition(cluster, namespace, "spot", "Requeued")
+            return found if found.get("reason") == "CapacityRevoked" else None
+
+        found = await async_wait_until(requeued, timeout=30, what="requeued: capacity revoked")
+        assert "admission check prov" in found["message"]
+        await wait_condition(cluster, namespace, "spot", "Running", timeout=60)
+        assert sorted(provisioner.answered.values()) == ["CapacityRevoked", "Provisioned"]
 
 
 async def test_deleting_an_appwrapper_removes_its_pending_request_and_templates(

@@ -14,7 +14,7 @@ from dispatcher.core import admissionchecks as checks
 from dispatcher.core import conditions as cond
 from dispatcher.core.admissionchecks import Retry, Step
 from dispatcher.core.model import QueueMode, Toleration
-from dispatcher.core.phase import Phase, phase
+from dispatcher.core.phase import Phase, phase_of_raw
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling import schedule
@@ -133,7 +133,7 @@ def reserved() -> AppWrapperStatus:
 
 
 def phase_of(status: AppWrapperStatus) -> Phase:
-    return phase((c.type for c in status.conditions if c.status == "True"), deleting=False)
+    return phase_of_raw({"metadata": {}, "status": status.model_dump()})
 
 
 def test_reserved_holds_until_every_check_is_ready_then_goes_back_to_the_fit() -> None:
@@ -174,7 +174,7 @@ def test_a_retry_or_a_requeue_gives_the_quota_back_and_clears_the_checks(how: st
     assert phase_of(status) is Phase.QUEUED
     assert not cond.checks_ready(status)
     assert not status.is_true("AdmissionCheck.prov")
-    assert not status.is_true(ConditionType.QUOTA_RESERVED)
+    assert not status.is_true(ConditionType.QUOTA_HELD)
 
 
 # -- ProvisioningRequest conditions ---------------------------------------------------------

@@ -466,7 +466,7 @@ def test_parse_time(text: str) -> None:
                 "Failed",
                 "Preempted",
                 "Requeued",
-                "QuotaReserved",
+                "QuotaHeld",
             ],
             id="condition-types",
         ),
