@@ -172,6 +172,7 @@ class Manager:
             reader=self.reader,
             clock=self.clock,
             wake=self.queue.add,
+            quotas=self.quotas,
         )
         self.reconciler = Reconciler(
             config=self.config,

@@ -34,12 +34,14 @@ from dispatcher.api.models import (
 )
 from dispatcher.clock import Clock
 from dispatcher.config import ProvisioningConfig
+from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.status import Change, StatusWriter
 from dispatcher.core import admissionchecks as checks
 from dispatcher.core import conditions as cond
 from dispatcher.core.admissionchecks import Retry, Step, Verdict
 from dispatcher.core.model import Workload
+from dispatcher.core.quota.flavors import with_flavors
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import AlreadyExists, KubeError
@@ -94,8 +96,10 @@ class Provisioning:
         reader: AppWrapperReader,
         clock: Clock,
         wake: Callable[[str], None] = lambda key: None,
+        quotas: QuotaLookup = NO_QUOTAS,
     ) -> None:
         self._config = config
+        self._quotas = quotas
         self._wake = wake
         self.requests = Informer(
             hub, REQUESTS, label_selector=checks.UID_LABEL, transform=_slim, absent_ok=True
@@ -309,6 +313,13 @@ class Provisioning:
         workload = self._reader.workload(aw, priority=0, now=moment)
         if not isinstance(workload, Workload):
             return  # its spec is the reconciler's to report
+        admission = aw.status.admission if aw.status is not None else None
+        if admission is not None:
+            # The nodes asked for must be those its flavors' node labels and taints select.
+            assert aw.status is not None
+            found = {flavor.name: flavor for flavor, _ in self._quotas.flavors_of(aw.status)}
+            chosen = tuple((f.name, tuple(f.resources)) for f in admission.flavors)
+            workload = with_flavors(workload, chosen, found)
         owner = {
             "apiVersion": aw.apiVersion,
             "kind": aw.kind,

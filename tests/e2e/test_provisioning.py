@@ -235,7 +235,8 @@ async def test_a_queue_with_checks_holds_its_quota_while_the_gang_is_provisioned
     fake_nodes.add("cpu", cpu="4", memory="16Gi")
     cq = f"{namespace}-cq"
     flavor = f"{namespace}-any"
-    await cluster.akubectl("apply", "-f", "-", input=json.dumps(app_flavor(flavor)))
+    pool = {"cloud.example/pool": "gpu"}
+    await cluster.akubectl("apply", "-f", "-", input=json.dumps(app_flavor(flavor, pool)))
     queue = cluster_queue(
         cq, {flavor: {"cpu": 8, "memory": "64Gi", GPU: 2}}, admissionChecks=["prov"]
     )
@@ -249,6 +250,15 @@ async def test_a_queue_with_checks_holds_its_quota_while_the_gang_is_provisioned
         await wait_condition(cluster, namespace, "first", "QuotaReserved", timeout=30)
         aw = await get_aw(cluster, namespace, "first")
         assert aw["status"]["admission"]["clusterQueue"] == cq
+
+        async def templates() -> list[dict[str, Any]] | None:
+            out = await cluster.akubectl("get", "podtemplates", "-n", namespace, "-o", "json")
+            found = json.loads(out.stdout)["items"]
+            return found if len(found) == 2 else None
+
+        # The nodes asked for are those of the flavor its quota came from.
+        made = await async_wait_until(templates, timeout=30, what="the request's templates")
+        assert [t["template"]["spec"]["nodeSelector"] for t in made] == [pool, pool]
         # The second gang needs the GPU quota the first one holds while it is provisioned.
         await apply(cluster, namespace, ray_like("second", workers=2, queue="team"))
 
