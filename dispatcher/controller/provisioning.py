@@ -13,7 +13,11 @@ by `core.admissionchecks.verdict`; this module reads and writes:
   (AlreadyExists is success) and nothing is made twice;
 - every object is owned by the AppWrapper (the garbage collector removes them with it);
 - a check that is not configured, or names a class no provisioner serves here, is the
-  operator's mistake: the AppWrapper is not failed, its condition says what is wrong.
+  operator's mistake: the AppWrapper is not failed, its condition says what is wrong;
+- the PodTemplates are written from the pod sets as fitted, with the admission's flavors;
+- `revoked` tells the reconciler that a dispatched AppWrapper's request says CapacityRevoked
+  (it requeues it); a watch of the requests made (`requests`) wakes their AppWrapper on
+  every change. A failed API call propagates: the work queue retries the key with backoff.
 """
 
 from __future__ import annotations
