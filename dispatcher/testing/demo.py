@@ -362,7 +362,7 @@ async def _autoscaling_act(cluster: LocalCluster, provisioner: TestProvisioner) 
     await _show(
         cluster,
         "get",
-        "aw.v1beta1.workload.codeflare.dev",
+        "appwrappers.v1beta1.workload.codeflare.dev",
         "ray-big",
         "-n",
         GROW,
