@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dispatcher.core.admissionchecks import BEST_EFFORT_ATOMIC, KNOWN_CLASSES
 from dispatcher.core.faulttolerance import FaultToleranceBounds
 from dispatcher.core.gatekeeping import PriorityPolicy
 from dispatcher.core.model import QueueMode
@@ -187,6 +188,39 @@ class FaultToleranceConfig(BaseModel):
         )
 
 
+class ProvisioningCheckConfig(BaseModel):
+    """One ProvisioningRequest admission check (Kueue's ProvisioningRequestConfig)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    provisioning_class: str = BEST_EFFORT_ATOMIC
+    parameters: dict[str, str] = Field(default_factory=dict)
+    """`spec.parameters` of every request (e.g. ValidUntilSeconds for check-capacity)."""
+    retry_limit: int = Field(default=3, ge=0, le=100)
+    """Attempts after the first refused one; then the AppWrapper fails, its quota released."""
+    backoff_base_seconds: float = Field(default=60.0, ge=0)
+    """Pause after the first refusal; it doubles with each attempt, up to the maximum."""
+    backoff_max_seconds: float = Field(default=1800.0, ge=0)
+
+
+class ProvisioningConfig(BaseModel):
+    """Admission checks that create ProvisioningRequests (docs/autoscaling.md). Off by
+    default: without a provisioner (cluster autoscaler) nobody would answer them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    checks: dict[str, ProvisioningCheckConfig] = Field(default_factory=dict)
+    """Check name (what a ClusterAppQueue's `admissionChecks` names) -> its settings."""
+    capacity_only_checks: list[str] = Field(default_factory=list)
+    """Checks run for AppWrappers without a queue (capacity-only work) that fit no node."""
+    known_classes: list[str] = Field(default_factory=lambda: list(KNOWN_CLASSES))
+    """Classes a provisioner serves here; a check naming another is misconfigured."""
+    poll_seconds: float = Field(default=5.0, gt=0)
+    """How often a held AppWrapper's request is read again besides the watch of requests,
+    which wakes it on every change."""
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -258,6 +292,7 @@ class Config(BaseModel):
     webhook: WebhookConfig = Field(default_factory=lambda: WebhookConfig())
     visibility: VisibilityConfig = Field(default_factory=lambda: VisibilityConfig())
     priority_policy: PriorityPolicy = Field(default_factory=lambda: PriorityPolicy())
+    provisioning: ProvisioningConfig = Field(default_factory=lambda: ProvisioningConfig())
     leader_election: bool = False
     lease_namespace: str = "default"
     lease_name: str = "appwrapper-dispatcher"

@@ -66,6 +66,15 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     PREEMPTED = "Preempted"
     REQUEUED = "Requeued"
+    QUOTA_HELD = "QuotaHeld"
+    """True while its queue's quota is held for it and its admission checks run (nothing is
+    created yet); still True, with `AdmissionChecksReady`, once they passed and it is fitted
+    on the nodes as usual; False with the reason of a retry or a requeue."""
+
+
+CHECK_CONDITION_PREFIX = "AdmissionCheck."
+"""`AdmissionCheck.<name>`: one condition per admission check, True once the check is Ready
+for the current attempt (docs/autoscaling.md)."""
 
 
 class Reason(StrEnum):
@@ -102,6 +111,18 @@ class Reason(StrEnum):
     QUEUE_DRAINED = "QueueDrained"
     FORBIDDEN = "Forbidden"
     SUSPENDED = "Suspended"
+    CHECKS_PENDING = "AdmissionChecksPending"
+    """QuotaHeld: its quota is held while its admission checks run."""
+    CHECKS_READY = "AdmissionChecksReady"
+    """QuotaHeld (True): every check passed; it is fitted on the nodes as usual."""
+    CHECK_PENDING = "Pending"
+    CHECK_READY = "Ready"
+    CHECK_RETRY = "Retry"
+    CHECK_MISCONFIGURED = "CheckMisconfigured"
+    CAPACITY_REVOKED = "CapacityRevoked"
+    """Requeued: the provisioner took back the capacity its admission check had provided."""
+    PROVISIONING_FAILED = "ProvisioningFailed"
+    """Failed: the provisioner refused its ProvisioningRequest as many times as allowed."""
     """`spec.suspend` is true: held (Dispatched False), or its objects removed (Requeued)."""
 
 

@@ -86,6 +86,9 @@ class ClusterAppQueueSpec(_Model):
     fairSharing: FairSharing | None = None
     stopPolicy: str = "None"
     quotaCharge: str = "AtLeastTemplates"
+    admissionChecks: list[str] = Field(default_factory=list)
+    """Admission checks (the dispatcher's `provisioning.checks` names) run for an AppWrapper
+    whose pods fit no member's nodes: its quota is held meanwhile (docs/autoscaling.md)."""
     """AtLeastTemplates: an AppWrapper is charged at least what its pod templates ask;
     AsDeclared: what placement reserves (`declared_pod_resources`)."""
 

@@ -37,6 +37,7 @@ from dispatcher.controller.gatekeeper import Gatekeeper
 from dispatcher.controller.ledger import Ledger
 from dispatcher.controller.making import Maker
 from dispatcher.controller.outbox import Notice, Outbox
+from dispatcher.controller.provisioning import Provisioning
 from dispatcher.controller.quotas import Quotas
 from dispatcher.controller.reading import AppWrapperReader, key_of, slimmer
 from dispatcher.controller.reconciler import Reconciler
@@ -171,6 +172,15 @@ class Manager:
 
     def _build_acting(self) -> None:
         """The reconciler, upkeep and the ledger of lives."""
+        self.provisioning = Provisioning(
+            config=self.config.provisioning,
+            hub=self.hub,
+            status=self.status,
+            reader=self.reader,
+            clock=self.clock,
+            wake=self.queue.add,
+            quotas=self.quotas,
+        )
         self.reconciler = Reconciler(
             config=self.config,
             reader=self.reader,
@@ -183,6 +193,7 @@ class Manager:
             maker=Maker(gatekeeper=self.gatekeeper, quotas=self.quotas, clock=self.clock),
             quotas=self.quotas,
             recorder=self.recorder,
+            provisioning=self.provisioning,
         )
         self.upkeep = Upkeep(
             members=self.members,
@@ -256,6 +267,8 @@ class Manager:
             self._child(self.priority_classes.run(), "priorityclasses")
             self._child(self.quotas.run(), "quotas")
             self._child(self.events.run(), "events")
+            if self.config.provisioning.enabled:
+                self._child(self.provisioning.requests.run(), "provisioningrequests")
             for member in self.members.values():
                 self._child(member.run(), f"member-{member.name}")
             # Workers start only once the hub's caches have synced: decisions on a partial

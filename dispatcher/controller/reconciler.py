@@ -44,6 +44,7 @@ from dispatcher.cluster.objects import (
 from dispatcher.config import Config
 from dispatcher.controller.making import Maker, NotYet, Refused
 from dispatcher.controller.progress import measure, seconds_since
+from dispatcher.controller.provisioning import Provisioning
 from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.status import StatusWriter
@@ -86,8 +87,10 @@ class Reconciler:
         maker: Maker,
         quotas: QuotaLookup | None = None,
         recorder: Recorder | None = None,
+        provisioning: Provisioning | None = None,
     ) -> None:
         self._config = config
+        self._provisioning = provisioning
         self._maker = maker
         self._recorder = recorder or Recorder()
         self._quotas = quotas or NO_QUOTAS
@@ -171,6 +174,15 @@ class Reconciler:
             return Result.done()
         if phase is Phase.DISPATCHED:
             return await self._follow(aw, obj, status)
+        checks_after = None
+        if self._provisioning is not None and (
+            phase is Phase.RESERVED or cond.checks_ready(status)
+        ):
+            # Held for its admission checks, or passed them and not fitted yet (a booking
+            # can expire meanwhile): controller/provisioning.py carries them a step.
+            checks_after = await self._provisioning.follow(aw, obj)
+            if phase is Phase.RESERVED:
+                return Result.done() if checks_after is None else Result.after(checks_after)
         priority, problem = self._reader.priority(aw)
         found = None if problem else self._spec_problem(aw, obj, priority)
         if found is not None:
@@ -182,7 +194,7 @@ class Reconciler:
         if cond.set_priority(status, priority):
             await self._status.write(obj, status, [])
         self._schedule_soon()
-        return Result.done()
+        return Result.done() if checks_after is None else Result.after(checks_after)
 
     async def _fail_unreadable(self, obj: Obj, exc: ValidationError) -> None:
         message = "spec does not match the AppWrapper API: " + "; ".join(
@@ -344,6 +356,19 @@ class Reconciler:
         moved = await self._dispatch_moved(aw, obj, status, member)
         if moved is not None:
             return moved
+        if self._provisioning is not None:
+            revoked = await self._provisioning.revoked(aw)
+            if revoked:  # as for a lost node: its objects go, it queues again
+                await self._requeue(
+                    aw,
+                    obj,
+                    status,
+                    Reason.CAPACITY_REVOKED,
+                    revoked,
+                    backoff=False,
+                    remove_from=member,
+                )
+                return Result.done()
         objects: list[Wrapped] = []
         if self._ensured.get(aw.key) != (status.lastDispatchedAt or ""):
             ensured = await self._ensure_objects(aw, obj, status, member)

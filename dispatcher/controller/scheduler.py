@@ -100,6 +100,10 @@ class Scheduler:
         self._waiting = waiting
         self._members = members
         self._clock = clock
+        provisioning = config.provisioning
+        self._capacity_checks = (
+            tuple(provisioning.capacity_only_checks) if provisioning.enabled else ()
+        )
         self._wrote = wrote  # a status write about this key landed: the reconciler goes on
         self._policy: PreemptionPolicy | None = LowestPriorityFirst() if config.preemption else None
         self._kick = asyncio.Event()
@@ -173,6 +177,7 @@ class Scheduler:
             quotas=quotas,
             held_before=self._held,
             prepare=prepare,
+            capacity_checks=self._capacity_checks,
         )
         self._held = result.held
         self.cycles += 1
@@ -257,7 +262,8 @@ class Scheduler:
                 )
             self._waiting.forget(admit.key)
             self._spawn(
-                self._admit(admit.key, admit.cluster, decided, admission), f"admit-{admit.key}"
+                self._admit(admit.key, admit.cluster, decided, admission, admit.checks),
+                f"admit-{admit.key}",
             )
         for wait in result.waits:
             head = wait.key in result.heads
@@ -310,10 +316,16 @@ class Scheduler:
         task.add_done_callback(self._tasks.discard)
 
     async def _admit(
-        self, key: str, cluster: str, decided: Workload, admission: Admission | None = None
+        self,
+        key: str,
+        cluster: str,
+        decided: Workload,
+        admission: Admission | None = None,
+        checks: tuple[str, ...] = (),
     ) -> None:
         """The admission is one status write: Dispatched to `cluster` (and Init/Queueing
-        when this is its first decision), for the spec `decided` was fitted from."""
+        when this is its first decision), for the spec `decided` was fitted from. With no
+        `cluster`: QuotaHeld, its admission `checks` to run (nothing is made yet)."""
         log = self._log.bind(appwrapper=key, cluster=cluster)
 
         def dispatch(obj: dict[str, Any]) -> Change | None:
@@ -336,6 +348,12 @@ class Scheduler:
             if new:
                 priority, _ = self._models.priority(aw)
                 transitions.append(cond.initialize(status, priority=priority, now=moment))
+            if not cluster:
+                transitions.append(
+                    cond.mark_reserved(status, checks=checks, admission=admission, now=moment)
+                )
+                made.append((aw, status))
+                return Change(status, transitions)
             # The objects are recorded with the dispatch: the reconciler creates these
             # only, and cleanup deletes these, whatever the spec is edited to later.
             objects = [item.ref() for item in aw.spec.items]
@@ -351,7 +369,10 @@ class Scheduler:
         try:
             async with self._slots:
                 written = await self._status.update(key, dispatch)
-                if written is not None:
+                if written is not None and not cluster:
+                    log.info("quota_reserved", checks=",".join(checks))
+                    self._wrote(key)
+                elif written is not None:
                     aw, status = made[-1]
                     self._recorder.admitted(aw, status, self._clock.time() - decided.queued_since)
                     log.info("dispatched", priority=status.priority)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -125,6 +125,15 @@ def derive(
                     spec=queues().get(admission.clusterQueue),
                 )
                 local = admission.queue
+            if (
+                status is not None
+                and status.is_true(ConditionType.QUOTA_HELD)
+                and not cond.checks_ready(status)
+            ):
+                # Held for its admission checks: charged, not pending, holding no room.
+                return Standing(charge=lingering, local=local)
+            if cond.checks_ready(status):
+                workload = replace(workload, checked=True)
             # Pausing after a requeue (backoff): not pending, maybe still charged.
             pending = workload if queued else None
             return Standing(pending=pending, lingering=lingering, local=local)

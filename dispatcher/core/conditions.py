@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Literal
 
 from dispatcher.api.models import (
+    CHECK_CONDITION_PREFIX,
     Admission,
     AppWrapperState,
     AppWrapperStatus,
@@ -45,7 +46,7 @@ class Transition:
 
 def set_condition(
     status: AppWrapperStatus,
-    type_: ConditionType,
+    type_: ConditionType | str,
     *,
     true: bool,
     reason: str,
@@ -60,7 +61,7 @@ def set_condition(
     if existing is None:
         status.conditions.append(
             Condition(
-                type=type_.value,
+                type=str(type_),
                 status=value,
                 reason=reason,
                 message=message,
@@ -401,7 +402,7 @@ def mark_requeued(
             now=now,
         )
     set_condition(status, C.REQUEUED, true=True, reason=reason, message=message, now=now)
-    for later in (C.HEAD_OF_LINE, C.DISPATCHED, C.RUNNING):
+    for later in (C.HEAD_OF_LINE, C.DISPATCHED, C.RUNNING, C.QUOTA_HELD, *_checks(status)):
         if status.condition(later) is not None:
             set_condition(status, later, true=False, reason=reason, message=message, now=now)
     if backoff:
@@ -456,3 +457,114 @@ def set_pod_counts(
         return False
     status.pending, status.running, status.succeeded, status.failed = counts
     return True
+
+
+# -- admission checks (docs/autoscaling.md) ------------------------------------------------
+
+
+def _checks(status: AppWrapperStatus) -> list[str]:
+    return [c.type for c in status.conditions if c.type.startswith(CHECK_CONDITION_PREFIX)]
+
+
+def check_condition(name: str) -> str:
+    """The condition type that shows admission check `name`'s state."""
+    return CHECK_CONDITION_PREFIX + name
+
+
+def checks_ready(status: AppWrapperStatus | None) -> bool:
+    """Its admission checks passed in this attempt: it is fitted on the nodes, not held."""
+    if status is None:
+        return False
+    reserved = status.condition(C.QUOTA_HELD)
+    return (
+        reserved is not None
+        and reserved.status == "True"
+        and reserved.reason == Reason.CHECKS_READY
+    )
+
+
+def mark_reserved(
+    status: AppWrapperStatus,
+    *,
+    checks: tuple[str, ...],
+    admission: Admission | None,
+    now: datetime,
+) -> Transition:
+    """Quota held, admission checks to run (each Pending): nothing is created yet."""
+    names = ", ".join(checks)
+    where = f" in queue {admission.clusterQueue}" if admission is not None else ""
+    message = f"quota reserved{where}; waiting for admission checks: {names}"
+    set_condition(
+        status,
+        C.HEAD_OF_LINE,
+        true=True,
+        reason=Reason.FRONT_OF_QUEUE,
+        message="reached the head of the queue",
+        now=now,
+    )
+    set_condition(
+        status,
+        C.QUOTA_HELD,
+        true=True,
+        reason=Reason.CHECKS_PENDING,
+        message=message,
+        now=now,
+    )
+    for name in checks:
+        set_condition(
+            status,
+            check_condition(name),
+            true=False,
+            reason=Reason.CHECK_PENDING,
+            message="not started",
+            now=now,
+        )
+    if admission is not None:
+        status.admission = admission
+    _settle(status, AppWrapperState.PENDING, message)
+    return Transition(Reason.CHECKS_PENDING, message)
+
+
+def mark_check(
+    status: AppWrapperStatus, name: str, reason: Reason, message: str, *, now: datetime
+) -> Transition | None:
+    """One check's state; all of them Ready hands the AppWrapper back to the fit."""
+    ready = reason is Reason.CHECK_READY
+    changed = set_condition(
+        status, check_condition(name), true=ready, reason=reason, message=message, now=now
+    )
+    if not changed:
+        return None
+    pending = [c for c in _checks(status) if not status.is_true(c)]
+    held = status.condition(C.QUOTA_HELD)
+    if not pending and held is not None and held.status == "True":
+        # Stays True (its transition time names this reservation: controller/provisioning.py).
+        text = "admission checks ready; fitting on the nodes"
+        set_condition(
+            status,
+            C.QUOTA_HELD,
+            true=True,
+            reason=Reason.CHECKS_READY,
+            message=text,
+            now=now,
+        )
+        _settle(status, AppWrapperState.PENDING, text)
+        return Transition(Reason.CHECKS_READY, text)
+    if reason is Reason.CHECK_READY:
+        return None
+    _settle(status, AppWrapperState.PENDING, f"admission check {name}: {message}")
+    return Transition(
+        reason, f"admission check {name}: {message}", warning=reason is Reason.CHECK_RETRY
+    )
+
+
+def retry_checks(status: AppWrapperStatus, message: str, *, now: datetime) -> Transition:
+    """Back to the queue without a requeue (a booking expired before dispatch): its quota is
+    given back and it is reserved again by a later cycle, with a new attempt of its checks."""
+    for name in _checks(status):
+        set_condition(status, name, true=False, reason=Reason.CHECK_RETRY, message=message, now=now)
+    set_condition(
+        status, C.QUOTA_HELD, true=False, reason=Reason.CHECK_RETRY, message=message, now=now
+    )
+    _settle(status, AppWrapperState.PENDING, message)
+    return Transition(Reason.CHECK_RETRY, message, warning=True)

@@ -264,6 +264,8 @@ class Workload:
     charge_pod_sets: tuple[PodSet, ...] | None = None
     """What its pod templates ask, where a declaration (custompodresources) read as written
     asks less: quotas charge these unless the queue charges as declared. None: `pod_sets`."""
+    checked: bool = False
+    """Its admission checks passed in this attempt: it is fitted, never held for them again."""
     # Its pod sets' shapes: what its fit depends on (see `PodSet.shape`).
     shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
     charge_shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
@@ -289,6 +291,7 @@ class Workload:
             self.preemptible,
             self.queue_name,
             self.charge_pod_sets,
+            self.checked,
         )
 
 

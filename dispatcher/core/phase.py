@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
-from dispatcher.api.models import AppWrapper, ConditionType
+from dispatcher.api.models import AppWrapper, ConditionType, Reason
 
 C = ConditionType
 
@@ -19,6 +19,8 @@ C = ConditionType
 class Phase(StrEnum):
     QUEUED = "queued"
     """Waiting for the scheduler (new ones too: its first decision writes Init/Queueing)."""
+    RESERVED = "reserved"
+    """Its queue's quota held for it while its admission checks run: nothing created yet."""
     DISPATCHED = "dispatched"
     """Admitted to a member: its objects exist or are being made."""
     EVICTING = "evicting"
@@ -33,13 +35,16 @@ class Phase(StrEnum):
     """Not dispatched, and held there by `spec.suspend`: the scheduler does not see it."""
 
 
-SCHEDULED = frozenset({Phase.QUEUED, Phase.DISPATCHED, Phase.EVICTING})
-"""Phases the scheduler reads: the ones that want room or hold it."""
+SCHEDULED = frozenset({Phase.QUEUED, Phase.RESERVED, Phase.DISPATCHED, Phase.EVICTING})
+"""Phases the scheduler reads: the ones that want room or quota, or hold it."""
 
 
-def phase(true_conditions: Iterable[str], *, deleting: bool, suspended: bool = False) -> Phase:
+def phase(
+    true_conditions: Iterable[str], *, deleting: bool, suspended: bool = False, held: bool = False
+) -> Phase:
     """The phase given the types of the conditions that are True (and `spec.suspend`: a
-    dispatched one stays DISPATCHED until the reconciler has removed its objects)."""
+    dispatched one stays DISPATCHED until the reconciler has removed its objects; `held`:
+    QuotaHeld is True for checks still running, `_held`)."""
     if deleting:
         return Phase.DELETING
     true = set(true_conditions)
@@ -49,7 +54,15 @@ def phase(true_conditions: Iterable[str], *, deleting: bool, suspended: bool = F
         return Phase.EVICTING if C.PREEMPTED in true else Phase.DISPATCHED
     if C.BACKOFF in true:
         return Phase.BACKOFF
+    if held and C.QUOTA_HELD in true:
+        return Phase.RESERVED
     return Phase.SUSPENDED if suspended else Phase.QUEUED
+
+
+def _held(type_: object, status: object, reason: object) -> bool:
+    """QuotaHeld True for admission checks still running (with `AdmissionChecksReady` it
+    stays True, keeping its transition time, while the AppWrapper is fitted again)."""
+    return type_ == C.QUOTA_HELD and status == "True" and reason != Reason.CHECKS_READY
 
 
 def phase_of_raw(obj: Mapping[str, Any]) -> Phase:
@@ -59,6 +72,7 @@ def phase_of_raw(obj: Mapping[str, Any]) -> Phase:
         (str(c.get("type")) for c in conditions if c.get("status") == "True"),
         deleting=bool(obj["metadata"].get("deletionTimestamp")),
         suspended=(obj.get("spec") or {}).get("suspend") is True,
+        held=any(_held(c.get("type"), c.get("status"), c.get("reason")) for c in conditions),
     )
 
 
@@ -69,4 +83,5 @@ def phase_of(aw: AppWrapper) -> Phase:
         (c.type for c in conditions if c.status == "True"),
         deleting=bool(aw.metadata.deletionTimestamp),
         suspended=aw.spec.suspend,
+        held=any(_held(c.type, c.status, c.reason) for c in conditions),
     )

@@ -54,6 +54,9 @@ exactly then. Its reason, message and time come from the first of those v1beta1 
 the status holds (True or False: the latest word on it)."""
 
 V1BETA2_CONDITION_TYPES: Final = frozenset(name for name, _ in CONDITIONS)
+HELD: Final = "QuotaHeld"
+"""v1beta1's condition for quota held while admission checks run: QuotaReserved in v1beta2
+too (docs/autoscaling.md)."""
 
 _REASON_OK = re.compile(r"[^A-Za-z0-9_,:]")
 
@@ -77,6 +80,9 @@ def v1beta2_status(status: Mapping[str, Any], *, spec: Any = None) -> dict[str, 
     if isinstance(requeues, int) and requeues > 0:
         out["resettingCount"] = requeues
     written = [_condition(name, needed, by_type, true) for name, needed in CONDITIONS]
+    if HELD in true and "Dispatched" not in true:
+        # Held for its admission checks: its quota is reserved, nothing is deployed yet.
+        written.append(_condition("QuotaReserved", (HELD,), by_type, true))
     suspended = isinstance(spec, Mapping) and spec.get("suspend") is True
     if suspended and out["phase"] == SUSPENDED:
         written.append(

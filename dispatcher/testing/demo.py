@@ -5,6 +5,8 @@ KubeRay, runs the dispatcher in this process, applies the samples, prints what u
 and tears everything down (or keeps it with --keep). The admission webhook is on: a user
 who may only create AppWrappers is refused one that wraps a Job. Then quotas (samples/queues/): dev
 RayClusters share a queue with room for one, and a prod one preempts the running dev one.
+Last, autoscaling (samples/autoscaling/): a RayCluster larger than any node, in a queue with
+the ProvisioningRequest admission check, gets its nodes from the test kit's provisioner.
 """
 
 from __future__ import annotations
@@ -20,13 +22,20 @@ from typing import Any
 import yaml
 
 from dispatcher.app import running
-from dispatcher.config import Config, MemberConfig, WebhookConfig
+from dispatcher.config import (
+    Config,
+    MemberConfig,
+    ProvisioningCheckConfig,
+    ProvisioningConfig,
+    WebhookConfig,
+)
 from dispatcher.kube.preflight import APPWRAPPER_CRD
 from dispatcher.kube.registration import webhook_configurations
 from dispatcher.kube.webhook import CONVERT_PATH
 from dispatcher.logs import configure_logging
 from dispatcher.testing.converter import Converter, crd_calling
 from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
+from dispatcher.testing.provisioner import TestProvisioner
 
 SAMPLES = [
     "ray-glue-1.yaml",
@@ -41,7 +50,16 @@ TEAM = "team"  # the namespace of the quotas act
 CLUSTER_QUEUE = "cluster-queue"  # samples/queues/setup.yaml's
 SYSTEM_NAMESPACE = "appwrapper-system"  # where the webhook keeps its certificate
 WEBHOOK = "appwrapper-dispatcher"  # its webhook configurations
-KINDS = ("appwrappers", "clusterappqueues", "appqueues", "appcohorts", "appflavors")
+KINDS = (
+    "appwrappers",
+    "clusterappqueues",
+    "appqueues",
+    "appcohorts",
+    "appflavors",
+    "provisioningrequests",
+)
+AUTOSCALING = REPO_ROOT / "samples" / "autoscaling"
+GROW = "grow"  # the namespace of the autoscaling act
 
 
 def _say(text: str) -> None:
@@ -100,7 +118,7 @@ async def demo(workdir: Path, keep: bool) -> int:
         cluster.wait_nodes_ready(["gpu-node-1", "gpu-node-2", "gpu-node-3", "cpu-node"])
         # The quota kinds too, and served before the dispatcher starts: it looks again for
         # kinds that were missing at its start only now and then.
-        for crd in ("appwrapper.yaml", "queues.yaml"):
+        for crd in ("appwrapper.yaml", "queues.yaml", "provisioning/provisioningrequest.yaml"):
             cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / crd))
         cluster.kubectl("create", "namespace", NAMESPACE)
         await _wait_served(cluster, KINDS)
@@ -114,7 +132,8 @@ async def demo(workdir: Path, keep: bool) -> int:
             "GPU:.status.allocatable.nvidia\\.com/gpu",
         )
         config = _with_webhook(cluster)
-        async with running(config):
+        provisioner = TestProvisioner(cluster.kubeconfig, GROW, labels={}, delay=3.0)
+        async with provisioner, running(config):
             _say("Dispatcher running; applying the samples")
             for sample in SAMPLES:
                 await _show(
@@ -148,6 +167,7 @@ async def demo(workdir: Path, keep: bool) -> int:
             ok = await _v1beta2_act(cluster) and ok
             ok = await _privilege_act(cluster) and ok
             ok = await _queues_act(cluster) and ok
+            ok = await _autoscaling_act(cluster, provisioner) and ok
             if keep:
                 _say(
                     f"Still running. Try: kubectl --kubeconfig {cluster.kubeconfig} get aw -A"
@@ -176,6 +196,10 @@ def _with_webhook(cluster: LocalCluster) -> Config:
         kubeconfig=str(cluster.kubeconfig),
         health_port=0,
         log_level="warning",
+        # The admission check of samples/autoscaling/setup.yaml's queue (no other names it).
+        provisioning=ProvisioningConfig(
+            enabled=True, checks={"autoscale": ProvisioningCheckConfig()}
+        ),
         webhook=WebhookConfig(
             enabled=True,
             host="127.0.0.1",
@@ -320,6 +344,41 @@ async def _queues_act(cluster: LocalCluster) -> bool:
         "jsonpath={range .status.conditions[?(@.type=='Preempted')]}{.type}={.status} "
         '({.reason}: {.message}){"\\n"}{end}',
     )
+    return ok
+
+
+async def _autoscaling_act(cluster: LocalCluster, provisioner: TestProvisioner) -> bool:
+    """A RayCluster whose workers need 4 GPUs (no node has more than 2), in a queue with the
+    ProvisioningRequest check: it holds the queue's quota, a request asks for a node per pod,
+    the provisioner (3 s, then KWOK nodes) says Provisioned, and it is dispatched there."""
+    _say("Autoscaling: a RayCluster whose workers need 4 GPUs each; no node has more than 2")
+    cluster.kubectl("create", "namespace", GROW)
+    await _show(cluster, "apply", "-n", GROW, "-f", str(AUTOSCALING / "setup.yaml"))
+    started = time.monotonic()
+    await _show(cluster, "apply", "-n", GROW, "-f", str(AUTOSCALING / "ray-big.yaml"))
+    ok = await _wait_for(cluster, "ray-big", "QuotaReserved", 30, GROW)
+    _say("Its quota is held and a ProvisioningRequest asks for the nodes; nothing is created yet")
+    await _show(cluster, "get", "provisioningrequests", "-n", GROW)
+    await _show(
+        cluster,
+        "get",
+        "appwrappers.v1beta1.workload.codeflare.dev",
+        "ray-big",
+        "-n",
+        GROW,
+        "-o",
+        "jsonpath={range .status.conditions[*]}{.type}={.status} "
+        '({.reason}: {.message}){"\\n"}{end}',
+    )
+    ok = await _wait_for(cluster, "ray-big", "Running", 120, GROW) and ok
+    took = time.monotonic() - started
+    provisioned = sum(provisioner.provisioned_in.values())
+    _say(
+        f"Provisioned, dispatched and Running {took:.1f}s after apply"
+        f" (the provisioner's own time: {provisioned:.1f}s)"
+    )
+    await _show(cluster, "get", "provisioningrequests", "-n", GROW)
+    await _show(cluster, "get", "pods", "-n", GROW, "-o", "wide")
     return ok
 
 

@@ -191,6 +191,7 @@ def test_shipped_settings_file_loads() -> None:
     assert config.priority_policy == defaults.priority_policy
     assert config.debug_memory is defaults.debug_memory is False
     assert config.allow_exec_kubeconfigs is defaults.allow_exec_kubeconfigs is False
+    assert config.provisioning == defaults.provisioning  # admission checks off
 
     deployment = yaml.safe_load((MANIFESTS / "deployment.yaml").read_text())
     ports = {p["name"]: p["containerPort"] for p in dispatcher_container(deployment)["ports"]}
@@ -1005,3 +1006,43 @@ def run_appwrapper(cluster: Any, running: Running) -> None:
     gone = cluster.kubectl("get", "appwrapper", name, "-n", namespace, check=False)
     assert gone.returncode != 0, "the AppWrapper is still there: its finalizer was not removed"
     assert "NotFound" in gone.stderr, gone.stderr
+
+
+def test_provisioning_component_grants_what_the_admission_check_uses(
+    cluster: Any, tmp_path: Path
+) -> None:
+    base_path = os.path.relpath(MANIFESTS, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [base_path],
+                "components": [f"{base_path}/provisioning"],
+            }
+        )
+    )
+    docs = [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(tmp_path)).stdout) if d]
+    role = one(docs, "ClusterRole", "appwrapper-dispatcher-provisioning")
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    # controller/provisioning.py: templates and requests made, requests listed and watched.
+    for resource, group, verbs in (
+        ("podtemplates", "", ("create", "get")),
+        ("provisioningrequests", "autoscaling.x-k8s.io", ("create", "list", "watch")),
+    ):
+        for verb in verbs:
+            assert (group, resource, verb) in granted, (resource, verb)
+    binding = one(docs, "ClusterRoleBinding", "appwrapper-dispatcher-provisioning")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "appwrapper-dispatcher", "namespace": SYSTEM_NAMESPACE}
+    ]
+    # The CRD shipped for clusters without the autoscaler's own is one the API server takes.
+    crd = REPO / "crds" / "provisioning" / "provisioningrequest.yaml"
+    applied = cluster.kubectl("apply", "--dry-run=server", "-f", str(crd))
+    assert "provisioningrequests.autoscaling.x-k8s.io" in applied.stdout

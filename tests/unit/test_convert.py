@@ -384,6 +384,14 @@ def condition(type_: str, status: str = "True", reason: str = "R") -> dict[str, 
             {"Unhealthy"},
             id="requeued",
         ),
+        pytest.param(
+            [condition("Queueing"), condition("QuotaHeld")], {"QuotaReserved"}, id="held-for-checks"
+        ),
+        pytest.param(
+            [condition("QuotaHeld", "False"), condition("Dispatched")],
+            {"QuotaReserved", "ResourcesDeployed"},
+            id="checks-passed-dispatched",
+        ),
     ],
 )
 def test_condition_table(conditions: list[dict[str, Any]], want_true: set[str]) -> None:

@@ -466,6 +466,7 @@ def test_parse_time(text: str) -> None:
                 "Failed",
                 "Preempted",
                 "Requeued",
+                "QuotaHeld",
             ],
             id="condition-types",
         ),

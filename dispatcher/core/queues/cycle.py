@@ -49,6 +49,7 @@ def take(
     held_before: frozenset[str] = frozenset(),
     per_line: int | None = None,
     prepare: Callable[[list[Workload]], list[Workload]] | None = None,
+    capacity_checks: tuple[str, ...] = (),
 ) -> CycleResult:
     """One cycle over `manager.active()`; admitted work leaves the manager, refused work
     is parked. `held_before`: the clusters the previous cycle held (its `held`): while
@@ -68,6 +69,7 @@ def take(
         preemption=preemption,
         quotas=quotas,
         presorted=True,
+        capacity_checks=capacity_checks,
     )
     for admit in result.admits:
         manager.admitted(admit.key, preemption=preemption is not None)

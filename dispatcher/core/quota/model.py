@@ -126,6 +126,9 @@ class QueueSpec:
     weight: float = 1.0  # fair sharing: a higher weight is entitled to a larger share
     stop: StopPolicy = StopPolicy.NONE
     charge: QuotaCharge = QuotaCharge.AT_LEAST_TEMPLATES
+    checks: tuple[str, ...] = ()
+    """Admission checks (names) an AppWrapper that fits no member's nodes waits on, holding
+    its quota, before it is fitted again (docs/autoscaling.md)."""
     problems: tuple[str, ...] = ()  # found while reading the object (e.g. a bad quantity)
 
     def charged(self, workload: Workload) -> tuple[PodSet, ...]:

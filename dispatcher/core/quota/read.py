@@ -143,6 +143,7 @@ def queue_of(model: ClusterAppQueue) -> QueueSpec:
         weight=_weight(spec.fairSharing, problems),
         stop=StopPolicy(spec.stopPolicy),
         charge=QuotaCharge(spec.quotaCharge),
+        checks=tuple(dict.fromkeys(spec.admissionChecks)),
         problems=tuple(problems),
     )
 

@@ -11,6 +11,12 @@ its queue's quota (with what it may borrow) and one member's nodes both fit it: 
 assignment the queue allows is tried in its order until one also fits a member
 (`_fit_queued`); victims must free both. A workload with no queue is fitted as without
 quotas.
+
+Admission checks (docs/autoscaling.md): a workload whose cluster queue names checks (or, with
+`capacity_checks`, one without a queue) and that fits no member's nodes is admitted with no
+cluster instead of waiting: its quota is reserved (`Admit.cluster == ""`) while its checks
+(a ProvisioningRequest) run, and it asks for no victims. Once they passed (`Workload.checked`)
+it is fitted as any other.
 """
 
 from __future__ import annotations
@@ -37,13 +43,15 @@ __all__ = ["Admit", "CycleResult", "Preempt", "Wait", "queue_order_key", "schedu
 @dataclass(frozen=True, slots=True)
 class Admit:
     """Dispatch workload `key` to `cluster` (charged to cluster queue `queue`, submitted
-    through AppQueue `local`, with the flavors of `assignment`, when it has a queue)."""
+    through AppQueue `local`, with the flavors of `assignment`, when it has a queue). With
+    `cluster` "": its quota is reserved while admission checks `checks` run."""
 
     key: str
     cluster: str
     queue: str = ""
     local: str = ""
     assignment: Assignment | None = None
+    checks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +205,7 @@ def schedule(
     preemption: PreemptionPolicy | None,
     quotas: QuotaView | None = None,
     presorted: bool = False,
+    capacity_checks: tuple[str, ...] = (),
 ) -> CycleResult:
     """Decide, for every pending workload, admit (where) or wait (why); maybe preempt.
 
@@ -250,7 +259,10 @@ def schedule(
         if decisions.waits_behind_head(workload, queued):
             continue
         if queued is None:
-            decided = _fit_unqueued(workload, cycle, preemption, quotas)
+            checks = () if workload.checked else capacity_checks
+            decided = _fit_unqueued(workload, cycle, preemption, quotas, preempt=not checks)
+            if checks and not isinstance(decided, str):
+                decided = ""  # reserved: its checks may bring the nodes it needs
             assignment, fitted = None, workload
         else:
             assert quotas is not None
@@ -259,8 +271,11 @@ def schedule(
                 decisions.refused_by_quota(workload, queued, outcome, strict=strict)
                 continue
             decided, assignment, fitted = outcome
+            checks = quotas.spec(queued.queue).checks if not decided else ()
         if isinstance(decided, str):
-            decisions.admitted(workload, decided, queued, assignment)
+            decisions.admitted(
+                workload, decided, queued, assignment, checks=checks if not decided else ()
+            )
         else:
             # 4. It fits nowhere: say why, maybe preempt, and hold what it is owed.
             decisions.fits_nowhere(workload, fitted, decided, queued, assignment, strict=strict)
@@ -284,13 +299,15 @@ def _fit_unqueued(
     cycle: CycleState,
     preemption: PreemptionPolicy | None,
     quotas: QuotaView | None,
+    *,
+    preempt: bool,
 ) -> str | _Tried:
     """A workload with no queue is fitted on capacity alone (as without quotas)."""
     rules: Callable[[], VictimRules] | None = None
     if quotas is not None and quotas.charges:
         # Work admitted through a queue is not a queue-less preemptor's to take.
         rules = partial(CapacityOnly, workload, quotas.charges)
-    return _fit(workload, cycle, preemption, preempt=True, rules=rules, context="")
+    return _fit(workload, cycle, preemption, preempt=preempt, rules=rules, context="")
 
 
 @dataclass(slots=True)
@@ -346,9 +363,16 @@ class _Decisions:
             self._block(workload.key, queued, Reason.QUOTA_EXCEEDED)
 
     def admitted(
-        self, workload: Workload, cluster: str, queued: Queued | None, assignment: Assignment | None
+        self,
+        workload: Workload,
+        cluster: str,
+        queued: Queued | None,
+        assignment: Assignment | None,
+        *,
+        checks: tuple[str, ...] = (),
     ) -> None:
-        """It fits `cluster` (its quota charged already, with a queue): dispatch it there."""
+        """It fits `cluster` (its quota charged already, with a queue): dispatch it there.
+        With `cluster` "": its quota is reserved while admission checks `checks` run."""
         self.admits.append(
             Admit(
                 workload.key,
@@ -356,6 +380,7 @@ class _Decisions:
                 queue=queued.queue if queued else "",
                 local=queued.local if queued else "",
                 assignment=assignment,
+                checks=checks,
             )
         )
 
@@ -477,6 +502,10 @@ def _fit_queued(
     if first is None:  # every assignment lost its quota to this cycle's admissions
         return QuotaRefusal(f"queue {queued.queue}: its quota went to earlier admissions")
     _, assignment, fitted = first
+    if spec.checks and not workload.checked and assignment.admissible:
+        # Its quota fits but no member's nodes do: reserve the quota, run the checks.
+        quotas.admit(queued.queue, assignment)
+        return "", assignment, fitted
     if preemption is None:
         if not assignment.admissible:
             return QuotaRefusal(assignment.limit)

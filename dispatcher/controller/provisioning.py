@@ -1,0 +1,385 @@
+"""The ProvisioningRequest admission check: what an AppWrapper held for it (`QuotaHeld`)
+asks of the cluster autoscaler. Side effects: PodTemplates and ProvisioningRequests on the
+hub, and status writes on the AppWrapper (its `AdmissionCheck.<name>` conditions).
+
+The reconciler hands it every AppWrapper in phase *reserved*, and every queued one whose checks
+passed (a booking can still expire before the scheduler fits it). What to do next is decided
+by `core.admissionchecks.verdict`; this module reads and writes:
+
+- the attempt in force is the highest attempt label among the AppWrapper's requests (listed by
+  its uid); one that was made for an earlier reservation (its `reservation` annotation is not
+  the current `QuotaHeld` transition) is over, and the next attempt is made. The names are
+  fixed by uid, check and attempt, so a crash between create and record finds them again
+  (AlreadyExists is success) and nothing is made twice;
+- every object is owned by the AppWrapper (the garbage collector removes them with it);
+- a check that is not configured, or names a class no provisioner serves here, is the
+  operator's mistake: the AppWrapper is not failed, its condition says what is wrong;
+- the PodTemplates are written from the pod sets as fitted, with the admission's flavors;
+- `revoked` tells the reconciler that a dispatched AppWrapper's request says CapacityRevoked
+  (it requeues it); a watch of the requests made (`requests`) wakes their AppWrapper on
+  every change. A failed API call propagates: the work queue retries the key with backoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from dispatcher.api.models import (
+    AppWrapper,
+    AppWrapperStatus,
+    ConditionType,
+    Reason,
+    parse_time,
+)
+from dispatcher.clock import Clock
+from dispatcher.config import ProvisioningConfig
+from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
+from dispatcher.controller.reading import AppWrapperReader
+from dispatcher.controller.status import Change, StatusWriter
+from dispatcher.core import admissionchecks as checks
+from dispatcher.core import conditions as cond
+from dispatcher.core.admissionchecks import Retry, Step, Verdict
+from dispatcher.core.model import Workload
+from dispatcher.core.quota.flavors import with_flavors
+from dispatcher.kube.api import KubeApi
+from dispatcher.kube.client import ResourceInfo
+from dispatcher.kube.errors import AlreadyExists, KubeError
+from dispatcher.kube.informer import Informer
+
+Obj = dict[str, Any]
+
+REQUESTS = ResourceInfo(
+    "autoscaling.x-k8s.io/v1", "ProvisioningRequest", "provisioningrequests", True
+)
+TEMPLATES = ResourceInfo("v1", "PodTemplate", "podtemplates", True)
+RESERVATION_ANNOTATION = "workload.codeflare.dev/reservation"
+"""On a request: the `QuotaHeld` transition time it was made for."""
+MISCONFIGURED_RECHECK = 30.0
+
+
+def _reservation(status: AppWrapperStatus) -> str:
+    found = status.condition(ConditionType.QUOTA_HELD)
+    return (found.lastTransitionMicroTime or "") if found is not None else ""
+
+
+def _slim(obj: Obj) -> Obj:
+    """What waking an owner needs: its name; and the conditions, so a change shows."""
+    meta = obj.get("metadata") or {}
+    return {
+        "metadata": {
+            k: meta[k]
+            for k in ("name", "namespace", "resourceVersion", "ownerReferences")
+            if k in meta
+        },
+        "status": {"conditions": (obj.get("status") or {}).get("conditions") or []},
+    }
+
+
+def _failed_at(request: Mapping[str, Any]) -> float | None:
+    for c in (request.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Failed" and c.get("status") == "True":
+            try:
+                return parse_time(str(c.get("lastTransitionTime") or "")).timestamp()
+            except ValueError:
+                return None
+    return None
+
+
+class Provisioning:
+    def __init__(
+        self,
+        *,
+        config: ProvisioningConfig,
+        hub: KubeApi,
+        status: StatusWriter,
+        reader: AppWrapperReader,
+        clock: Clock,
+        wake: Callable[[str], None] = lambda key: None,
+        quotas: QuotaLookup = NO_QUOTAS,
+    ) -> None:
+        self._config = config
+        self._quotas = quotas
+        self._wake = wake
+        self.requests = Informer(
+            hub, REQUESTS, label_selector=checks.UID_LABEL, transform=_slim, absent_ok=True
+        )
+        """The dispatcher's requests (by their label), watched only to wake their owners."""
+        self.requests.add_handler(self._on_request)
+        self._hub = hub
+        self._status = status
+        self._reader = reader
+        self._clock = clock
+        self._log = structlog.get_logger("provisioning")
+
+    def _on_request(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        obj = new if new is not None else old
+        if obj is None:
+            return
+        meta = obj.get("metadata") or {}
+        for owner in meta.get("ownerReferences") or []:
+            if owner.get("kind") == "AppWrapper":
+                self._wake(f"{meta.get('namespace')}/{owner.get('name')}")
+
+    async def follow(self, aw: AppWrapper, obj: Obj) -> float | None:
+        """Carry each check of `aw` one step; seconds until it should be looked at again."""
+        status = aw.status or AppWrapperStatus()
+        names = [
+            c.type.removeprefix(cond.check_condition(""))
+            for c in status.conditions
+            if c.type.startswith(cond.check_condition(""))
+        ]
+        reserved = status.is_true(ConditionType.QUOTA_HELD) and not cond.checks_ready(status)
+        if not names:
+            return None
+        namespace = aw.metadata.namespace or ""
+        uid = aw.metadata.uid or ""
+        listed = await self._hub.list(
+            REQUESTS, namespace, query={"labelSelector": f"{checks.UID_LABEL}={uid}"}
+        )
+        requests = listed.get("items") or []
+        again: float | None = None
+        for name in names:
+            step = await self._check(aw, name, requests, reserved=reserved)
+            if step is not None:
+                again = step if again is None else min(again, step)
+        return again
+
+    async def revoked(self, aw: AppWrapper) -> str:
+        """Why the capacity a dispatched `aw` was provisioned on is gone ("" if it is not):
+        its current request says CapacityRevoked."""
+        status = aw.status or AppWrapperStatus()
+        names = [
+            c.type.removeprefix(cond.check_condition(""))
+            for c in status.conditions
+            if c.type.startswith(cond.check_condition("")) and c.status == "True"
+        ]
+        if not names:
+            return ""
+        uid = aw.metadata.uid or ""
+        listed = await self._hub.list(
+            REQUESTS, aw.metadata.namespace, query={"labelSelector": f"{checks.UID_LABEL}={uid}"}
+        )
+        requests = listed.get("items") or []
+        for name in names:
+            current = self._current(requests, uid, name, _reservation(status))
+            if current is None:
+                continue
+            verdict = checks.verdict(
+                current,
+                attempt=checks.latest_attempt(requests, name),
+                retry=Retry(),
+                now=self._clock.time(),
+                failed_at=None,
+                dispatched=True,
+            )
+            if verdict.step is Step.REVOKED:
+                return f"admission check {name}: {verdict.message}"
+        return ""
+
+    @staticmethod
+    def _current(requests: list[Obj], uid: str, name: str, reservation: str) -> Obj | None:
+        """The request of `name` made for this reservation (None: none yet)."""
+        wanted = checks.request_name(uid, name, checks.latest_attempt(requests, name))
+        for request in requests:
+            meta = request["metadata"]
+            if meta["name"] == wanted:
+                made_for = (meta.get("annotations") or {}).get(RESERVATION_ANNOTATION)
+                return request if made_for == reservation else None
+        return None
+
+    async def _check(
+        self, aw: AppWrapper, name: str, requests: list[Obj], *, reserved: bool
+    ) -> float | None:
+        status = aw.status or AppWrapperStatus()
+        setting = self._config.checks.get(name)
+        problem = ""
+        if not self._config.enabled:
+            problem = "admission checks are off (provisioning.enabled is false)"
+        elif setting is None:
+            problem = f"no check named {name} in provisioning.checks"
+        elif setting.provisioning_class not in self._config.known_classes:
+            problem = (
+                f"provisioning class {setting.provisioning_class} is unknown (known:"
+                f" {', '.join(self._config.known_classes)}): no provisioner would answer it"
+            )
+        if problem:
+            if reserved:
+                await self._mark(aw, name, Reason.CHECK_MISCONFIGURED, problem)
+            return MISCONFIGURED_RECHECK
+        assert setting is not None
+        retry = Retry(
+            setting.retry_limit, setting.backoff_base_seconds, setting.backoff_max_seconds
+        )
+        attempt = checks.latest_attempt(requests, name)
+        reservation = _reservation(status)
+        current = self._current(requests, aw.metadata.uid or "", name, reservation)
+        if current is None:
+            if not reserved:
+                return None  # ready, then given back: a later reservation makes the next one
+            await self._create(
+                aw, name, attempt + 1, setting.provisioning_class, setting.parameters, reservation
+            )
+            await self._mark(
+                aw,
+                name,
+                Reason.CHECK_PENDING,
+                f"attempt {attempt + 1} created, waiting for the provisioner",
+            )
+            return self._config.poll_seconds
+        verdict = checks.verdict(
+            current,
+            attempt=attempt,
+            retry=retry,
+            now=self._clock.time(),
+            failed_at=_failed_at(current),
+            dispatched=False,
+        )
+        return await self._act(
+            aw,
+            name,
+            verdict,
+            attempt,
+            setting.provisioning_class,
+            setting.parameters,
+            reservation,
+            reserved=reserved,
+        )
+
+    async def _act(
+        self,
+        aw: AppWrapper,
+        name: str,
+        verdict: Verdict,
+        attempt: int,
+        klass: str,
+        parameters: Mapping[str, str],
+        reservation: str,
+        *,
+        reserved: bool,
+    ) -> float | None:
+        poll = self._config.poll_seconds
+        if verdict.step is Step.WAIT:
+            if reserved:
+                await self._mark(aw, name, Reason.CHECK_PENDING, verdict.message)
+            return poll
+        if verdict.step is Step.READY:
+            if reserved:
+                await self._mark(aw, name, Reason.CHECK_READY, verdict.message)
+            return poll  # followed until dispatch: the booking may still expire
+        if verdict.step is Step.RETRY:
+            if verdict.after > 0:
+                await self._mark(aw, name, Reason.CHECK_RETRY, verdict.message)
+                return min(verdict.after, 60.0)
+            await self._create(aw, name, attempt + 1, klass, parameters, reservation)
+            await self._mark(
+                aw,
+                name,
+                Reason.CHECK_PENDING,
+                f"attempt {attempt + 1} created, waiting for the provisioner",
+            )
+            return poll
+        if verdict.step is Step.FAIL:
+            await self._write(
+                aw,
+                lambda status, now: cond.mark_failed(
+                    status,
+                    Reason.PROVISIONING_FAILED,
+                    f"admission check {name}: {verdict.message}",
+                    now=now,
+                ),
+            )
+            return None
+        # RESERVE_AGAIN (and REVOKED, which is not asked before dispatch): quota given back.
+        await self._write(
+            aw,
+            lambda status, now: cond.retry_checks(
+                status, f"admission check {name}: {verdict.message}", now=now
+            ),
+        )
+        return None
+
+    async def _create(
+        self,
+        aw: AppWrapper,
+        name: str,
+        attempt: int,
+        klass: str,
+        parameters: Mapping[str, str],
+        reservation: str,
+    ) -> None:
+        namespace = aw.metadata.namespace or ""
+        moment = datetime.fromtimestamp(self._clock.time(), UTC)
+        workload = self._reader.workload(aw, priority=0, now=moment)
+        if not isinstance(workload, Workload):
+            return  # its spec is the reconciler's to report
+        admission = aw.status.admission if aw.status is not None else None
+        if admission is not None:
+            # The nodes asked for must be those its flavors' node labels and taints select.
+            assert aw.status is not None
+            found = {flavor.name: flavor for flavor, _ in self._quotas.flavors_of(aw.status)}
+            chosen = tuple((f.name, tuple(f.resources)) for f in admission.flavors)
+            workload = with_flavors(workload, chosen, found)
+        owner = {
+            "apiVersion": aw.apiVersion,
+            "kind": aw.kind,
+            "name": aw.metadata.name,
+            "uid": aw.metadata.uid,
+        }
+        templates, request = checks.request_objects(
+            namespace=namespace,
+            owner=owner,
+            check=name,
+            attempt=attempt,
+            provisioning_class=klass,
+            parameters=parameters,
+            pod_sets=[checks.template_of(p) for p in workload.pod_sets],
+        )
+        request["metadata"]["annotations"] = {RESERVATION_ANNOTATION: reservation}
+        # Templates first: a request whose templates are missing would be refused.
+        for template in templates:
+            with contextlib.suppress(AlreadyExists):
+                await self._hub.create(TEMPLATES, namespace, template)
+        try:
+            await self._hub.create(REQUESTS, namespace, request)
+            self._log.info(
+                "provisioning_request_created",
+                appwrapper=f"{namespace}/{aw.metadata.name}",
+                check=name,
+                attempt=attempt,
+                request=request["metadata"]["name"],
+            )
+        except AlreadyExists:
+            pass
+
+    async def _mark(self, aw: AppWrapper, name: str, reason: Reason, message: str) -> None:
+        await self._write(
+            aw, lambda status, now: cond.mark_check(status, name, reason, message, now=now)
+        )
+
+    async def _write(self, aw: AppWrapper, change: Any) -> None:
+        key = f"{aw.metadata.namespace}/{aw.metadata.name}"
+        uid = aw.metadata.uid
+
+        def mutate(obj: Obj) -> Change | None:
+            if obj["metadata"].get("uid") != uid:
+                return None
+            current = self._reader.parse(obj)
+            status = (current.status or AppWrapperStatus()).editable_copy()
+            if cond.is_dispatched(status) or cond.is_terminal(status):
+                return None
+            before = status.model_dump()
+            now = datetime.fromtimestamp(self._clock.time(), UTC)
+            transition = change(status, now)
+            if status.model_dump() == before:
+                return None
+            return Change(status, [transition])
+
+        try:
+            await self._status.update(key, mutate)
+        except KubeError as exc:
+            self._log.warning("provisioning_status_failed", appwrapper=key, error=str(exc)[:300])
