@@ -417,6 +417,8 @@ def mark_requeued(
         set_condition(
             status, C.QUEUEING, true=True, reason=Reason.REQUEUED, message=message, now=now
         )
+        if status.is_true(C.BACKOFF):  # requeued in the middle of a reset: no pause owed
+            set_condition(status, C.BACKOFF, true=False, reason=reason, message=message, now=now)
     status.clusterName = None
     # status.admission stays until the next dispatch: while this dispatch's pods are still
     # going, the quota they use stays charged to its queue.

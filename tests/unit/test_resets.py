@@ -216,3 +216,10 @@ def test_the_end_of_a_reset_starts_a_new_attempt() -> None:
     v1beta2 = v1beta2_status(status.model_dump(mode="json", exclude_none=True))
     assert (v1beta2["phase"], v1beta2["resettingCount"]) == ("Resuming", 1)
     assert cond.end_reset(status, now=T1) is None  # once
+
+
+def test_suspended_while_resetting_queues_without_a_pause() -> None:
+    status = _dispatched()
+    cond.mark_resetting(status, "pods failed", now=T0)
+    cond.mark_requeued(status, Reason.SUSPENDED, "spec.suspend", now=T1, backoff=False)
+    assert phase(_true(status), deleting=False, suspended=True) is Phase.SUSPENDED
