@@ -99,6 +99,10 @@ class Reason(StrEnum):
     SOME_ITEMS_COMPLETED = "SomeItemsCompleted"
     INVALID_SPEC = "InvalidSpec"
     REQUEUE_LIMIT_REACHED = "RequeueLimitReached"
+    RESETTING = "Resetting"
+    """Failed, and reset to be tried again (the v1beta2 fault-tolerance annotations): its
+    objects are removed, it keeps its room, and they are made again after the pause."""
+    RETRY_LIMIT_REACHED = "RetryLimitReached"
     DISPATCH_DURATION_EXCEEDED = "DispatchDurationExceeded"
     PODS_FAILED = "PodsFailed"
     PREEMPTED_BY_HIGHER_PRIORITY = "PreemptedByHigherPriority"

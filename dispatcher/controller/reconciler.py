@@ -14,8 +14,9 @@ and makes the world match it, so a missed event or a restart costs nothing:
 - new: validate; a spec error ends it Failed, a valid one is left to the scheduler;
 - backing off: wait out the pause, then queue it again;
 - dispatched: make sure its objects exist (created after the scheduler's write, or adopted
-  after a restart), then follow its pods and objects to Running, Completed, Failed or a
-  requeue; a member silent for too long requeues it;
+  after a restart), then follow its pods and objects to Running, Completed, Failed, a
+  requeue or a reset (resetting.py: its objects removed and made again after a pause, its
+  room kept); a member silent for too long requeues it;
 - evicting (chosen as a victim): remove its objects, requeue it;
 - Failed: remove its objects once, giving the capacity back;
 - deleting: remove its objects wherever they may be, then the finalizer.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,11 +49,12 @@ from dispatcher.controller.progress import measure, seconds_since
 from dispatcher.controller.provisioning import Provisioning
 from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.reading import AppWrapperReader
+from dispatcher.controller.resetting import Resets
 from dispatcher.controller.status import StatusWriter
 from dispatcher.controller.workqueue import Result
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
-from dispatcher.core.faulttolerance import effective_requeuing
+from dispatcher.core.faulttolerance import effective_requeuing, retry_policy
 from dispatcher.core.lifecycle import Assessment, Progress, Verdict, assess
 from dispatcher.core.model import Workload, tracked_pod_count
 from dispatcher.core.phase import Phase, phase_of
@@ -92,6 +95,7 @@ class Reconciler:
         self._config = config
         self._provisioning = provisioning
         self._maker = maker
+        self._resets = Resets(maker)
         self._recorder = recorder or Recorder()
         self._quotas = quotas or NO_QUOTAS
         self._reader = reader
@@ -121,6 +125,7 @@ class Reconciler:
         self._ensured.pop(key, None)
         self._counts_written.pop(key, None)
         self._own_errors.pop(key, None)
+        self._resets.forget(key)
 
     def forget_all(self, key: str) -> None:
         self.forget(key)
@@ -369,6 +374,8 @@ class Reconciler:
                     remove_from=member,
                 )
                 return Result.done()
+        if status.is_true(C.BACKOFF):  # dispatched and backing off: a reset
+            return await self._resetting(aw, obj, status, member)
         objects: list[Wrapped] = []
         if self._ensured.get(aw.key) != (status.lastDispatchedAt or ""):
             ensured = await self._ensure_objects(aw, obj, status, member)
@@ -376,12 +383,30 @@ class Reconciler:
                 return ensured
             objects = ensured
         progress, counts_changed, polled = await self._progress(aw, status, member, objects)
+        retry = retry_policy(aw.metadata.annotations, self._config.fault_tolerance.bounds())
+        failing = bool(progress.failed or progress.failed_object)
+        failing_for = self._resets.seconds_failing(
+            aw.key, status, failing=failing, now=self._clock.time()
+        )
         verdict = assess(
-            progress,
+            replace(progress, seconds_failing=failing_for),
             requeuing=self._requeuing(aw),
             duration_limit=aw.spec.schedulingSpec.dispatchDuration.limit,
+            retry=retry,
         )
         return await self._act_on(aw, obj, status, member, verdict, counts_changed, polled)
+
+    async def _resetting(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
+    ) -> Result:
+        now, moment = self._moment()
+        retry = retry_policy(aw.metadata.annotations, self._config.fault_tolerance.bounds())
+        pause = retry.pause_seconds if retry is not None else self._pause(aw)
+        step = await self._resets.step(aw, status, member, now=now, moment=moment, pause=pause)
+        if step.transition is None:
+            return Result.after(step.wait)
+        await self._status.write(obj, status, [step.transition])
+        return Result.now()  # make its objects again
 
     def _stranded(self, member: Member | None, status: AppWrapperStatus) -> str:
         """Why an AppWrapper dispatched to `member` cannot be followed there ("" if it can)."""
@@ -487,6 +512,12 @@ class Reconciler:
                 aw, obj, status, verdict.reason, message, backoff=True, remove_from=member
             )
             return Result.done()
+        if verdict.verdict is Verdict.RESET:
+            await self._status.write(
+                obj, status, [cond.mark_resetting(status, message, now=moment)]
+            )
+            self.forget(key)
+            return Result.now()  # remove its objects
         transition: Transition | None = None
         if verdict.verdict is Verdict.RUNNING:
             transition = cond.mark_running(status, message, now=moment)

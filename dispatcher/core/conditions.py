@@ -418,12 +418,49 @@ def mark_requeued(
         set_condition(
             status, C.QUEUEING, true=True, reason=Reason.REQUEUED, message=message, now=now
         )
+        if status.is_true(C.BACKOFF):  # requeued in the middle of a reset: no pause owed
+            set_condition(status, C.BACKOFF, true=False, reason=reason, message=message, now=now)
     status.clusterName = None
     # status.admission stays until the next dispatch: while this dispatch's pods are still
     # going, the quota they use stays charged to its queue.
     status.pending = status.running = status.succeeded = status.failed = 0
     _settle(status, AppWrapperState.PENDING, message)
     return Transition(reason, message, warning=True)
+
+
+def mark_resetting(status: AppWrapperStatus, message: str, *, now: datetime) -> Transition:
+    """Failed, to be tried again in place (v1beta2's Resetting): still Dispatched, so its
+    room stays its own (the AppWrapper controller keeps the quota through a reset); Backoff
+    True says its objects are being removed and the pause runs from then. Counted in
+    `requeueCount` (v1beta2 resettingCount), which the retry limit is held against."""
+    status.requeueCount += 1
+    set_condition(status, C.RUNNING, true=False, reason=Reason.RESETTING, message=message, now=now)
+    set_condition(
+        status,
+        C.BACKOFF,
+        true=True,
+        reason=Reason.RESETTING,
+        message=f"reset ({message}); its objects are made again after the pause",
+        now=now,
+    )
+    status.pending = status.running = status.succeeded = status.failed = 0
+    _settle(status, status.state or AppWrapperState.RUNNING, message)
+    return Transition(Reason.RESETTING, message, warning=True)
+
+
+def end_reset(status: AppWrapperStatus, *, now: datetime) -> Transition | None:
+    """The pause after a reset is over: a new attempt on the same room, its objects to be
+    made again (a new `lastDispatchedAt` tells the reconciler so)."""
+    if not status.is_true(C.BACKOFF):
+        return None
+    message = f"retry {status.requeueCount}: making its objects again"
+    set_condition(status, C.BACKOFF, true=False, reason=Reason.RESETTING, message=message, now=now)
+    set_condition(
+        status, C.RUNNING, true=False, reason=Reason.PODS_NOT_READY, message=message, now=now
+    )
+    status.lastDispatchedAt = format_micro_time(now)
+    _settle(status, AppWrapperState.RUNNING, message)
+    return Transition(Reason.RESETTING, message)
 
 
 def end_backoff(status: AppWrapperStatus, *, now: datetime) -> Transition | None:

@@ -1,6 +1,13 @@
-"""What a dispatched AppWrapper's progress means: keep waiting, Running, Completed, Failed or
-requeue. Pure, no I/O: the shell gathers pod counts and wrapped-object conditions, the
-functions here decide.
+"""What a dispatched AppWrapper's progress means: keep waiting, Running, Completed, Failed,
+requeue or reset. Pure, no I/O: the shell gathers pod counts and wrapped-object conditions,
+the functions here decide.
+
+A failure fails the AppWrapper at once (MCAD's rule), unless it carries the v1beta2
+fault-tolerance annotations (`core.faulttolerance.retry_policy`): then, as the AppWrapper
+controller does, any failed pod makes it unhealthy, it is given `failureGracePeriod` to
+recover (a wrapped object's own Failed condition is given none), and then it is reset
+(`RESET`: its objects removed and made again, in place) while its resets stay under
+`retryLimit`, else Failed.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from dispatcher.api.models import Reason, Requeuing
+from dispatcher.core.faulttolerance import Retry
 
 
 class Verdict(Enum):
@@ -19,6 +27,8 @@ class Verdict(Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     REQUEUE = "requeue"
+    RESET = "reset"
+    """Failed, to be tried again in place (v1beta2 Resetting), keeping its room."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +47,7 @@ class Progress:
     completion_items: int  # items with a completionstatus
     completed_items: int  # of those, how many show a completion condition
     failed_object: str = ""  # "Job/train: BackoffLimitExceeded" when a wrapped object failed
+    seconds_failing: float = 0.0  # since it was first seen with failed pods (this attempt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +81,21 @@ def requeue_window(requeuing: Requeuing, requeue_count: int) -> float | None:
     return window
 
 
-def assess(progress: Progress, *, requeuing: Requeuing, duration_limit: int | None) -> Assessment:
-    """Decide the next step for a dispatched AppWrapper (first matching rule wins)."""
+def assess(
+    progress: Progress,
+    *,
+    requeuing: Requeuing,
+    duration_limit: int | None,
+    retry: Retry | None = None,
+) -> Assessment:
+    """Decide the next step for a dispatched AppWrapper (first matching rule wins);
+    `retry`: its reset rule, None for none (failures fail it)."""
     p = progress
     elapsed = p.seconds_since_dispatch
     done = _done(p)  # 1.
     if done is not None:
         return done
-    failed = _failed(p)  # 2.
+    failed = _failed(p) if retry is None else _reset_or_fail(p, retry)  # 2.
     if failed is not None:
         return failed
     # 3. Ran past dispatchDuration.limit.
@@ -134,6 +152,37 @@ def _failed(p: Progress) -> Assessment | None:
             Verdict.FAILED, Reason.PODS_FAILED, f"{p.failed} pods failed and none are left running"
         )
     return None
+
+
+def _reset_or_fail(p: Progress, retry: Retry) -> Assessment | None:
+    """2. with a reset rule, as the AppWrapper controller: a failed object resets it at
+    once; failed pods (even with others still running) after `failure_grace_seconds`;
+    past `retry_limit` resets, Failed."""
+    if p.failed_object:
+        cause, grace = p.failed_object, 0.0
+    elif p.failed:
+        # No count in the message: it would cost a status write per pod failing.
+        cause, grace = "pods failed", retry.failure_grace_seconds
+    else:
+        return None
+    if p.seconds_failing < grace:
+        return Assessment(
+            Verdict.WAIT,
+            Reason.PODS_FAILED,
+            f"{cause}; reset after failureGracePeriod {grace:g}s unless they recover",
+            grace - p.seconds_failing,
+        )
+    if p.requeue_count >= retry.retry_limit:
+        return Assessment(
+            Verdict.FAILED,
+            Reason.RETRY_LIMIT_REACHED,
+            f"{cause}; reset {p.requeue_count} times, retryLimit {retry.retry_limit}",
+        )
+    return Assessment(
+        Verdict.RESET,
+        Reason.RESETTING,
+        f"{cause}; reset {p.requeue_count + 1} of retryLimit {retry.retry_limit}",
+    )
 
 
 def _running_or_not(p: Progress, requeuing: Requeuing, duration_left: float | None) -> Assessment:

@@ -12,6 +12,7 @@ Phases, first row that matches wins (v1beta1 condition types that are True):
 | Completed                 | Succeeded     |                                               |
 | Failed                    | Failed        |                                               |
 | Dispatched + Preempted    | Suspending    | evicted: its objects are being removed        |
+| Dispatched + Backoff      | Resetting     | reset in place: objects removed, made again   |
 | Dispatched + Running      | Running       | minAvailable pods run                         |
 | Dispatched                | Resuming      | objects made, pods not yet running            |
 | Backoff                   | Resetting     | requeued, pausing before it queues again      |
@@ -36,6 +37,7 @@ PHASES: Final[tuple[tuple[frozenset[str], str], ...]] = (
     (frozenset({"Completed"}), SUCCEEDED),
     (frozenset({"Failed"}), FAILED),
     (frozenset({"Dispatched", "Preempted"}), SUSPENDING),
+    (frozenset({"Dispatched", "Backoff"}), RESETTING),
     (frozenset({"Dispatched", "Running"}), RUNNING),
     (frozenset({"Dispatched"}), RESUMING),
     (frozenset({"Backoff"}), RESETTING),
