@@ -5,15 +5,19 @@ conditions, `CONDITIONS`; the conversion (core/convert.py) calls `v1beta2_status
 Works on the status as JSON (a dict), as the conversion does: a status written by an older
 dispatcher or by MCAD converts too, whatever it holds.
 
-Phases, first row that matches wins (v1beta1 condition types that are True):
+Phases, first row that matches wins (v1beta1 condition types that are True). `Running` means
+what it means to the AppWrapper controller: the components were created (its
+`ResourcesDeployed`); whether minAvailable pods run is the `PodsReady` condition (v1beta1
+`Running`). The dispatcher creates the objects in the reconcile that follows the dispatch,
+so `Resuming` (quota reserved, objects being created) is never written:
+
 
 | v1beta1 (True)            | v1beta2 phase | why                                           |
 |---------------------------|---------------|-----------------------------------------------|
 | Completed                 | Succeeded     |                                               |
 | Failed                    | Failed        |                                               |
 | Dispatched + Preempted    | Suspending    | evicted: its objects are being removed        |
-| Dispatched + Running      | Running       | minAvailable pods run                         |
-| Dispatched                | Resuming      | objects made, pods not yet running            |
+| Dispatched                | Running       | its objects are made (pods: `PodsReady`)      |
 | Backoff                   | Resetting     | requeued, pausing before it queues again      |
 | (anything else)           | Suspended     | queued, or held by `spec.suspend`             |
 """
@@ -25,7 +29,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 SUSPENDED: Final = "Suspended"
-RESUMING: Final = "Resuming"
 RUNNING: Final = "Running"
 SUSPENDING: Final = "Suspending"
 SUCCEEDED: Final = "Succeeded"
@@ -36,8 +39,7 @@ PHASES: Final[tuple[tuple[frozenset[str], str], ...]] = (
     (frozenset({"Completed"}), SUCCEEDED),
     (frozenset({"Failed"}), FAILED),
     (frozenset({"Dispatched", "Preempted"}), SUSPENDING),
-    (frozenset({"Dispatched", "Running"}), RUNNING),
-    (frozenset({"Dispatched"}), RESUMING),
+    (frozenset({"Dispatched"}), RUNNING),
     (frozenset({"Backoff"}), RESETTING),
 )
 """(v1beta1 condition types that must all be True, v1beta2 phase); else Suspended."""

@@ -347,8 +347,11 @@ def test_v1beta1_fields_too_large_for_an_annotation_are_left_out_and_a_write_bac
         pytest.param(set(), "Suspended", id="new"),
         pytest.param({"Init", "Queueing"}, "Suspended", id="queued"),
         pytest.param({"Init", "Queueing", "Backoff"}, "Resetting", id="backoff"),
-        pytest.param({"Dispatched"}, "Resuming", id="dispatched"),
-        pytest.param({"Dispatched", "Running"}, "Running", id="running"),
+        # Running as the AppWrapper controller means it: its objects are made, whether or
+        # not their pods run yet (that is PodsReady).
+        pytest.param({"Dispatched"}, "Running", id="dispatched-objects-made"),
+        pytest.param({"Dispatched", "Running"}, "Running", id="pods-running"),
+        pytest.param({"Init", "Queueing", "HeadOfLine"}, "Suspended", id="head-of-line"),
         pytest.param({"Dispatched", "Running", "Preempted"}, "Suspending", id="evicting"),
         pytest.param({"Dispatched", "Running", "Completed"}, "Succeeded", id="completed"),
         pytest.param({"Dispatched", "Failed"}, "Failed", id="failed"),
@@ -416,7 +419,7 @@ def test_the_v1beta2_status_is_the_v1beta1_one_and_more() -> None:
     stored = {"state": "Running", "conditions": [condition("Dispatched")], "pending": 3}
     obj = {"apiVersion": V1BETA1, "kind": "AppWrapper", "metadata": {}, "status": stored}
     status = to_v1beta2(obj)["status"]
-    assert (status["state"], status["pending"], status["phase"]) == ("Running", 3, "Resuming")
+    assert (status["state"], status["pending"], status["phase"]) == ("Running", 3, "Running")
     assert status["conditions"][0] == condition("Dispatched")
     assert {c["type"] for c in status["conditions"][1:]} == {
         "QuotaReserved",
