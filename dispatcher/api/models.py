@@ -385,6 +385,10 @@ class AppWrapperStatus(_Model):
     dispatchedAt: str | None = None
     """First dispatch (RFC 3339); kept across requeues."""
     lastDispatchedAt: str | None = None
+    objectsMadeFor: str | None = None
+    """The `lastDispatchedAt` of the attempt whose objects were all made (created or adopted):
+    equal to it once this attempt's are, so nothing needs clearing. The v1beta2 phase is
+    Running from then on (Resuming before), as the AppWrapper controller's."""
     preemptedBy: str | None = None
     """"namespace/name" of the AppWrapper whose preemption evicted this one (the victim's own
     record of who its room is for); cleared when it is dispatched again."""

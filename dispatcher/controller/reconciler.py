@@ -345,18 +345,25 @@ class Reconciler:
         if moved is not None:
             return moved
         objects: list[Wrapped] = []
-        if self._ensured.get(aw.key) != (status.lastDispatchedAt or ""):
+        attempt = status.lastDispatchedAt or ""
+        if self._ensured.get(aw.key) != attempt:
             ensured = await self._ensure_objects(aw, obj, status, member)
             if isinstance(ensured, Result):
                 return ensured
             objects = ensured
+        # Its objects exist (v1beta2 phase Running): recorded with the next write, as pod
+        # counts are, within COUNTS_INTERVAL, so it costs no write of its own.
+        made = bool(attempt) and status.objectsMadeFor != attempt
+        if made:
+            status.objectsMadeFor = attempt
         progress, counts_changed, polled = await self._progress(aw, status, member, objects)
         verdict = assess(
             progress,
             requeuing=self._requeuing(aw),
             duration_limit=aw.spec.schedulingSpec.dispatchDuration.limit,
         )
-        return await self._act_on(aw, obj, status, member, verdict, counts_changed, polled)
+        changed = counts_changed or made
+        return await self._act_on(aw, obj, status, member, verdict, changed, polled)
 
     def _stranded(self, member: Member | None, status: AppWrapperStatus) -> str:
         """Why an AppWrapper dispatched to `member` cannot be followed there ("" if it can)."""

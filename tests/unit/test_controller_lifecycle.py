@@ -35,6 +35,9 @@ async def test_a_job_from_apply_to_completed_costs_three_status_writes() -> None
         # Dispatched (with Init and Queueing), Running, Completed: the pod's finish alone
         # changes only counts, which wait for the next write.
         assert hops["writes"] == 3
+        # That its objects were made (v1beta2 phase Running) rode along with one of them.
+        made = (env.manager.status.current(f"{NAMESPACE}/a") or {}).get("status") or {}
+        assert made["objectsMadeFor"] == made["lastDispatchedAt"]
         assert hops["cycles"] == 1
         # One per change it must react to (created, taken in, its Job, each pod change), fewer
         # when changes arrive together; never one for the echo of its own write.
