@@ -345,25 +345,18 @@ class Reconciler:
         if moved is not None:
             return moved
         objects: list[Wrapped] = []
-        attempt = status.lastDispatchedAt or ""
-        if self._ensured.get(aw.key) != attempt:
+        if self._ensured.get(aw.key) != (status.lastDispatchedAt or ""):
             ensured = await self._ensure_objects(aw, obj, status, member)
             if isinstance(ensured, Result):
                 return ensured
-            objects = ensured
-        # Its objects exist (v1beta2 phase Running): recorded with the next write, as pod
-        # counts are, within COUNTS_INTERVAL, so it costs no write of its own.
-        made = bool(attempt) and status.objectsMadeFor != attempt
-        if made:
-            status.objectsMadeFor = attempt
+            objects, obj = ensured
         progress, counts_changed, polled = await self._progress(aw, status, member, objects)
         verdict = assess(
             progress,
             requeuing=self._requeuing(aw),
             duration_limit=aw.spec.schedulingSpec.dispatchDuration.limit,
         )
-        changed = counts_changed or made
-        return await self._act_on(aw, obj, status, member, verdict, changed, polled)
+        return await self._act_on(aw, obj, status, member, verdict, counts_changed, polled)
 
     def _stranded(self, member: Member | None, status: AppWrapperStatus) -> str:
         """Why an AppWrapper dispatched to `member` cannot be followed there ("" if it can)."""
@@ -408,9 +401,10 @@ class Reconciler:
 
     async def _ensure_objects(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
-    ) -> list[Wrapped] | Result:
+    ) -> tuple[list[Wrapped], Obj] | Result:
         """Make this attempt's objects exist in `member` (the maker's step) and write what
-        came of it: the objects built, or what to do when they cannot be (yet)."""
+        came of it: the objects built and the AppWrapper as written, or what to do when
+        they cannot be (yet)."""
         try:
             made = await self._maker.ensure(aw, obj, status, member)
         except DispatchError as error:
@@ -426,8 +420,14 @@ class Reconciler:
             )
             await self._status.write(obj, status, [forbidden])
             return await self._after_terminal(aw, status)
-        self._ensured[aw.key] = status.lastDispatchedAt or ""
-        return made.objects
+        attempt = status.lastDispatchedAt or ""
+        self._ensured[aw.key] = attempt
+        if attempt and status.objectsMadeFor != attempt:
+            # At once, once per attempt: v1beta2's phase Running says the objects exist
+            # before their pods run (the AppWrapper controller's meaning).
+            status.objectsMadeFor = attempt
+            obj = await self._status.write(obj, status, [])
+        return made.objects, obj
 
     async def _progress(
         self, aw: AppWrapper, status: AppWrapperStatus, member: Member, objects: list[Wrapped]
