@@ -421,12 +421,13 @@ class Reconciler:
             await self._status.write(obj, status, [forbidden])
             return await self._after_terminal(aw, status)
         attempt = status.lastDispatchedAt or ""
-        self._ensured[aw.key] = attempt
         if attempt and status.objectsMadeFor != attempt:
             # At once, once per attempt: v1beta2's phase Running says the objects exist
-            # before their pods run (the AppWrapper controller's meaning).
+            # before their pods run (the AppWrapper controller's meaning). Until it is
+            # written, the next reconcile makes sure of them again (they are adopted).
             status.objectsMadeFor = attempt
             obj = await self._status.write(obj, status, [])
+        self._ensured[aw.key] = attempt
         return made.objects, obj
 
     async def _progress(
