@@ -410,6 +410,10 @@ class AppWrapperStatus(_Model):
     dispatchedAt: str | None = None
     """First dispatch (RFC 3339); kept across requeues."""
     lastDispatchedAt: str | None = None
+    objectsMadeFor: str | None = None
+    """The `lastDispatchedAt` of the attempt whose objects were all made (created or adopted):
+    equal to it once this attempt's are, so nothing needs clearing. The v1beta2 phase is
+    Running from then on (Resuming before), as the AppWrapper controller's."""
     preemptedBy: str | None = None
     """"namespace/name" of the AppWrapper whose preemption evicted this one (the victim's own
     record of who its room is for); cleared when it is dispatched again."""
@@ -485,12 +489,52 @@ class ObjectMeta(_Model):
     finalizers: list[str] = Field(default_factory=list)
 
 
+GENERATE_NAME_PREFIX_MAX: Final = 58
+"""The longest `generateName` prefix kept, as the API server's: a name of 63 with the suffix."""
+_SUFFIX_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
+"""The API server's alphabet for generated names (no vowels: no words by chance)."""
+
+
+def generated_name(generate_name: str, seed: str, index: int) -> str:
+    """The name a wrapped object written with `metadata.generateName` and no name gets:
+    the prefix (cut to 58 characters, as the API server cuts it) and 5 characters of a hash
+    of `seed` (the AppWrapper's uid) and the item's index. Deterministic, unlike the API
+    server's own: after a crash between create and record, adoption finds the object made
+    before, and no second one is made."""
+    digest = hashlib.sha256(f"{seed}/{index}".encode()).digest()
+    suffix = "".join(_SUFFIX_ALPHABET[b % len(_SUFFIX_ALPHABET)] for b in digest[:5])
+    return generate_name[:GENERATE_NAME_PREFIX_MAX] + suffix
+
+
+def _name_generated(items: list[GenericItem], seed: str) -> None:
+    """Give every item whose template has a `generateName` and no name its generated name.
+    The template's metadata is replaced, not edited: the parsed object may share it with a
+    watch cache, which is never mutated."""
+    for index, item in enumerate(items):
+        metadata = item.generictemplate.get("metadata")
+        if not isinstance(metadata, dict) or metadata.get("name"):
+            continue
+        prefix = metadata.get("generateName")
+        if isinstance(prefix, str) and prefix:
+            named = {**metadata, "name": generated_name(prefix, seed, index)}
+            item.generictemplate = {**item.generictemplate, "metadata": named}
+
+
 class AppWrapper(_Model):
     apiVersion: Literal["workload.codeflare.dev/v1beta1"] = API_VERSION
     kind: Literal["AppWrapper"] = KIND
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: AppWrapperSpec = Field(default_factory=AppWrapperSpec)
     status: AppWrapperStatus | None = None
+
+    @model_validator(mode="after")
+    def _generated_names(self) -> AppWrapper:
+        # Named once, here, so that building, creating, adopting, deleting, completion and
+        # pod sets all read the same name off the template. Seeded by the uid (the name
+        # where there is none yet: an object not stored).
+        meta = self.metadata
+        _name_generated(self.spec.items, meta.uid or f"{meta.namespace}/{meta.name}")
+        return self
 
     @classmethod
     def from_kube(cls, obj: dict[str, Any]) -> AppWrapper:

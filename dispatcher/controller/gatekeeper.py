@@ -26,6 +26,7 @@ from dispatcher.api.constants import FINALIZER
 from dispatcher.api.models import AppWrapper
 from dispatcher.config import Config, DeclaredPodResources
 from dispatcher.core import gatekeeping as rules
+from dispatcher.core import v1beta2rules as v1beta2
 from dispatcher.core.gatekeeping import Access, Creator
 from dispatcher.core.kindgroups import group_problem
 from dispatcher.core.validation import bounded_message, size_problem
@@ -184,8 +185,11 @@ class Gatekeeper:
         if request.get("subResource"):
             return []  # none is sent here (status: manifests/status-policy.yaml)
         problems: list[str] = []
+        in_v1beta2 = v1beta2.requested_in_v1beta2(request)
         if operation == "UPDATE" and old is not None:
             problems += rules.update_problems(obj, old, user)
+            if in_v1beta2:
+                problems += v1beta2.immutable_problems(obj, old)
             if not rules.spec_changed(obj, old):
                 # Metadata only (finalizers, labels): nothing more to check, but that it does
                 # not take the AppWrapper past the size limit (one already past it, stored
@@ -199,6 +203,8 @@ class Gatekeeper:
             return problems
         namespace = str(request.get("namespace") or "")
         spec_problems = await self.spec_problems(obj, namespace)
+        if operation == "CREATE" and in_v1beta2:
+            spec_problems += _structure_problems(obj)
         if spec_problems:
             return problems + spec_problems
         # old=None: a change of the spec is a new request by whoever makes it; every right
@@ -378,3 +384,13 @@ def _response(
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
     return response
+
+
+def _structure_problems(obj: Obj) -> list[str]:
+    """The AppWrapper controller's structural invariants of a v1beta2 create (none when the
+    object does not parse: `spec_problems` says why)."""
+    try:
+        aw = AppWrapper.from_kube(obj)
+    except ValidationError:
+        return []
+    return v1beta2.structure_problems(aw)

@@ -381,7 +381,7 @@ class Reconciler:
             ensured = await self._ensure_objects(aw, obj, status, member)
             if isinstance(ensured, Result):
                 return ensured
-            objects = ensured
+            objects, obj = ensured
         progress, counts_changed, polled = await self._progress(aw, status, member, objects)
         retry = retry_policy(aw.metadata.annotations, self._config.fault_tolerance.bounds())
         failing = bool(progress.failed or progress.failed_object)
@@ -451,9 +451,10 @@ class Reconciler:
 
     async def _ensure_objects(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
-    ) -> list[Wrapped] | Result:
+    ) -> tuple[list[Wrapped], Obj] | Result:
         """Make this attempt's objects exist in `member` (the maker's step) and write what
-        came of it: the objects built, or what to do when they cannot be (yet)."""
+        came of it: the objects built and the AppWrapper as written, or what to do when
+        they cannot be (yet)."""
         try:
             made = await self._maker.ensure(aw, obj, status, member)
         except DispatchError as error:
@@ -469,8 +470,15 @@ class Reconciler:
             )
             await self._status.write(obj, status, [forbidden])
             return await self._after_terminal(aw, status)
-        self._ensured[aw.key] = status.lastDispatchedAt or ""
-        return made.objects
+        attempt = status.lastDispatchedAt or ""
+        if attempt and status.objectsMadeFor != attempt:
+            # At once, once per attempt: v1beta2's phase Running says the objects exist
+            # before their pods run (the AppWrapper controller's meaning). Until it is
+            # written, the next reconcile makes sure of them again (they are adopted).
+            status.objectsMadeFor = attempt
+            obj = await self._status.write(obj, status, [])
+        self._ensured[aw.key] = attempt
+        return made.objects, obj
 
     async def _progress(
         self, aw: AppWrapper, status: AppWrapperStatus, member: Member, objects: list[Wrapped]

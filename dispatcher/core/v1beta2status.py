@@ -5,7 +5,11 @@ conditions, `CONDITIONS`; the conversion (core/convert.py) calls `v1beta2_status
 Works on the status as JSON (a dict), as the conversion does: a status written by an older
 dispatcher or by MCAD converts too, whatever it holds.
 
-Phases, first row that matches wins (v1beta1 condition types that are True):
+Phases, first row that matches wins (v1beta1 condition types that are True). `Running`
+means what it means to the AppWrapper controller: the components were created; whether
+minAvailable pods run is the `PodsReady` condition (v1beta1 `Running`). "Objects made" is
+`status.objectsMadeFor` equal to `status.lastDispatchedAt` (written by the reconciler once
+this attempt's objects all exist), and reads here as the pseudo-type `OBJECTS_MADE`:
 
 | v1beta1 (True)            | v1beta2 phase | why                                           |
 |---------------------------|---------------|-----------------------------------------------|
@@ -13,8 +17,9 @@ Phases, first row that matches wins (v1beta1 condition types that are True):
 | Failed                    | Failed        |                                               |
 | Dispatched + Preempted    | Suspending    | evicted: its objects are being removed        |
 | Dispatched + Backoff      | Resetting     | reset in place: objects removed, made again   |
-| Dispatched + Running      | Running       | minAvailable pods run                         |
-| Dispatched                | Resuming      | objects made, pods not yet running            |
+| Dispatched + Running      | Running       | minAvailable pods run (`PodsReady`)           |
+| Dispatched + objects made | Running       | its objects are made (pods: `PodsReady`)      |
+| Dispatched                | Resuming      | quota reserved, objects being made            |
 | Backoff                   | Resetting     | requeued, pausing before it queues again      |
 | (anything else)           | Suspended     | queued, or held by `spec.suspend`             |
 """
@@ -28,6 +33,8 @@ from typing import Any, Final
 SUSPENDED: Final = "Suspended"
 RESUMING: Final = "Resuming"
 RUNNING: Final = "Running"
+OBJECTS_MADE: Final = "(objects made)"
+"""Not a condition type: that this attempt's objects all exist (`objects_made`)."""
 SUSPENDING: Final = "Suspending"
 SUCCEEDED: Final = "Succeeded"
 FAILED: Final = "Failed"
@@ -39,6 +46,7 @@ PHASES: Final[tuple[tuple[frozenset[str], str], ...]] = (
     (frozenset({"Dispatched", "Preempted"}), SUSPENDING),
     (frozenset({"Dispatched", "Backoff"}), RESETTING),
     (frozenset({"Dispatched", "Running"}), RUNNING),
+    (frozenset({"Dispatched", OBJECTS_MADE}), RUNNING),
     (frozenset({"Dispatched"}), RESUMING),
     (frozenset({"Backoff"}), RESETTING),
 )
@@ -72,12 +80,19 @@ def phase_of(true_types: Iterable[str]) -> str:
     return SUSPENDED
 
 
+def objects_made(status: Mapping[str, Any]) -> bool:
+    """Whether the latest attempt's objects all exist (the reconciler's record)."""
+    attempt = status.get("lastDispatchedAt")
+    return bool(attempt) and status.get("objectsMadeFor") == attempt
+
+
 def v1beta2_status(status: Mapping[str, Any], *, spec: Any = None) -> dict[str, Any]:
     """The v1beta2 fields of a v1beta1 `status` (`spec` says whether it is suspended)."""
     conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
     by_type = {str(c.get("type")): c for c in conditions}
     true = {t for t, c in by_type.items() if c.get("status") == "True"}
-    out: dict[str, Any] = {"phase": phase_of(true)}
+    made = {OBJECTS_MADE} if objects_made(status) else set()
+    out: dict[str, Any] = {"phase": phase_of(true | made)}
     requeues = status.get("requeueCount")
     if isinstance(requeues, int) and requeues > 0:
         out["resettingCount"] = requeues

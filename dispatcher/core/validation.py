@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from dispatcher.api.models import GENERATE_NAME_PREFIX_MAX
 from dispatcher.api.quantity import QuantityError
 from dispatcher.core.podsets import infer_pod_sets
 
@@ -115,6 +116,22 @@ def _name_problem(kind: str | None, name: str) -> str | None:
     return None
 
 
+def _unnamed_problem(prefix: Any) -> str:
+    # A string generateName was made into a name when the AppWrapper was read
+    # (api.models.generated_name): a template reaching here unnamed has none usable.
+    if prefix is None or prefix == "" or isinstance(prefix, str):
+        return "missing metadata.name"
+    return f"missing metadata.name, and metadata.generateName {_short(prefix)} is not a string"
+
+
+def _made_from(name: str, prefix: Any) -> bool:
+    """Whether `name` is one `generated_name` made from the prefix `prefix`."""
+    if not isinstance(prefix, str) or not prefix:
+        return False
+    kept = prefix[:GENERATE_NAME_PREFIX_MAX]
+    return name.startswith(kept) and len(name) == len(kept) + 5
+
+
 def identity_problems(template: Mapping[str, Any]) -> list[str]:
     """What is wrong with the parts of a template that reach a URL: apiVersion, kind,
     metadata.name and metadata.namespace, against Kubernetes' grammar. [] when all are well
@@ -143,11 +160,18 @@ def identity_problems(template: Mapping[str, Any]) -> list[str]:
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
         if name is None or name == "":
-            hint = " (generateName is not supported)" if metadata.get("generateName") else ""
-            problems.append(f"missing metadata.name{hint}")
+            problems.append(_unnamed_problem(metadata.get("generateName")))
         else:
             problems.append("metadata.name is not a string")
     elif (problem := _name_problem(kind, name)) is not None:
+        prefix = metadata.get("generateName")
+        if _made_from(name, prefix):
+            # The name was made from generateName (api.models.generated_name): the prefix
+            # is what the user wrote, so it is what the message names.
+            problem = (
+                f"metadata.generateName {_short(prefix)} does not make a valid name "
+                f"(made: {_short(name)}): " + problem.split(" is not ", 1)[-1]
+            )
         problems.append(problem)
     namespace = metadata.get("namespace")
     if namespace is not None and namespace != "":

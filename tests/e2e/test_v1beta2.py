@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from dispatcher.api.models import generated_name
 from dispatcher.core.convert import V1BETA1_FIELDS
 from dispatcher.core.gatekeeping import SIGNATURE, USER
 from dispatcher.testing.converter import crd_calling, v1beta1_only
+from dispatcher.testing.kubectl import KubectlError
 from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     CRD,
@@ -23,6 +25,7 @@ from tests.e2e.conftest import (
     deployment,
     job,
     pods_of,
+    service,
 )
 from tests.e2e.test_security import Secure, pod, secure  # noqa: F401 (a fixture)
 
@@ -283,3 +286,128 @@ async def test_v1beta2_goes_through_the_admission_webhook_and_stays_signed(
     as_v1 = await read(cluster, V1, namespace, "signed")
     assert json.loads(as_v1["metadata"]["annotations"][USER])["username"] == "bob"
     assert as_v1["metadata"]["annotations"][SIGNATURE].startswith("v1:")
+
+
+def unnamed(template: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """`template` named by `metadata.generateName` instead of a name."""
+    del template["metadata"]["name"]
+    template["metadata"]["generateName"] = prefix
+    return template
+
+
+def made(app: str, *templates: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A v1beta2 AppWrapper of `templates`, each a component with `fields`."""
+    return {**v1beta2_app(app), "spec": {"components": [component(t, **fields) for t in templates]}}
+
+
+async def deployments_of(cluster: Any, namespace: str, app: str) -> list[str]:
+    out = await cluster.akubectl(
+        "get", "deployments", "-n", namespace, "-o", "json",
+        "-l", f"workload.codeflare.dev/appwrapper={app}",
+    )  # fmt: skip
+    return sorted(d["metadata"]["name"] for d in json.loads(out.stdout)["items"])
+
+
+async def test_generate_name_is_made_once_adopted_and_removed_and_running_means_made(
+    cluster: Any, namespace: str, fake_nodes: Any, run_dispatcher: Any
+) -> None:
+    """A component with generateName gets one name fixed by the AppWrapper's uid: made
+    once, found again after a restart (no second copy), removed with the AppWrapper. And
+    phase Running means the objects are made (the AppWrapper controller's meaning): a
+    Deployment whose pods are held by a scheduling gate is Running, PodsReady False."""
+    fake_nodes.add("n", cpu="4", memory="8Gi")
+    await run_dispatcher()
+    await apply(
+        cluster, namespace, made("gen", unnamed(deployment("x", 1, {"cpu": "100m"}), "gen-"))
+    )
+    gate = {"schedulingGates": [{"name": "example.com/hold"}]}
+    await apply(
+        cluster,
+        namespace,
+        made("gated", deployment("gated", 1, {"cpu": "100m"}), podSetInfos=[gate]),
+    )
+    await wait_phase(cluster, namespace, "gen", "Running")
+    uid = (await read(cluster, V1, namespace, "gen"))["metadata"]["uid"]
+    want = [generated_name("gen-", uid, 0)]
+    assert await deployments_of(cluster, namespace, "gen") == want
+    await wait_phase(cluster, namespace, "gated", "Running")
+
+    async def made_not_ready() -> bool:
+        aw = await read(cluster, V2, namespace, "gated")
+        ready = {c["type"]: c["status"] for c in aw["status"]["conditions"]}
+        pods = await pods_of(cluster, namespace, "gated")
+        return (
+            aw["status"]["phase"] == "Running"
+            and (ready["ResourcesDeployed"], ready["PodsReady"]) == ("True", "False")
+            and len(pods) == 1
+            and pods[0]["status"].get("phase") == "Pending"
+        )
+
+    await async_wait_until(made_not_ready, timeout=30, what="the gated pod made, not running")
+    await run_dispatcher(restart=True)
+
+    async def one_copy_and_still_running() -> bool:
+        return await deployments_of(cluster, namespace, "gen") == want and await made_not_ready()
+
+    await async_holds_for(one_copy_and_still_running, seconds=QUIET_SECONDS, what="adopted")
+    await cluster.akubectl("delete", V2, "gen", "-n", namespace, "--wait=false")
+
+    async def removed() -> bool:
+        return await deployments_of(cluster, namespace, "gen") == []
+
+    await async_wait_until(removed, timeout=30, what="the generated Deployment removed")
+
+
+async def test_the_webhook_holds_v1beta2_to_the_controllers_invariants(
+    cluster: Any,
+    namespace: str,
+    fake_nodes: Any,
+    run_dispatcher: Any,
+    secure: Secure,  # noqa: F811 (the fixture imported above)
+) -> None:
+    """Refused at apply in v1beta2 (and not in v1beta1): no component, no pod template, more
+    than 8 pod templates, a generateName that makes no valid name; at update, a change of a
+    component's template or podSets."""
+    fake_nodes.add("n", cpu="4", memory="8Gi")
+    await run_dispatcher(**secure.settings())
+
+    async def refusal(*kubectl: str, obj: dict[str, Any] | None = None) -> str:
+        """The API server's answer to `kubectl` (or an apply of `obj`), which must fail."""
+        call = secure.apply(obj) if obj is not None else cluster.akubectl(*kubectl)
+        with pytest.raises(KubectlError) as caught:
+            await call
+        return str(caught.value.stderr)
+
+    refused = {
+        "spec.components is empty": made("none"),
+        "make no pods": made("nopods", service("s")),
+        "contain 9 pod templates": made("nine", *(pod(f"p{i}") for i in range(9))),
+        "metadata.generateName 'P_' does not make a valid name": made(
+            "badprefix", unnamed(pod("p"), "P_")
+        ),
+    }
+    for want, obj in refused.items():
+        assert want in await refusal(obj=obj), want
+    await apply(cluster, namespace, appwrapper("mcad-service", service("s")))  # v1beta1: as MCAD
+
+    sets = [{"path": "template.spec.template", "replicas": 1}]
+    await secure.apply(made("fixed", deployment("d", 1, {"cpu": "100m"}), podSets=sets))
+    changes = {
+        "spec.components[0].podSets: 1 pod sets cannot become 2": [
+            {"op": "add", "path": "/spec/components/0/podSets/-", "value": sets[0]}
+        ],
+        "spec.components[0].podSets[0].replicas cannot change": [
+            {"op": "replace", "path": "/spec/components/0/podSets/0/replicas", "value": 12}
+        ],
+        "spec.components[0].template cannot change": [
+            {"op": "replace", "path": "/spec/components/0/template/spec/replicas", "value": 2}
+        ],
+    }
+    for want, patch in changes.items():
+        message = await refusal(
+            "patch", V2, "fixed", "-n", namespace, "--type=json", "-p", json.dumps(patch)
+        )
+        assert want in message, (want, message)
+    suspend = '{"spec":{"suspend":true}}'
+    await cluster.akubectl("patch", V2, "fixed", "-n", namespace, "--type=merge", "-p", suspend)
+    assert (await read(cluster, V2, namespace, "fixed"))["spec"]["suspend"] is True

@@ -17,7 +17,7 @@ def condition(env: FakeEnv, name: str, type_: str) -> str | None:
     return found[0]["status"] if found else None
 
 
-async def test_a_job_from_apply_to_completed_costs_three_status_writes() -> None:
+async def test_a_job_from_apply_to_completed_costs_four_status_writes() -> None:
     async with fake_env(loops=True) as env:
         await env.add_node("n1", cpu="8")
         await env.apply(appwrapper("a", job("a", 1, {"cpu": "1"}), completion="Complete"))
@@ -32,9 +32,12 @@ async def test_a_job_from_apply_to_completed_costs_three_status_writes() -> None
         await env.until(lambda: condition(env, "a", "Completed") == "True", "Completed")
         await env.until(lambda: env.manager.finished["count"] == 1, "its hops counted")
         hops = env.manager.finished
-        # Dispatched (with Init and Queueing), Running, Completed: the pod's finish alone
-        # changes only counts, which wait for the next write.
-        assert hops["writes"] == 3
+        # Dispatched (with Init and Queueing), its objects made (v1beta2 phase Running),
+        # Running, Completed: the pod's finish alone changes only counts, which wait for the
+        # next write.
+        assert hops["writes"] == 4
+        made = (env.manager.status.current(f"{NAMESPACE}/a") or {}).get("status") or {}
+        assert made["objectsMadeFor"] == made["lastDispatchedAt"]
         assert hops["cycles"] == 1
         # One per change it must react to (created, taken in, its Job, each pod change), fewer
         # when changes arrive together; never one for the echo of its own write.

@@ -22,7 +22,7 @@ from dispatcher.core.convert import (
     to_v1beta1,
     to_v1beta2,
 )
-from dispatcher.core.v1beta2status import phase_of, v1beta2_status
+from dispatcher.core.v1beta2status import OBJECTS_MADE, phase_of, v1beta2_status
 
 # -- strategies ----------------------------------------------------------------------------
 
@@ -347,8 +347,14 @@ def test_v1beta1_fields_too_large_for_an_annotation_are_left_out_and_a_write_bac
         pytest.param(set(), "Suspended", id="new"),
         pytest.param({"Init", "Queueing"}, "Suspended", id="queued"),
         pytest.param({"Init", "Queueing", "Backoff"}, "Resetting", id="backoff"),
-        pytest.param({"Dispatched"}, "Resuming", id="dispatched"),
-        pytest.param({"Dispatched", "Running"}, "Running", id="running"),
+        # Running as the AppWrapper controller means it: its objects are made, whether or
+        # not their pods run yet (that is PodsReady); Resuming while they are being made.
+        pytest.param({"Dispatched"}, "Resuming", id="dispatched-objects-not-made"),
+        pytest.param({"Dispatched", OBJECTS_MADE}, "Running", id="objects-made"),
+        pytest.param({"Dispatched", "Running"}, "Running", id="pods-running"),
+        pytest.param({"Dispatched", "Running", OBJECTS_MADE}, "Running", id="both"),
+        pytest.param({"Backoff", OBJECTS_MADE}, "Resetting", id="made-then-requeued"),
+        pytest.param({"Init", "Queueing", "HeadOfLine"}, "Suspended", id="head-of-line"),
         pytest.param({"Dispatched", "Running", "Preempted"}, "Suspending", id="evicting"),
         pytest.param({"Dispatched", "Running", "Completed"}, "Succeeded", id="completed"),
         pytest.param({"Dispatched", "Failed"}, "Failed", id="failed"),
@@ -405,6 +411,27 @@ def test_condition_table(conditions: list[dict[str, Any]], want_true: set[str]) 
         "DeletingResources",
     }
     assert {t for t, s in got.items() if s == "True"} == want_true
+
+
+@pytest.mark.parametrize(
+    ("made_for", "want"),
+    [
+        pytest.param("2026-01-01T00:00:02.000000Z", "Running", id="this-attempt-made"),
+        pytest.param("2026-01-01T00:00:01.000000Z", "Resuming", id="an-earlier-attempt-made"),
+        pytest.param(None, "Resuming", id="none-made"),
+    ],
+)
+def test_running_once_this_attempts_objects_are_made(made_for: str | None, want: str) -> None:
+    status: dict[str, Any] = {
+        "conditions": [condition("Dispatched"), condition("Running", "False")],
+        "lastDispatchedAt": "2026-01-01T00:00:02.000000Z",
+    }
+    if made_for is not None:
+        status["objectsMadeFor"] = made_for
+    out = v1beta2_status(status)
+    assert out["phase"] == want
+    ready = {c["type"]: c["status"] for c in out["conditions"]}
+    assert (ready["ResourcesDeployed"], ready["PodsReady"]) == ("True", "False")
 
 
 def test_suspended_says_so_and_reasons_are_condition_reasons() -> None:

@@ -35,9 +35,16 @@ ITEM_CASES: list[Any] = [
     pytest.param(without(pod("p"), "kind"), ["missing kind"], id="no-kind"),
     pytest.param(without(pod("p"), "metadata", "name"), ["missing metadata.name"], id="no-name"),
     pytest.param(
+        # Read from an AppWrapper, a string generateName has been made a name already
+        # (tests/unit/test_generated_names.py); a bare template has none to create.
         with_metadata(without(pod("p"), "metadata", "name"), generateName="p-"),
-        ["missing metadata.name (generateName is not supported)"],
-        id="generate-name",
+        ["missing metadata.name"],
+        id="generate-name-unread",
+    ),
+    pytest.param(
+        with_metadata(without(pod("p"), "metadata", "name"), generateName=7),
+        ["missing metadata.name, and metadata.generateName 7 is not a string"],
+        id="generate-name-not-a-string",
     ),
     pytest.param(
         with_metadata(pod("p"), namespace="kube-system"),
