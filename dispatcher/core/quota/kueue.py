@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -256,6 +256,20 @@ def _clash(kind: str, ours: str, name: str) -> str:
     )
 
 
+_Spec = TypeVar("_Spec", QueueSpec, CohortSpec)
+
+
+def _keep(found: dict[str, _Spec], spec: _Spec, known: set[str], clash: str) -> None:
+    """Kueue's `spec` kept beside ours: taken where ours has none of that name (`known`:
+    the names of ours), one where both read the same, ours made inactive with `clash`
+    where they differ."""
+    ours = found.get(spec.name)
+    if ours is None or spec.name not in known:
+        found[spec.name] = spec
+    elif ours != spec:
+        found[spec.name] = dataclasses.replace(ours, problems=_with(ours.problems, clash))
+
+
 def _add_queues(merge: _Merge, objects: Iterable[Obj], known: set[str]) -> None:
     for obj in objects:
         try:
@@ -267,14 +281,7 @@ def _add_queues(merge: _Merge, objects: Iterable[Obj], known: set[str]) -> None:
         spec = queue_of(model)
         refused = tuple(f"{KUEUE_GROUP} ClusterQueue: {r}" for r in read.refused)
         spec = dataclasses.replace(spec, problems=_with(spec.problems, *refused))
-        ours = merge.queues.get(spec.name)
-        if ours is None or spec.name not in known:
-            merge.queues[spec.name] = spec
-        elif ours != spec:
-            clash = _clash("ClusterQueue", "ClusterAppQueue", spec.name)
-            merge.queues[spec.name] = dataclasses.replace(
-                ours, problems=_with(ours.problems, clash)
-            )
+        _keep(merge.queues, spec, known, _clash("ClusterQueue", "ClusterAppQueue", spec.name))
 
 
 def _add_cohorts(merge: _Merge, objects: Iterable[Obj], known: set[str]) -> None:
@@ -286,14 +293,7 @@ def _add_cohorts(merge: _Merge, objects: Iterable[Obj], known: set[str]) -> None
             continue
         merge.note("Cohort", obj, read)
         spec = cohort_of(model)
-        ours = merge.cohorts.get(spec.name)
-        if ours is None or spec.name not in known:
-            merge.cohorts[spec.name] = spec
-        elif ours != spec:
-            clash = _clash("Cohort", "AppCohort", spec.name)
-            merge.cohorts[spec.name] = dataclasses.replace(
-                ours, problems=_with(ours.problems, clash)
-            )
+        _keep(merge.cohorts, spec, known, _clash("Cohort", "AppCohort", spec.name))
 
 
 def _add_flavors(merge: _Merge, objects: Iterable[Obj], known: set[str]) -> None:
