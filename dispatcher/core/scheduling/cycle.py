@@ -259,10 +259,7 @@ def schedule(
         if decisions.waits_behind_head(workload, queued):
             continue
         if queued is None:
-            checks = () if workload.checked else capacity_checks
-            decided = _fit_unqueued(workload, cycle, preemption, quotas, preempt=not checks)
-            if checks and not isinstance(decided, str):
-                decided = ""  # reserved: its checks may bring the nodes it needs
+            decided, checks = _fit_unqueued(workload, cycle, preemption, quotas, capacity_checks)
             assignment, fitted = None, workload
         else:
             assert quotas is not None
@@ -273,9 +270,7 @@ def schedule(
             decided, assignment, fitted = outcome
             checks = quotas.spec(queued.queue).checks if not decided else ()
         if isinstance(decided, str):
-            decisions.admitted(
-                workload, decided, queued, assignment, checks=checks if not decided else ()
-            )
+            decisions.admitted(workload, decided, queued, assignment, checks=checks)
         else:
             # 4. It fits nowhere: say why, maybe preempt, and hold what it is owed.
             decisions.fits_nowhere(workload, fitted, decided, queued, assignment, strict=strict)
@@ -299,15 +294,20 @@ def _fit_unqueued(
     cycle: CycleState,
     preemption: PreemptionPolicy | None,
     quotas: QuotaView | None,
-    *,
-    preempt: bool,
-) -> str | _Tried:
-    """A workload with no queue is fitted on capacity alone (as without quotas)."""
+    capacity_checks: tuple[str, ...],
+) -> tuple[str | _Tried, tuple[str, ...]]:
+    """A workload with no queue is fitted on capacity alone (as without quotas). With
+    `capacity_checks` (and not checked yet), one that fits nowhere is reserved ("") with
+    those checks to run, and asks for no victims."""
+    checks = () if workload.checked else capacity_checks
     rules: Callable[[], VictimRules] | None = None
     if quotas is not None and quotas.charges:
         # Work admitted through a queue is not a queue-less preemptor's to take.
         rules = partial(CapacityOnly, workload, quotas.charges)
-    return _fit(workload, cycle, preemption, preempt=preempt, rules=rules, context="")
+    decided = _fit(workload, cycle, preemption, preempt=not checks, rules=rules, context="")
+    if checks and not isinstance(decided, str):
+        return "", checks  # reserved: its checks may bring the nodes it needs
+    return decided, ()
 
 
 @dataclass(slots=True)
