@@ -59,7 +59,8 @@ WRAPPED_KIND = _closed(
     resources=_described("Its resource names (plural).", _STRINGS),
     watch={
         "type": "boolean",
-        "description": "It reports completion: list and watch it too (label-selected).",
+        "description": "Ignored (kept so older values still install): every wrapped kind is "
+        "listed and watched, label-selected, to learn its completion and deletion.",
     },
 )
 WRAPPED_KIND["required"] = ["apiGroups", "resources"]

@@ -105,6 +105,8 @@ class Reason(StrEnum):
     RETRY_LIMIT_REACHED = "RetryLimitReached"
     DISPATCH_DURATION_EXCEEDED = "DispatchDurationExceeded"
     PODS_FAILED = "PodsFailed"
+    MISSING_COMPONENT = "MissingComponent"
+    """Failed: a wrapped object was deleted by someone else while it ran."""
     PREEMPTED_BY_HIGHER_PRIORITY = "PreemptedByHigherPriority"
     RECLAIMED_WITHIN_COHORT = "ReclaimedWithinCohort"
     PREEMPTED_WITHIN_QUEUE = "PreemptedWithinQueue"

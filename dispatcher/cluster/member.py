@@ -48,8 +48,9 @@ def _slim_node(node: dict[str, object]) -> dict[str, object]:
 
 
 def _slim_wrapped(obj: dict[str, Any]) -> dict[str, Any]:
-    """What reading a wrapped object's completion needs: who owns it, whether the dispatcher
-    made it (its own managedFields entry, not a look-alike's), and its conditions."""
+    """What reading a wrapped object's completion and presence needs: who owns it, whether
+    the dispatcher made it (its own managedFields entry, not a look-alike's), whether it is
+    being deleted, and its conditions."""
     meta = obj.get("metadata") or {}
     ours = [
         {"manager": FIELD_MANAGER}
@@ -62,6 +63,8 @@ def _slim_wrapped(obj: dict[str, Any]) -> dict[str, Any]:
         "metadata": {
             **slim_metadata(meta, (LABEL_NAME, LABEL_NAMESPACE, LABEL_UID)),
             "managedFields": ours,
+            # Kept when set: an object being deleted by someone else is a missing component.
+            **({"deletionTimestamp": gone} if (gone := meta.get("deletionTimestamp")) else {}),
         },
         "status": {"conditions": (obj.get("status") or {}).get("conditions") or []},
     }
@@ -255,7 +258,7 @@ class Member:
             info,
             label_selector=LABEL_UID,
             transform=lambda obj: self._vouched(_slim_wrapped(obj)),
-            # Read only to learn completion, once an AppWrapper's pods have all finished.
+            # Read only to learn completion and presence, on a change of their AppWrapper.
             cold=lambda _obj: True,
             optional=True,
             monotonic=self.clock.monotonic,
@@ -263,17 +266,17 @@ class Member:
         self.wrapped[key] = informer
         return informer, True
 
-    async def completion_caches(
+    async def wrapped_caches(
         self,
         kinds: Iterable[tuple[str, str]],
         *,
         on_change: Callable[[str, dict[str, Any] | None, dict[str, Any] | None], None],
         start_task: Callable[[Coroutine[Any, Any, None], str], None],
     ) -> dict[str, Informer]:
-        """Watch caches of the wrapped kinds (apiVersion, kind) that report completion,
-        started on first need, each change handed to `on_change` (the objects are labelled
-        like the pods: a change wakes their AppWrapper). A kind unknown to the member has
-        none: its objects are read, and missed, by GET."""
+        """Watch caches of the wrapped kinds (apiVersion, kind), for their completion and
+        their presence, started on first need, each change handed to `on_change` (the
+        objects are labelled like the pods: a change, a deletion too, wakes their
+        AppWrapper). A kind unknown to the member has none."""
         caches: dict[str, Informer] = {}
         for api_version, kind in kinds:
             try:

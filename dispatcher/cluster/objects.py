@@ -510,3 +510,37 @@ async def completion(
             )
             failed = f"{obj.label} failed: {why}"
     return Completion(len(watched), done, failed, polled)
+
+
+async def missing(
+    client: KubeApi,
+    namespace: str,
+    objects: list[Wrapped],
+    *,
+    uid: str,
+    caches: Mapping[str, Informer],
+) -> str:
+    """ "Kind/name" of the first object made for this AppWrapper that is gone (deleted by
+    someone else, or being deleted), "" when all are there. Read from the kind's synced
+    watch cache; an object the cache lacks is read again by GET before it counts as gone (the
+    cache may not have seen a create yet). A kind with no synced cache is not judged: reading
+    every object of it by GET on every change of the AppWrapper would cost more than it tells."""
+    for obj in objects:
+        cache = caches.get(f"{obj.api_version}/{obj.kind}")
+        if cache is None or not cache.synced.is_set():
+            continue
+        current = cache.store.get(f"{namespace}/{obj.name}")
+        if current is None:
+            try:
+                info = await client.resource_info(obj.api_version, obj.kind)
+                current = await client.get(info, namespace, obj.name)
+            except NotFound:
+                return obj.label
+            except UnknownKind:
+                continue
+        meta = current.get("metadata") or {}
+        if (meta.get("labels") or {}).get(LABEL_UID) != uid:
+            return obj.label  # ours is gone; the name is someone else's now
+        if meta.get("deletionTimestamp"):
+            return obj.label
+    return ""

@@ -1,8 +1,9 @@
 """How a dispatched AppWrapper does: its pods counted from its member's capacity cache (into
-its status), its wrapped objects' completion read, gathered into the `core.lifecycle.Progress`
-that `assess` judges. Wrapped objects report completion through their own status, also while
-pods run (MCAD's RunningHoldCompletion): from a watch cache of that kind, whose changes wake
-the owner, and until that cache has synced from a GET, looked at again a little later."""
+its status), its wrapped objects' completion and presence read, gathered into the
+`core.lifecycle.Progress` that `assess` judges. Wrapped objects report completion through
+their own status, also while pods run (MCAD's RunningHoldCompletion), and their deletion by
+someone else: from a watch cache of each wrapped kind, whose changes wake the owner, and
+until that cache has synced from a GET, looked at again a little later."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ from typing import Any
 
 from dispatcher.api.models import AppWrapper, AppWrapperStatus, parse_time
 from dispatcher.cluster.member import Member
-from dispatcher.cluster.objects import Wrapped, completion, target_namespace, wrapped_identities
+from dispatcher.cluster.objects import (
+    Wrapped,
+    completion,
+    missing,
+    target_namespace,
+    wrapped_identities,
+)
 from dispatcher.core import conditions as cond
 from dispatcher.core.lifecycle import Progress
 
@@ -35,12 +42,14 @@ async def measure(
     *,
     expected: int,
     now: float,
+    look_for_missing: bool,
     wake_owner: Callable[[str, dict[str, Any] | None, dict[str, Any] | None], None],
     start_task: Callable[[Coroutine[Any, Any, None], str], None],
 ) -> tuple[Progress, bool, bool]:
     """Its progress, whether the pod counts in `status` changed, and whether some object's
     status was read by GET (it will not announce itself: look again later). `expected`: the
-    pods it declared that are tracked."""
+    pods it declared that are tracked; `look_for_missing`: whether its objects were all made
+    before this look (then one that is gone was deleted by someone else)."""
     counts = member.capacity.pod_counts(aw.key, aw.metadata.uid or "")
     changed = cond.set_pod_counts(
         status,
@@ -53,21 +62,21 @@ async def measure(
     if min_available is None:
         min_available = expected
     completion_items = sum(1 for item in aw.spec.items if item.completion_conditions())
+    objects = objects or wrapped_identities(aw)
+    # Every wrapped kind's watch cache, started at the first look: a deletion, or a
+    # completion, then wakes this AppWrapper. Not for Pods: the capacity cache holds every
+    # pod of an AppWrapper already (a wrapped Pod deleted is a pod lost, as before).
+    kinds = [(o.api_version, o.kind) for o in objects if (o.api_version, o.kind) != ("v1", "Pod")]
+    caches = await member.wrapped_caches(kinds, on_change=wake_owner, start_task=start_task)
+    # Mapped: its objects were created there by this process, same settings.
+    namespace = target_namespace(member, aw.metadata.namespace)
+    uid = aw.metadata.uid or ""
+    gone = ""
+    if look_for_missing:
+        gone = await missing(member.client, namespace, objects, uid=uid, caches=caches)
     done_items, failed_object, polled = 0, "", False
     if completion_items:
-        objects = objects or wrapped_identities(aw)
-        result = await completion(
-            member.client,
-            # Mapped: its objects were created there by this process, same settings.
-            target_namespace(member, aw.metadata.namespace),
-            objects,
-            uid=aw.metadata.uid or "",
-            caches=await member.completion_caches(
-                [(o.api_version, o.kind) for o in objects if o.completion],
-                on_change=wake_owner,
-                start_task=start_task,
-            ),
-        )
+        result = await completion(member.client, namespace, objects, uid=uid, caches=caches)
         completion_items, done_items = result.items, result.done
         failed_object, polled = result.failed, result.polled
     progress = Progress(
@@ -83,5 +92,6 @@ async def measure(
         completion_items=completion_items,
         completed_items=done_items,
         failed_object=failed_object,
+        missing_object=gone,
     )
     return progress, changed, polled

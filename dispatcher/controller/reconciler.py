@@ -494,6 +494,11 @@ class Reconciler:
             objects,
             expected=expected,
             now=now,
+            # Made by an earlier look of this process (not just now: a watch cache may not
+            # have seen a create yet, and a GET per object per dispatch is not worth it).
+            look_for_missing=not objects
+            and bool(status.lastDispatchedAt)
+            and status.objectsMadeFor == status.lastDispatchedAt,
             wake_owner=self._wake_owner,
             start_task=self._start_task,
         )

@@ -17,7 +17,8 @@ What each generation expresses natively:
 - v1beta2 only: `spec.managedBy`, and a status written in v1beta2 by someone else than the
   dispatcher. In v1beta1 they are kept in the annotation `V1BETA2_FIELDS`;
 - status: the dispatcher writes status in v1beta1 only. The v1beta2 status is the v1beta1
-  one, every field of it, plus what v1beta2 adds (`phase`, `resettingCount`, and the
+  one, every field of it, plus what v1beta2 adds (`phase`, `resettingCount`,
+  `componentStatus` once the objects are made, and the
   conditions QuotaReserved, ResourcesDeployed, PodsReady, Unhealthy, DeletingResources
   beside the v1beta1 ones: no type is in both), derived by `v1beta2_status`
   (core/v1beta2status.py). So `kubectl get aw` (v1beta2, the preferred version) still
@@ -37,7 +38,11 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from dispatcher.core.v1beta2status import V1BETA2_CONDITION_TYPES, v1beta2_status
+from dispatcher.core.v1beta2status import (
+    V1BETA2_CONDITION_TYPES,
+    component_status,
+    v1beta2_status,
+)
 
 GROUP: Final = "workload.codeflare.dev"
 V1BETA1: Final = f"{GROUP}/v1beta1"
@@ -155,11 +160,21 @@ def to_v1beta2(obj: Mapping[str, Any]) -> Obj:
     status = obj.get("status")
     if isinstance(status, Mapping) and status:
         out["status"] = _v1beta2_status(status, obj.get("spec"))
+        made = component_status(new_spec["components"], status, seed=_seed(obj))
+        if made:
+            out["status"]["componentStatus"] = made
     elif "status" in carried:
         out["status"] = carried["status"]
     elif "status" in obj:
         out["status"] = copy_json(status)
     return out
+
+
+def _seed(obj: Mapping[str, Any]) -> str:
+    """What generated names are seeded by: the uid (as `AppWrapper._generated_names`)."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
 
 
 def _components(items: list[Any]) -> tuple[list[Obj], list[Obj]]:

@@ -8,6 +8,10 @@ controller does, any failed pod makes it unhealthy, it is given `failureGracePer
 recover (a wrapped object's own Failed condition is given none), and then it is reset
 (`RESET`: its objects removed and made again, in place) while its resets stay under
 `retryLimit`, else Failed.
+
+A wrapped object deleted by someone else while it runs fails it at once, reset rule or not
+(`MissingComponent`): the AppWrapper cannot run as written, and making the object again
+would undo what someone did on purpose.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class Progress:
     completion_items: int  # items with a completionstatus
     completed_items: int  # of those, how many show a completion condition
     failed_object: str = ""  # "Job/train: BackoffLimitExceeded" when a wrapped object failed
+    missing_object: str = ""  # "Job/train" when a wrapped object made for it is gone
     seconds_failing: float = 0.0  # since it was first seen with failed pods (this attempt)
 
 
@@ -95,6 +100,13 @@ def assess(
     done = _done(p)  # 1.
     if done is not None:
         return done
+    if p.missing_object:  # 1b. Someone deleted a part of it: it cannot run as written.
+        # No grace and no reset, as the AppWrapper controller: the deletion was deliberate.
+        return Assessment(
+            Verdict.FAILED,
+            Reason.MISSING_COMPONENT,
+            f"{p.missing_object} was deleted while the AppWrapper ran",
+        )
     failed = _failed(p) if retry is None else _reset_or_fail(p, retry)  # 2.
     if failed is not None:
         return failed

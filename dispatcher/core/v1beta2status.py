@@ -1,6 +1,7 @@
-"""The v1beta2 status of an AppWrapper (`phase`, `conditions`, `resettingCount`), read off
-the v1beta1 status the dispatcher writes. Pure, no I/O: one table, `PHASES`, and one for the
-conditions, `CONDITIONS`; the conversion (core/convert.py) calls `v1beta2_status`.
+"""The v1beta2 status of an AppWrapper (`phase`, `conditions`, `resettingCount`,
+`componentStatus`), read off the v1beta1 status the dispatcher writes. Pure, no I/O: one
+table, `PHASES`, and one for the conditions, `CONDITIONS`; the conversion (core/convert.py)
+calls `v1beta2_status` and `component_status`.
 
 Works on the status as JSON (a dict), as the conversion does: a status written by an older
 dispatcher or by MCAD converts too, whatever it holds.
@@ -27,8 +28,10 @@ this attempt's objects all exist), and reads here as the pseudo-type `OBJECTS_MA
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
+
+from dispatcher.api.models import generated_name
 
 SUSPENDED: Final = "Suspended"
 RESUMING: Final = "Resuming"
@@ -145,3 +148,46 @@ def _seconds(micro: str) -> str:
     """metav1.Time (RFC 3339 to the second) of a MicroTime string."""
     head = micro.split(".", 1)[0].rstrip("Z")
     return f"{head}Z"
+
+
+def component_status(
+    components: Sequence[Mapping[str, Any]], status: Mapping[str, Any], *, seed: str
+) -> list[dict[str, Any]]:
+    """v1beta2's `status.componentStatus`: one entry per component (the object made of it:
+    name, kind, apiVersion, its declared pod sets, `ResourcesDeployed`) once the objects of
+    an attempt were made, else none. The name of a `generateName` component is the one the
+    dispatcher gives it (`generated_name`, seeded by the AppWrapper's uid: `seed`)."""
+    if not status.get("objectsMadeFor"):
+        return []
+    deployed = objects_made(status) and any(
+        isinstance(c, Mapping) and c.get("type") == "Dispatched" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    out = []
+    for index, component in enumerate(components):
+        template = component.get("template")
+        template = template if isinstance(template, Mapping) else {}
+        metadata = template.get("metadata")
+        metadata = metadata if isinstance(metadata, Mapping) else {}
+        name = metadata.get("name")
+        prefix = metadata.get("generateName")
+        if not name and isinstance(prefix, str) and prefix:
+            name = generated_name(prefix, seed, index)
+        entry: dict[str, Any] = {
+            "name": str(name or ""),
+            "kind": str(template.get("kind") or ""),
+            "apiVersion": str(template.get("apiVersion") or ""),
+            "conditions": [
+                {
+                    "type": "ResourcesDeployed",
+                    "status": "True" if deployed else "False",
+                    "reason": "Deployed" if deployed else "NotDeployed",
+                    "message": "",
+                }
+            ],
+        }
+        pod_sets = component.get("podSets")
+        if isinstance(pod_sets, list) and pod_sets:
+            entry["podSets"] = pod_sets
+        out.append(entry)
+    return out

@@ -358,6 +358,46 @@ async def test_generate_name_is_made_once_adopted_and_removed_and_running_means_
     await async_wait_until(removed, timeout=30, what="the generated Deployment removed")
 
 
+async def test_component_status_names_the_objects_and_deleting_one_fails_it(
+    cluster: Any, namespace: str, fake_nodes: Any, run_dispatcher: Any
+) -> None:
+    """As the AppWrapper project's suite walks it: `status.componentStatus` names each object
+    made (a generated name too), and deleting one while it runs fails the AppWrapper
+    (`MissingComponent`), with no reset, even under a retry rule."""
+    fake_nodes.add("n", cpu="4", memory="8Gi")
+    await run_dispatcher()
+    app = made(
+        "parts",
+        unnamed(deployment("x", 1, {"cpu": "100m"}), "parts-"),
+        service("parts-svc"),
+    )
+    app["metadata"]["annotations"] = {
+        "workload.codeflare.dev.appwrapper/retryLimit": "3",
+        "workload.codeflare.dev.appwrapper/failureGracePeriodDuration": "0s",
+    }
+    await apply(cluster, namespace, app)
+    await wait_phase(cluster, namespace, "parts", "Running")
+    aw = await read(cluster, V2, namespace, "parts")
+    uid = aw["metadata"]["uid"]
+    named = [(c["kind"], c["apiVersion"], c["name"]) for c in aw["status"]["componentStatus"]]
+    assert named == [
+        ("Deployment", "apps/v1", generated_name("parts-", uid, 0)),
+        ("Service", "v1", "parts-svc"),
+    ]
+    deployed = [c["conditions"][0] for c in aw["status"]["componentStatus"]]
+    assert [(c["type"], c["status"]) for c in deployed] == [("ResourcesDeployed", "True")] * 2
+    await cluster.akubectl("delete", "deployment", named[0][2], "-n", namespace)
+    await wait_phase(cluster, namespace, "parts", "Failed", timeout=30)
+    failed = next(
+        c
+        for c in (await read(cluster, V1, namespace, "parts"))["status"]["conditions"]
+        if c["type"] == "Failed"
+    )
+    assert failed["reason"] == "MissingComponent"
+    assert named[0][2] in failed["message"]
+    assert (await read(cluster, V2, namespace, "parts"))["status"].get("resettingCount", 0) == 0
+
+
 async def test_the_webhook_holds_v1beta2_to_the_controllers_invariants(
     cluster: Any,
     namespace: str,

@@ -100,5 +100,4 @@ def test_allowed_kinds_default_and_their_rbac_places() -> None:
     for kind, place in table.items():
         assert kind in KNOWN_GROUPS, f"{kind}: not a kind the dispatcher knows the groups of"
         assert set(place["apiGroups"]) <= KNOWN_GROUPS[kind], kind
-    watched = {kind for kind, place in table.items() if place.get("watch")}
-    assert watched == {"Job", "RayJob", "PyTorchJob"}
+    assert not [kind for kind, place in table.items() if "watch" in place]

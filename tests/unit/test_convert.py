@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dispatcher.api.models import generated_name
 from dispatcher.core.convert import (
     RESERVED_ANNOTATIONS,
     V1BETA1,
@@ -22,7 +23,12 @@ from dispatcher.core.convert import (
     to_v1beta1,
     to_v1beta2,
 )
-from dispatcher.core.v1beta2status import OBJECTS_MADE, phase_of, v1beta2_status
+from dispatcher.core.v1beta2status import (
+    OBJECTS_MADE,
+    component_status,
+    phase_of,
+    v1beta2_status,
+)
 
 # -- strategies ----------------------------------------------------------------------------
 
@@ -478,3 +484,48 @@ def test_an_item_nested_deeper_than_deepcopy_goes_converts_both_ways() -> None:
     there = convert(obj, "workload.codeflare.dev/v1beta2")
     back = convert(there, "workload.codeflare.dev/v1beta1")
     assert back["spec"]["resources"]["GenericItems"][0]["generictemplate"] == item
+
+
+def _made_status(*, made: bool, dispatched: bool = True) -> dict[str, Any]:
+    attempt = "2026-01-01T00:00:00.000000Z"
+    return {
+        "lastDispatchedAt": attempt,
+        "objectsMadeFor": attempt if made else "2025-12-31T00:00:00.000000Z",
+        "conditions": [{"type": "Dispatched", "status": "True" if dispatched else "False"}],
+    }
+
+
+def test_component_status_names_each_object_once_made() -> None:
+    components = [
+        {"template": {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"generateName": "j-"}}},
+        {
+            "template": {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}},
+            "podSets": [{"replicas": 1}],
+        },
+    ]
+    got = component_status(components, _made_status(made=True), seed="uid-1")
+    assert [(c["name"], c["kind"], c["apiVersion"]) for c in got] == [
+        (generated_name("j-", "uid-1", 0), "Job", "batch/v1"),
+        ("s", "Service", "v1"),
+    ]
+    assert got[1]["podSets"] == [{"replicas": 1}]
+    assert "podSets" not in got[0]
+    assert {c["conditions"][0]["status"] for c in got} == {"True"}
+    # An earlier attempt's objects were made, this one's not yet: listed, not deployed.
+    earlier = component_status(components, _made_status(made=False), seed="uid-1")
+    assert {c["conditions"][0]["status"] for c in earlier} == {"False"}
+    assert component_status(components, {"conditions": []}, seed="uid-1") == []
+
+
+def test_component_status_is_in_the_v1beta2_view_and_dropped_on_the_way_back() -> None:
+    obj = {
+        "apiVersion": V1BETA1,
+        "kind": "AppWrapper",
+        "metadata": {"name": "a", "namespace": "n", "uid": "u"},
+        "spec": {"resources": {"GenericItems": [{"generictemplate": {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}}]}},
+        "status": _made_status(made=True),
+    }  # fmt: skip
+    as_v2 = convert(obj, V1BETA2)
+    assert [c["name"] for c in as_v2["status"]["componentStatus"]] == ["p"]
+    assert "componentStatus" not in convert(as_v2, V1BETA1)["status"]

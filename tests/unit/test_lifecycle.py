@@ -87,6 +87,21 @@ CASES = [
     ),
     ("pods-failed", {"pending": 0, "failed": 3}, None, Verdict.FAILED, Reason.PODS_FAILED),
     (
+        "object-deleted-while-running",
+        {"missing_object": "Job/x", "running": 3},
+        None,
+        Verdict.FAILED,
+        Reason.MISSING_COMPONENT,
+    ),
+    (
+        # Done first: an object its TTL removed after it completed takes nothing back.
+        "object-deleted-after-all-succeeded",
+        {"missing_object": "Job/x", "pending": 0, "succeeded": 3},
+        None,
+        Verdict.COMPLETED,
+        Reason.WORKLOAD_COMPLETED,
+    ),
+    (
         "window-passed",
         {"seconds_since_dispatch": 61},
         None,

@@ -141,6 +141,13 @@ REQUEUING = Requeuing(timeInSeconds=60, maxNumRequeuings=2)
             Reason.WORKLOAD_COMPLETED,
             id="success-unchanged",
         ),
+        pytest.param(
+            {"running": 2, "missing_object": "PyTorchJob/p"},
+            RETRY,
+            Verdict.FAILED,
+            Reason.MISSING_COMPONENT,
+            id="deleted-component-fails-without-reset",
+        ),
     ],
 )
 def test_reset_decision(changes, retry, want_verdict, want_reason) -> None:

@@ -127,12 +127,12 @@ deletion; list and watch for the kinds whose completion is watched. Never update
 {{- range $kind := $kinds | uniq | sortAlpha }}
 {{- $entry := get $table $kind -}}
 {{- if not $entry -}}
-{{- fail (printf "config.allowed_kinds names %s, which rbac.wrappedKinds does not place: add rbac.wrappedKinds.%s with its apiGroups and resources (and watch: true if it reports completion)" $kind $kind) -}}
+{{- fail (printf "config.allowed_kinds names %s, which rbac.wrappedKinds does not place: add rbac.wrappedKinds.%s with its apiGroups and resources" $kind $kind) -}}
 {{- end }}
 # {{ $kind }}
 - apiGroups: {{ toJson $entry.apiGroups }}
   resources: {{ toJson $entry.resources }}
-  verbs: {{ if $entry.watch }}["get", "list", "watch", "create", "delete"]{{ else }}["get", "create", "delete"]{{ end }}
+  verbs: ["get", "list", "watch", "create", "delete"]
 {{- end -}}
 {{- end -}}
 
