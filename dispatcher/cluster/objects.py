@@ -519,15 +519,21 @@ async def missing(
     *,
     uid: str,
     caches: Mapping[str, Informer],
-) -> str:
-    """ "Kind/name" of the first object made for this AppWrapper that is gone (deleted by
-    someone else, or being deleted), "" when all are there. Read from the kind's synced
-    watch cache; an object the cache lacks is read again by GET before it counts as gone (the
-    cache may not have seen a create yet). A kind with no synced cache is not judged: reading
-    every object of it by GET on every change of the AppWrapper would cost more than it tells."""
+) -> str | None:
+    """The first object made for this AppWrapper that is gone ("Kind/name": deleted by
+    someone else, or being deleted), "" when all are there, None when some kind's cache has
+    not synced yet (look again a little later: a deletion before its first list is never
+    announced). Read from the kind's watch cache; an object the cache lacks is read again by
+    GET before it counts as gone (the cache may not have seen a create yet). A kind with no
+    cache (not served, or not watchable) is not judged: reading every object of it by GET on
+    every change of the AppWrapper would cost more than it tells."""
+    unsure = False
     for obj in objects:
         cache = caches.get(f"{obj.api_version}/{obj.kind}")
-        if cache is None or not cache.synced.is_set():
+        if cache is None or not cache.permitted:
+            continue
+        if not cache.synced.is_set():
+            unsure = True
             continue
         current = cache.store.get(f"{namespace}/{obj.name}")
         if current is None:
@@ -543,4 +549,4 @@ async def missing(
             return obj.label  # ours is gone; the name is someone else's now
         if meta.get("deletionTimestamp"):
             return obj.label
-    return ""
+    return None if unsure else ""

@@ -71,14 +71,14 @@ async def measure(
     # Mapped: its objects were created there by this process, same settings.
     namespace = target_namespace(member, aw.metadata.namespace)
     uid = aw.metadata.uid or ""
-    gone = ""
+    gone: str | None = ""
     if look_for_missing:
         gone = await missing(member.client, namespace, objects, uid=uid, caches=caches)
-    done_items, failed_object, polled = 0, "", False
+    done_items, failed_object, polled = 0, "", gone is None
     if completion_items:
         result = await completion(member.client, namespace, objects, uid=uid, caches=caches)
         completion_items, done_items = result.items, result.done
-        failed_object, polled = result.failed, result.polled
+        failed_object, polled = result.failed, polled or result.polled
     progress = Progress(
         expected_pods=expected,
         min_available=min_available,
@@ -92,6 +92,6 @@ async def measure(
         completion_items=completion_items,
         completed_items=done_items,
         failed_object=failed_object,
-        missing_object=gone,
+        missing_object=gone or "",
     )
     return progress, changed, polled

@@ -98,6 +98,8 @@ class Informer:
         self._page_size = page_size
         self._page_bytes = page_bytes
         self._optional = optional
+        self.permitted = True
+        """False once an optional cache was refused its list: it will never sync."""
         self._absent_ok = absent_ok
         self._log = structlog.get_logger("informer").bind(cluster=client.name, resource=info.plural)
         self._reported: dict[tuple[str, str], None] = {}
@@ -158,6 +160,7 @@ class Informer:
                     # A cache the caller can do without (it reads by GET instead): not being
                     # allowed to list is an answer, not an outage to retry forever.
                     self._log.info("watch_not_permitted", error=str(exc)[:300])
+                    self.permitted = False
                     return
                 if self._absent_ok and isinstance(exc, NotFound | Forbidden) and not self.store:
                     # The kind is not installed (an optional CRD), or not ours to read: that
