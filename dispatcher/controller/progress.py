@@ -1,6 +1,7 @@
 """How a dispatched AppWrapper does: its pods counted from its member's capacity cache (into
 its status), its wrapped objects' completion read, gathered into the `core.lifecycle.Progress`
-that `assess` judges. Wrapped objects report completion through their own status, also while
+that `assess` judges (with the nodes whose health labels evict its pods there, read from
+the capacity cache). Wrapped objects report completion through their own status, also while
 pods run (MCAD's RunningHoldCompletion): from a watch cache of that kind, whose changes wake
 the owner, and until that cache has synced from a GET, looked at again a little later."""
 
@@ -83,5 +84,6 @@ async def measure(
         completion_items=completion_items,
         completed_items=done_items,
         failed_object=failed_object,
+        evicted_nodes=member.capacity.evicted_nodes(aw.key, aw.metadata.uid or ""),
     )
     return progress, changed, polled
