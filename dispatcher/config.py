@@ -14,7 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from dispatcher.core.admissionchecks import BEST_EFFORT_ATOMIC, KNOWN_CLASSES
 from dispatcher.core.faulttolerance import FaultToleranceBounds
 from dispatcher.core.gatekeeping import PriorityPolicy
-from dispatcher.core.model import QueueMode
+from dispatcher.core.model import QueueMode, Taint
+from dispatcher.core.nodehealth import (
+    DEFAULT_PREFER_WEIGHT,
+    DEFAULT_RESOURCE_TAINTS,
+    NodeHealth,
+    label_problem,
+)
 from dispatcher.core.quota.kueue import KueueQuotas
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS, DEFAULT_MAX_APPWRAPPER_BYTES
 
@@ -188,6 +194,65 @@ class FaultToleranceConfig(BaseModel):
         )
 
 
+class HealthLabel(BaseModel):
+    """A node label that takes a resource out of service, written like a taint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    value: str = ""
+    effect: Literal["PreferNoSchedule", "NoSchedule", "NoExecute"]
+
+    @model_validator(mode="after")
+    def _label(self) -> HealthLabel:
+        problem = label_problem(self.key, self.value)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+def _default_resource_taints() -> dict[str, list[HealthLabel]]:
+    return {
+        resource: [
+            HealthLabel.model_validate({"key": t.key, "value": t.value, "effect": t.effect})
+            for t in taints
+        ]
+        for resource, taints in DEFAULT_RESOURCE_TAINTS
+    }
+
+
+class NodeHealthConfig(BaseModel):
+    """Node health by labels (docs/node-health.md), the AppWrapper controller's `autopilot`
+    settings with its defaults (IBM Autopilot's `autopilot.ibm.com/gpuhealth`). Both
+    switches off, or no `resource_taints`, turns it off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    monitor_nodes: bool = True
+    """A node labelled NoSchedule or NoExecute for a resource offers none of it to new
+    gangs; a dispatched AppWrapper with pods asking for it on a NoExecute node is moved
+    (reset after its failure grace, or requeued)."""
+    inject_anti_affinities: bool = True
+    """Pod templates asking for a covered resource get node-affinity terms keeping them off
+    nodes labelled against it (required for NoSchedule and NoExecute, preferred for
+    PreferNoSchedule), added to the user's own."""
+    resource_taints: dict[str, list[HealthLabel]] = Field(default_factory=_default_resource_taints)
+    """Resource name -> the labels that take it out of service on a node."""
+    prefer_no_schedule_weight: int = Field(default=DEFAULT_PREFER_WEIGHT, ge=1, le=100)
+    """The weight of the preferred term for PreferNoSchedule labels."""
+
+    def rules(self) -> NodeHealth:
+        return NodeHealth(
+            resource_taints=tuple(
+                (resource, tuple(Taint(t.key, t.value, t.effect) for t in labels))
+                for resource, labels in self.resource_taints.items()
+            ),
+            monitor_nodes=self.monitor_nodes,
+            inject_anti_affinities=self.inject_anti_affinities,
+            prefer_weight=self.prefer_no_schedule_weight,
+        )
+
+
 class ProvisioningCheckConfig(BaseModel):
     """One ProvisioningRequest admission check (Kueue's ProvisioningRequestConfig)."""
 
@@ -237,6 +302,8 @@ class Config(BaseModel):
     """Backoff after a requeue when the AppWrapper sets no requeuing.pauseTimeInSeconds."""
     fault_tolerance: FaultToleranceConfig = Field(default_factory=lambda: FaultToleranceConfig())
     """Bounds on the v1beta2 fault-tolerance annotations."""
+    node_health: NodeHealthConfig = Field(default_factory=lambda: NodeHealthConfig())
+    """Nodes labelled unhealthy for a resource (docs/node-health.md)."""
     allowed_kinds: list[str] = Field(default_factory=lambda: sorted(DEFAULT_ALLOWED_KINDS))
     fit: Fit = Fit.PER_NODE
     """per_node, or cluster_total as MCAD (pods may then wait Pending for a node)."""

@@ -125,6 +125,9 @@ class Reason(StrEnum):
     CHECK_READY = "Ready"
     CHECK_RETRY = "Retry"
     CHECK_MISCONFIGURED = "CheckMisconfigured"
+    NODE_UNHEALTHY = "NodeUnhealthy"
+    """Some of its pods are on a node whose health labels evict what they ask for
+    (docs/node-health.md): reset after its failure grace, or requeued."""
     CAPACITY_REVOKED = "CapacityRevoked"
     """Requeued: the provisioner took back the capacity its admission check had provided."""
     PROVISIONING_FAILED = "ProvisioningFailed"

@@ -10,6 +10,10 @@ tenant's AppWrapper name, but wrapped objects are only ever created there, and a
 earlier AppWrapper of the same name carries that one's uid. The member's pod watch checks the
 namespace on arrival and drops the labels of look-alikes (`cluster/member.py`); the labels
 then name the AppWrapper on the hub, whatever namespace the member puts its objects in.
+
+Node health (`core/nodehealth.py`, once `follow_health` is called): a node labelled
+NoSchedule or NoExecute for a resource offers none of it in `snapshot()`, and when the
+resources a node evicts change, the AppWrappers with pods there are handed to `wake`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.api.quantity import QuantityError
 from dispatcher.api.resources import EMPTY, Resources
 from dispatcher.core.model import ClusterSnapshot, NodeState, Reservation, Taint
+from dispatcher.core.nodehealth import OFF, NodeHealth, evicted_nodes, offered
 from dispatcher.core.podsets import pod_requests
 from dispatcher.kube.lazyjson import LazyArray, LazyObject, fields, plain
 
@@ -257,6 +262,40 @@ class CapacityCache:
     """owner -> the value of `pod_clock` when one of its pods last changed, so what is derived
     from an owner's pods can be kept until they change (never reused: the clock only grows)."""
     pod_clock: int = 0
+    node_health: NodeHealth = OFF
+    wake: Callable[[str], None] | None = None
+    """Called with the key ("namespace/name") of an AppWrapper with pods on a node whose
+    evicted resources changed."""
+    withheld: dict[str, frozenset[str]] = field(default_factory=dict)
+    """node -> resources its health labels take out of the fit (only nodes with some)."""
+    evicting: dict[str, frozenset[str]] = field(default_factory=dict)
+    """node -> resources whose pods must leave it (NoExecute; only nodes with some)."""
+
+    def follow_health(self, rules: NodeHealth, *, wake: Callable[[str], None]) -> None:
+        """Judge nodes by `rules` from now on (the nodes known so far too)."""
+        self.node_health, self.wake = rules, wake
+        for node in self.nodes.values():
+            self._judge_health(node)
+
+    def _judge_health(self, node: NodeState | None, name: str = "") -> None:
+        """Record what `node`'s labels withhold and evict (None: node `name` is gone or no
+        longer counted), and wake the owners of its pods when what it evicts changed."""
+        name = node.name if node is not None else name
+        labels: Mapping[str, str] = node.labels if node is not None else {}
+        before = self.evicting.get(name, frozenset())
+        for kept, now in (
+            (self.withheld, self.node_health.withheld(labels)),
+            (self.evicting, self.node_health.evicting(labels)),
+        ):
+            if now:
+                kept[name] = now
+            else:
+                kept.pop(name, None)
+        if self.wake is not None and self.evicting.get(name, frozenset()) != before:
+            # Rare (a health label set or cleared): one pass over the pods is affordable.
+            owners = {r.owner[0] for r in self.pods.values() if r.node == name and r.owner}
+            for key in sorted(owners):
+                self.wake(key)
 
     def _changed(self, reason: str) -> None:
         if self.on_change is not None:
@@ -271,15 +310,19 @@ class CapacityCache:
         if new is None:
             name = (old or {}).get("metadata", {}).get("name")
             if name and self.nodes.pop(name, None) is not None:
+                self._judge_health(None, name)
                 self._changed("node-removed")
             return
         state = _node_state(new)
         if not self._selected(state):
             if self.nodes.pop(state.name, None) is not None:
+                self._judge_health(None, state.name)
                 self._changed("node-deselected")
             return
         previous = self.nodes.get(state.name)
         self.nodes[state.name] = state
+        if previous is None or previous.labels != state.labels:
+            self._judge_health(state)
         if previous is None or (
             previous.allocatable != state.allocatable
             or previous.schedulable != state.schedulable
@@ -367,13 +410,31 @@ class CapacityCache:
     def owned_pods(self, key: str, uid: str) -> list[PodRecord]:
         return list(self.pods_by_owner.get((key, uid), {}).values())
 
+    def evicted_nodes(self, key: str, uid: str) -> tuple[str, ...]:
+        """The nodes, sorted, where a pod of the AppWrapper (not on its way out) asks for a
+        resource the node's health labels evict."""
+        if not self.evicting:
+            return ()
+        return evicted_nodes(
+            (
+                (r.node, r.requests)
+                for r in self.pods_by_owner.get((key, uid), {}).values()
+                if r.holds_capacity and not r.deleting
+            ),
+            self.evicting,
+        )
+
     def snapshot(
         self, reservations: tuple[Reservation, ...] = (), *, reachable: bool = True
     ) -> ClusterSnapshot:
         nodes = tuple(
             NodeState(
                 name=n.name,
-                allocatable=n.allocatable,
+                allocatable=offered(
+                    n.allocatable, self.requested.get(n.name, EMPTY), self.withheld[n.name]
+                )
+                if n.name in self.withheld
+                else n.allocatable,
                 requested=self.requested.get(n.name, EMPTY),
                 labels=n.labels,
                 taints=n.taints,

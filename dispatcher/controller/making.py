@@ -1,5 +1,6 @@
 """Making one dispatch attempt's wrapped objects exist in its member cluster: the creator's
-rights asked again, the objects built (with the admission's flavors), their namespace
+rights asked again, the objects built (with the admission's flavors, and node-health
+anti-affinities in the pod templates that ask for a covered resource), their namespace
 prepared, all created or none (adopted after a restart); and removing them again.
 
 Side effects: API requests to the member (creates and deletes), access reviews through the
@@ -29,6 +30,8 @@ from dispatcher.cluster.objects import (
 )
 from dispatcher.controller.gatekeeper import Gatekeeper
 from dispatcher.controller.quotas import QuotaLookup
+from dispatcher.core.declared import item_pod_templates
+from dispatcher.core.nodehealth import OFF, NodeHealth, inject_anti_affinities
 from dispatcher.kube.errors import KubeError
 
 Obj = dict[str, Any]
@@ -67,10 +70,18 @@ class Maker:
     (UserInputError when the user's objects are refused); any other exception is a bug of
     the dispatcher's own, raised as it is."""
 
-    def __init__(self, *, gatekeeper: Gatekeeper | None, quotas: QuotaLookup, clock: Clock) -> None:
+    def __init__(
+        self,
+        *,
+        gatekeeper: Gatekeeper | None,
+        quotas: QuotaLookup,
+        clock: Clock,
+        node_health: NodeHealth = OFF,
+    ) -> None:
         self._gatekeeper = gatekeeper
         self._quotas = quotas
         self._clock = clock
+        self._node_health = node_health
         self._log = structlog.get_logger("maker")
 
     async def ensure(
@@ -99,6 +110,7 @@ class Maker:
             objects = wrapped_objects(
                 aw, owner_reference=member.is_hub, flavors=self._quotas.flavors_of(status)
             )
+            keep_off_unhealthy_nodes(aw, objects, self._node_health)
             namespace = await prepare_namespace(member, aw.metadata.namespace)
             made = await create_all(member.client, namespace, objects, uid=aw.metadata.uid or "")
         except KubeError as exc:
@@ -167,3 +179,18 @@ def _stamp(text: str | None) -> float | None:
     except ValueError:
         return None
     return moment.timestamp()
+
+
+def keep_off_unhealthy_nodes(aw: AppWrapper, objects: list[Wrapped], rules: NodeHealth) -> None:
+    """In place: each pod template of `objects` (the declared ones, else those known for the
+    kind) that asks for a resource the health labels cover gets the anti-affinities
+    (`core.nodehealth.inject_anti_affinities`); every attempt's objects get them, so a reset
+    keeps its new pods off the node that evicted the old ones."""
+    if not rules.inject_anti_affinities:
+        return
+    for wrapped in objects:
+        item = aw.spec.items[wrapped.index]
+        # The declared paths were resolved already, building the object.
+        for template in item_pod_templates(wrapped.body, item, where=f"item {wrapped.index}"):
+            if isinstance(template, dict):
+                inject_anti_affinities(template, rules)

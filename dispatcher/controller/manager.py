@@ -190,7 +190,12 @@ class Manager:
             schedule_soon=self._kick,
             start_task=self._child,
             wake_owner=self._wake_owner,
-            maker=Maker(gatekeeper=self.gatekeeper, quotas=self.quotas, clock=self.clock),
+            maker=Maker(
+                gatekeeper=self.gatekeeper,
+                quotas=self.quotas,
+                clock=self.clock,
+                node_health=self.config.node_health.rules(),
+            ),
             quotas=self.quotas,
             recorder=self.recorder,
             provisioning=self.provisioning,
@@ -226,6 +231,7 @@ class Manager:
         self.quotas.usage_from(self.cache.quota_usage)
         for member in self.members.values():
             member.capacity.on_change = self._on_capacity
+            member.capacity.follow_health(self.config.node_health.rules(), wake=self.queue.add)
             member.pods.add_handler(self._on_pod)
         self.recorder.registry.register(ManagerCollector(self))
 

@@ -1,7 +1,8 @@
 """How a dispatched AppWrapper does: its pods counted from its member's capacity cache (into
 its status), its wrapped objects' completion and presence read, gathered into the
-`core.lifecycle.Progress` that `assess` judges. Wrapped objects report completion through
-their own status, also while pods run (MCAD's RunningHoldCompletion), and their deletion by
+`core.lifecycle.Progress` that `assess` judges (with the nodes whose health labels evict its
+pods there, read from the capacity cache). Wrapped objects report completion through their
+own status, also while pods run (MCAD's RunningHoldCompletion), and their deletion by
 someone else: from a watch cache of each wrapped kind, whose changes wake the owner, and
 until that cache has synced from a GET, looked at again a little later."""
 
@@ -93,5 +94,6 @@ async def measure(
         completed_items=done_items,
         failed_object=failed_object,
         missing_object=gone or "",
+        evicted_nodes=member.capacity.evicted_nodes(aw.key, aw.metadata.uid or ""),
     )
     return progress, changed, polled

@@ -384,9 +384,8 @@ class Reconciler:
             objects, obj = ensured
         progress, counts_changed, polled = await self._progress(aw, status, member, objects)
         retry = retry_policy(aw.metadata.annotations, self._config.fault_tolerance.bounds())
-        failing = bool(progress.failed or progress.failed_object)
         failing_for = self._resets.seconds_failing(
-            aw.key, status, failing=failing, now=self._clock.time()
+            aw.key, status, failing=progress.failing, now=self._clock.time()
         )
         verdict = assess(
             replace(progress, seconds_failing=failing_for),

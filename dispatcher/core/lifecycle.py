@@ -12,6 +12,11 @@ recover (a wrapped object's own Failed condition is given none), and then it is 
 A wrapped object deleted by someone else while it runs fails it at once, reset rule or not
 (`MissingComponent`): the AppWrapper cannot run as written, and making the object again
 would undo what someone did on purpose.
+
+Pods on a node whose health labels evict a resource they ask for (`core/nodehealth.py`)
+make it unhealthy too, not failed: with a reset rule it is reset after `failureGracePeriod`
+(its objects made again keep off that node); without one it is requeued at once, as MCAD
+requeues, and never Failed for it (the node's fault, not the user's).
 """
 
 from __future__ import annotations
@@ -52,7 +57,14 @@ class Progress:
     completed_items: int  # of those, how many show a completion condition
     failed_object: str = ""  # "Job/train: BackoffLimitExceeded" when a wrapped object failed
     missing_object: str = ""  # "Job/train" when a wrapped object made for it is gone
-    seconds_failing: float = 0.0  # since it was first seen with failed pods (this attempt)
+    seconds_failing: float = 0.0  # since it was first seen failing (this attempt)
+    evicted_nodes: tuple[str, ...] = ()  # nodes evicting what its pods there ask for
+
+    @property
+    def failing(self) -> bool:
+        """Failed pods, a failed object, or pods on nodes that evict them: what the failure
+        grace period (`seconds_failing`) is counted from."""
+        return bool(self.failed or self.failed_object or self.evicted_nodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +120,8 @@ def assess(
             f"{p.missing_object} was deleted while the AppWrapper ran",
         )
     failed = _failed(p) if retry is None else _reset_or_fail(p, retry)  # 2.
+    if failed is None and p.evicted_nodes:
+        failed = _move(p, retry)
     if failed is not None:
         return failed
     # 3. Ran past dispatchDuration.limit.
@@ -182,6 +196,34 @@ def _reset_or_fail(p: Progress, retry: Retry) -> Assessment | None:
             Verdict.WAIT,
             Reason.PODS_FAILED,
             f"{cause}; reset after failureGracePeriod {grace:g}s unless they recover",
+            grace - p.seconds_failing,
+        )
+    if p.requeue_count >= retry.retry_limit:
+        return Assessment(
+            Verdict.FAILED,
+            Reason.RETRY_LIMIT_REACHED,
+            f"{cause}; reset {p.requeue_count} times, retryLimit {retry.retry_limit}",
+        )
+    return Assessment(
+        Verdict.RESET,
+        Reason.RESETTING,
+        f"{cause}; reset {p.requeue_count + 1} of retryLimit {retry.retry_limit}",
+    )
+
+
+def _move(p: Progress, retry: Retry | None) -> Assessment:
+    """2. (no failure) Pods on nodes whose health labels evict them: requeued at once
+    without a reset rule; with one, reset after the failure grace (past `retry_limit`
+    resets, Failed, as the AppWrapper controller)."""
+    cause = f"pods on nodes labelled unhealthy (NoExecute): {', '.join(p.evicted_nodes[:10])}"
+    if retry is None:
+        return Assessment(Verdict.REQUEUE, Reason.NODE_UNHEALTHY, f"{cause}; requeued")
+    grace = retry.failure_grace_seconds
+    if p.seconds_failing < grace:
+        return Assessment(
+            Verdict.WAIT,
+            Reason.NODE_UNHEALTHY,
+            f"{cause}; reset after failureGracePeriod {grace:g}s unless the labels go",
             grace - p.seconds_failing,
         )
     if p.requeue_count >= retry.retry_limit:
