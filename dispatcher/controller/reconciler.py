@@ -19,12 +19,11 @@ and makes the world match it, so a missed event or a restart costs nothing:
   room kept); a member silent for too long requeues it;
 - evicting (chosen as a victim): remove its objects, requeue it;
 - Failed: remove its objects once, giving the capacity back;
-- deleting: remove its objects wherever they may be, then the finalizer.
+- deleting: remove its objects wherever they may be, then the finalizer (both ending.py).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -44,6 +43,7 @@ from dispatcher.cluster.objects import (
     spec_change,
 )
 from dispatcher.config import Config
+from dispatcher.controller.ending import Endings
 from dispatcher.controller.making import Maker, NotYet, Refused
 from dispatcher.controller.progress import measure, seconds_since
 from dispatcher.controller.provisioning import Provisioning
@@ -72,7 +72,6 @@ OWN_ERROR_MAX_SECONDS = 300.0
 """Pauses (doubling) between attempts to make objects that met a bug of the dispatcher's."""
 UNSYNCED_RECHECK_SECONDS = 5.0
 """A dispatched AppWrapper on a member whose caches have not synced: look again then."""
-RELEASED_KEPT = 4096
 
 
 class Reconciler:
@@ -107,17 +106,13 @@ class Reconciler:
         self._wake_owner = wake_owner
         self._ensured: dict[str, str] = {}
         """key -> lastDispatchedAt of the attempt whose objects are known to exist."""
-        self._cleaned: dict[str, tuple[str, str]] = {}
-        """key -> (uid, lastDispatchedAt) of the failed attempt whose objects were removed."""
         self._counts_written: dict[str, float] = {}
         """key -> when pod counts alone were last written."""
         self._own_errors: dict[str, int] = {}
         """key -> dispatcher's own errors met making its objects since they last were made."""
-        self._released: OrderedDict[str, None] = OrderedDict()
-        """uids whose finalizer this replica removed (the most recent RELEASED_KEPT): the
-        watch may show such an AppWrapper with its finalizer a moment longer (the answer to
-        the last PATCH may carry no newer resourceVersion to read our own write by), and a
-        reconcile then would look for its objects and patch again, for nothing."""
+        self._endings = Endings(
+            maker=maker, status=status, members=members, schedule_soon=schedule_soon
+        )
         self._log = structlog.get_logger("reconciler")
 
     def forget(self, key: str) -> None:
@@ -129,7 +124,7 @@ class Reconciler:
 
     def forget_all(self, key: str) -> None:
         self.forget(key)
-        self._cleaned.pop(key, None)
+        self._endings.forget(key)
 
     def _moment(self) -> tuple[float, datetime]:
         now = self._clock.time()
@@ -358,22 +353,13 @@ class Reconciler:
             # Its pods are not known yet (it has not answered since the start): judging them
             # would be deciding on a partial view. Its sync, or upkeep, brings this back.
             return Result.after(UNSYNCED_RECHECK_SECONDS)
-        moved = await self._dispatch_moved(aw, obj, status, member)
-        if moved is not None:
-            return moved
-        if self._provisioning is not None:
-            revoked = await self._provisioning.revoked(aw)
-            if revoked:  # as for a lost node: its objects go, it queues again
-                await self._requeue(
-                    aw,
-                    obj,
-                    status,
-                    Reason.CAPACITY_REVOKED,
-                    revoked,
-                    backoff=False,
-                    remove_from=member,
-                )
-                return Result.done()
+        unwanted = await self._unwanted(aw, status)
+        if unwanted is not None:
+            reason, message = unwanted
+            await self._requeue(aw, obj, status, reason, message, backoff=False, remove_from=member)
+            # After an edit, back here at once: a new spec that is invalid, or no longer
+            # attributed, is answered here (the scheduler passes over it without a word).
+            return Result.now() if reason is Reason.SPEC_CHANGED else Result.done()
         if status.is_true(C.BACKOFF):  # dispatched and backing off: a reset
             return await self._resetting(aw, obj, status, member)
         objects: list[Wrapped] = []
@@ -418,35 +404,25 @@ class Reconciler:
             )
         return ""
 
-    async def _dispatch_moved(
-        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
-    ) -> Result | None:
-        """Requeue it when its dispatch is no longer wanted as made (its queue drained, its
-        objects edited); None when it stands."""
+    async def _unwanted(
+        self, aw: AppWrapper, status: AppWrapperStatus
+    ) -> tuple[Reason, str] | None:
+        """Why its dispatch is no longer wanted as made, if it is not: its queue drained,
+        its objects edited (what was dispatched goes, and the new spec is validated and
+        fitted like any other before anything of it is created), or its provisioned
+        capacity revoked (as for a lost node)."""
         drained = self._quotas.draining(status)
         if drained:
-            await self._requeue(
-                aw, obj, status, Reason.QUEUE_DRAINED, drained, backoff=False, remove_from=member
-            )
-            return Result.done()
+            return Reason.QUEUE_DRAINED, drained
         change = spec_change(aw)
-        if not change:
-            return None
-        # Edited after dispatch: what was dispatched goes, and the new spec is validated
-        # and fitted like any other before anything of it is created.
-        await self._requeue(
-            aw,
-            obj,
-            status,
-            Reason.SPEC_CHANGED,
-            f"the wrapped objects changed after dispatch ({change}); requeued so the new "
-            "spec is validated and scheduled again",
-            backoff=False,
-            remove_from=member,
-        )
-        # Back here at once: a new spec that is invalid, or no longer attributed, is
-        # answered here (the scheduler passes over it without a word).
-        return Result.now()
+        if change:
+            return (
+                Reason.SPEC_CHANGED,
+                f"the wrapped objects changed after dispatch ({change}); requeued so the new "
+                "spec is validated and scheduled again",
+            )
+        revoked = await self._provisioning.revoked(aw) if self._provisioning else ""
+        return (Reason.CAPACITY_REVOKED, revoked) if revoked else None
 
     async def _ensure_objects(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
@@ -626,37 +602,14 @@ class Reconciler:
         self.forget(aw.key)
         if not status.is_true(C.FAILED):
             return Result.done()
-        member = self.member_of(status)
-        attempt = (aw.metadata.uid or "", status.lastDispatchedAt or "")
-        if member is None or self._cleaned.get(aw.key) == attempt:
-            return Result.done()
-        if await self._maker.remove(aw, member):
-            return Result.after(1.0)
-        self._cleaned[aw.key] = attempt
-        return Result.done()
+        return await self._endings.clean_failed(aw, status, self.member_of(status))
 
     async def _finalize(self, aw: AppWrapper, obj: Obj) -> Result:
-        """Deletion: remove the wrapped objects wherever they may be, then our finalizer."""
-        if FINALIZER not in aw.metadata.finalizers or aw.metadata.uid in self._released:
-            return Result.done()
+        """Deletion: its objects removed wherever they may be, then the finalizer."""
         member = self.member_of(aw.status or AppWrapperStatus())
-        targets = [member] if member is not None else list(self._members.values())
-        remaining = await self._maker.remove_everywhere(aw, targets)
-        if remaining:
-            self._log.info(
-                "waiting_for_objects_to_go",
-                appwrapper=aw.metadata.name,
-                namespace=aw.metadata.namespace,
-                remaining=remaining[:5],
-            )
+        if not await self._endings.finalize(aw, obj, member):
             return Result.after(0.5)
-        await self._status.set_finalizer(obj, present=False)
-        if aw.metadata.uid:
-            self._released[aw.metadata.uid] = None
-            if len(self._released) > RELEASED_KEPT:
-                self._released.popitem(last=False)
         self.forget_all(aw.key)
-        self._schedule_soon()
         return Result.done()
 
 

@@ -64,7 +64,7 @@ async def test_a_deleted_appwrapper_leaves_nothing_behind_in_memory() -> None:
             "parsed": manager.reader._parsed,
             "workloads": manager.reader._workloads,
             "ensured": manager.reconciler._ensured,
-            "cleaned": manager.reconciler._cleaned,
+            "cleaned": manager.reconciler._endings._cleaned,
             "counts": manager.reconciler._counts_written,
             "waiting": manager.waiting._written,
         }
