@@ -65,6 +65,10 @@ Obj = dict[str, Any]
 C = cond.C
 COUNTS_INTERVAL = 5.0
 """Seconds between status writes that only update pod counts."""
+MADE_RECORD_SECONDS = 2.0
+"""How long the record that an attempt's objects exist (`objectsMadeFor`: v1beta2's phase
+Running, the AppWrapper controller's meaning) waits to ride on the next status write (most
+often `Running`, when pods start within it) before it is written alone."""
 POLL_SECONDS = 2.0
 """When a wrapped object's status was read by GET, look again this much later."""
 OWN_ERROR_FIRST_SECONDS = 1.0
@@ -108,6 +112,8 @@ class Reconciler:
         """key -> lastDispatchedAt of the attempt whose objects are known to exist."""
         self._counts_written: dict[str, float] = {}
         """key -> when pod counts alone were last written."""
+        self._made_at: dict[str, float] = {}
+        """key -> when this attempt's objects were made, while `objectsMadeFor` is unwritten."""
         self._own_errors: dict[str, int] = {}
         """key -> dispatcher's own errors met making its objects since they last were made."""
         self._endings = Endings(
@@ -119,6 +125,7 @@ class Reconciler:
         """It finished or went: drop what only a live AppWrapper needs."""
         self._ensured.pop(key, None)
         self._counts_written.pop(key, None)
+        self._made_at.pop(key, None)
         self._own_errors.pop(key, None)
         self._resets.forget(key)
 
@@ -368,6 +375,8 @@ class Reconciler:
             if isinstance(ensured, Result):
                 return ensured
             objects, obj = ensured
+        if self._ensured.get(aw.key) and aw.key in self._made_at:
+            status.objectsMadeFor = status.lastDispatchedAt  # any write now carries it
         progress, counts_changed, polled = await self._progress(aw, status, member, objects)
         retry = retry_policy(aw.metadata.annotations, self._config.fault_tolerance.bounds())
         failing_for = self._resets.seconds_failing(
@@ -447,11 +456,7 @@ class Reconciler:
             return await self._after_terminal(aw, status)
         attempt = status.lastDispatchedAt or ""
         if attempt and status.objectsMadeFor != attempt:
-            # At once, once per attempt: v1beta2's phase Running says the objects exist
-            # before their pods run (the AppWrapper controller's meaning). Until it is
-            # written, the next reconcile makes sure of them again (they are adopted).
-            status.objectsMadeFor = attempt
-            obj = await self._status.write(obj, status, [])
+            self._made_at.setdefault(aw.key, self._clock.time())
         self._ensured[aw.key] = attempt
         return made.objects, obj
 
@@ -522,25 +527,36 @@ class Reconciler:
         if transition is not None:
             await self._status.write(obj, status, [transition])
             self._counts_written[key] = now
+            self._made_at.pop(key, None)  # the write carried the objects-made record
             if not was_running and status.is_true(C.RUNNING):  # Running at last
                 self._recorder.running(aw, status, seconds_since(status.lastDispatchedAt, now))
             if verdict.verdict is Verdict.FAILED:
                 return await self._after_terminal(aw, status)  # give the capacity back
             return Result.soonest(poll, recheck)
-        if counts_changed:
-            # Pod counts alone move often (every pod start); write them at most every few
-            # seconds so a large gang does not cost a status write per pod. The first ones
-            # after a dispatch wait for the Running write that usually follows.
-            last = self._counts_written.get(key)
-            if last is None:
-                last = now - seconds_since(status.lastDispatchedAt, now)
-            since = now - last
-            if since >= COUNTS_INTERVAL:
-                await self._status.write(obj, status, [])
-                self._counts_written[key] = now
-            else:
-                return Result.soonest(poll, recheck, COUNTS_INTERVAL - since)
-        return Result.soonest(poll, recheck)
+        # Pod counts alone move often (every pod start): written at most every few seconds
+        # so a large gang does not cost a status write per pod; the first ones after a
+        # dispatch wait for the Running write that usually follows. The objects-made record
+        # waits a little for it too.
+        counts_wait = self._counts_wait(key, status, now) if counts_changed else None
+        made_wait = self._made_wait(key, now)
+        if counts_wait == 0 or made_wait == 0:
+            await self._status.write(obj, status, [])
+            self._counts_written[key] = now
+            self._made_at.pop(key, None)
+            return Result.soonest(poll, recheck)
+        return Result.soonest(poll, recheck, counts_wait, made_wait)
+
+    def _counts_wait(self, key: str, status: AppWrapperStatus, now: float) -> float:
+        """Seconds until changed pod counts may be written alone (0: now)."""
+        last = self._counts_written.get(key)
+        if last is None:
+            last = now - seconds_since(status.lastDispatchedAt, now)
+        return max(COUNTS_INTERVAL - (now - last), 0.0)
+
+    def _made_wait(self, key: str, now: float) -> float | None:
+        """Seconds until the objects-made record is written alone (0: now; None: written)."""
+        made_at = self._made_at.get(key)
+        return None if made_at is None else max(MADE_RECORD_SECONDS - (now - made_at), 0.0)
 
     async def _own_error(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: Exception
