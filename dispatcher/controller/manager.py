@@ -62,6 +62,10 @@ PRIORITY_CLASSES = ResourceInfo(
 STRANDED = frozenset({Phase.DISPATCHED, Phase.EVICTING})
 
 
+COLD_PHASES = frozenset({Phase.FINISHED, Phase.QUEUED, Phase.SUSPENDED})
+"""AppWrappers the watch cache keeps packed (kube/store.py)."""
+
+
 class Manager:
     """Create with the hub client and members; `run()` until cancelled."""
 
@@ -105,8 +109,12 @@ class Manager:
             # A page is decoded whole, and AppWrappers may weigh up to etcd's 1.5 MiB each
             # (those above the limit are stubs only once decoded): pages of about 8 MB.
             page_bytes=8 * 1024 * 1024,
-            # A finished one is read again only when it is deleted: kept as text.
-            cold=lambda obj: phase_of_raw(obj) is Phase.FINISHED,
+            # Kept as text (about a quarter of the memory), decoded on each read: a finished
+            # one, read again only when it is deleted, and a queued or suspended one, read
+            # when its own situation changes (the scheduler and the pending list work from
+            # its workload, derived once per version). A dispatched one is read on every
+            # change of its pods.
+            cold=lambda obj: phase_of_raw(obj) in COLD_PHASES,
         )
         self.priority_classes = Informer(self.hub, PRIORITY_CLASSES)
         self.gatekeeper = Gatekeeper(

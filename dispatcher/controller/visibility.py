@@ -148,7 +148,6 @@ class Visibility:
         self, workload: Workload, wait: Wait, resolved: Queued | QueueProblem | None
     ) -> Waiting:
         queue, local = _queues(resolved)
-        kind, limit = kind_and_limit(self._current(workload.key))
         return Waiting(
             key=workload.key,
             priority=workload.priority,
@@ -157,8 +156,8 @@ class Visibility:
             local_queue=local,
             reason=str(wait.reason),
             message=wait.message,
-            kind=kind,
-            limit=limit,
+            kind=workload.kind,
+            limit=workload.duration_limit,
         )
 
     def view(self) -> PendingView:

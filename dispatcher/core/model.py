@@ -266,6 +266,10 @@ class Workload:
     asks less: quotas charge these unless the queue charges as declared. None: `pod_sets`."""
     checked: bool = False
     """Its admission checks passed in this attempt: it is fitted, never held for them again."""
+    kind: str = ""
+    """The kind of its first item, as written (what the pending list and its estimates say)."""
+    duration_limit: float | None = None
+    """Its `dispatchDuration.limit` in seconds, None for none (the start estimates)."""
     # Its pod sets' shapes: what its fit depends on (see `PodSet.shape`).
     shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
     charge_shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
@@ -292,6 +296,8 @@ class Workload:
             self.queue_name,
             self.charge_pod_sets,
             self.checked,
+            self.kind,
+            self.duration_limit,
         )
 
 

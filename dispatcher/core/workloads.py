@@ -210,7 +210,15 @@ def workload_of(
         preemptible=aw.spec.preemptible,
         queue_name=queue_name_of(aw.metadata.labels, aw.metadata.annotations),
         charge_pod_sets=None if charged == sets else charged,
+        kind=str(aw.spec.items[0].generictemplate.get("kind") or "") if aw.spec.items else "",
+        duration_limit=_duration_limit(aw.spec.schedulingSpec.dispatchDuration.limit),
     )
+
+
+def _duration_limit(limit: object) -> float | None:
+    if isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0:
+        return None
+    return float(limit)
 
 
 def _queue_times(aw: AppWrapper, now: datetime) -> tuple[float, float]:
