@@ -22,6 +22,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from dispatcher.api.names import generated_name
 from dispatcher.api.resources import Resources
 
 GROUP: Final = "workload.codeflare.dev"
@@ -492,23 +493,6 @@ class ObjectMeta(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     finalizers: list[str] = Field(default_factory=list)
-
-
-GENERATE_NAME_PREFIX_MAX: Final = 58
-"""The longest `generateName` prefix kept, as the API server's: a name of 63 with the suffix."""
-_SUFFIX_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
-"""The API server's alphabet for generated names (no vowels: no words by chance)."""
-
-
-def generated_name(generate_name: str, seed: str, index: int) -> str:
-    """The name a wrapped object written with `metadata.generateName` and no name gets:
-    the prefix (cut to 58 characters, as the API server cuts it) and 5 characters of a hash
-    of `seed` (the AppWrapper's uid) and the item's index. Deterministic, unlike the API
-    server's own: after a crash between create and record, adoption finds the object made
-    before, and no second one is made."""
-    digest = hashlib.sha256(f"{seed}/{index}".encode()).digest()
-    suffix = "".join(_SUFFIX_ALPHABET[b % len(_SUFFIX_ALPHABET)] for b in digest[:5])
-    return generate_name[:GENERATE_NAME_PREFIX_MAX] + suffix
 
 
 def _name_generated(items: list[GenericItem], seed: str) -> None:

@@ -45,7 +45,7 @@ from dispatcher.cluster.objects import (
 from dispatcher.config import Config
 from dispatcher.controller.ending import Endings
 from dispatcher.controller.making import Maker, NotYet, Refused
-from dispatcher.controller.progress import measure, seconds_since
+from dispatcher.controller.progress import Pacing, measure, seconds_since
 from dispatcher.controller.provisioning import Provisioning
 from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.reading import AppWrapperReader
@@ -63,12 +63,6 @@ from dispatcher.metrics.recorder import Recorder
 
 Obj = dict[str, Any]
 C = cond.C
-COUNTS_INTERVAL = 5.0
-"""Seconds between status writes that only update pod counts."""
-MADE_RECORD_SECONDS = 2.0
-"""How long the record that an attempt's objects exist (`objectsMadeFor`: v1beta2's phase
-Running, the AppWrapper controller's meaning) waits to ride on the next status write (most
-often `Running`, when pods start within it) before it is written alone."""
 POLL_SECONDS = 2.0
 """When a wrapped object's status was read by GET, look again this much later."""
 OWN_ERROR_FIRST_SECONDS = 1.0
@@ -110,10 +104,7 @@ class Reconciler:
         self._wake_owner = wake_owner
         self._ensured: dict[str, str] = {}
         """key -> lastDispatchedAt of the attempt whose objects are known to exist."""
-        self._counts_written: dict[str, float] = {}
-        """key -> when pod counts alone were last written."""
-        self._made_at: dict[str, float] = {}
-        """key -> when this attempt's objects were made, while `objectsMadeFor` is unwritten."""
+        self._pacing = Pacing()
         self._own_errors: dict[str, int] = {}
         """key -> dispatcher's own errors met making its objects since they last were made."""
         self._endings = Endings(
@@ -124,8 +115,7 @@ class Reconciler:
     def forget(self, key: str) -> None:
         """It finished or went: drop what only a live AppWrapper needs."""
         self._ensured.pop(key, None)
-        self._counts_written.pop(key, None)
-        self._made_at.pop(key, None)
+        self._pacing.forget(key)
         self._own_errors.pop(key, None)
         self._resets.forget(key)
 
@@ -375,7 +365,7 @@ class Reconciler:
             if isinstance(ensured, Result):
                 return ensured
             objects, obj = ensured
-        if self._ensured.get(aw.key) and aw.key in self._made_at:
+        if self._ensured.get(aw.key) and self._pacing.made_unwritten(aw.key):
             status.objectsMadeFor = status.lastDispatchedAt  # any write now carries it
         progress, counts_changed, polled = await self._progress(aw, status, member, objects)
         retry = retry_policy(aw.metadata.annotations, self._config.fault_tolerance.bounds())
@@ -456,7 +446,7 @@ class Reconciler:
             return await self._after_terminal(aw, status)
         attempt = status.lastDispatchedAt or ""
         if attempt and status.objectsMadeFor != attempt:
-            self._made_at.setdefault(aw.key, self._clock.time())
+            self._pacing.made(aw.key, self._clock.time())
         self._ensured[aw.key] = attempt
         return made.objects, obj
 
@@ -493,8 +483,8 @@ class Reconciler:
         counts_changed: bool,
         polled: bool,
     ) -> Result:
-        """Write what the verdict says (a requeue, a milestone, or pod counts alone, at most
-        every COUNTS_INTERVAL) and when to look again."""
+        """Write what the verdict says (a requeue, a milestone, or pod counts alone, paced by
+        `progress.Pacing`) and when to look again."""
         key = aw.key
         now, moment = self._moment()
         was_running = status.is_true(C.RUNNING)
@@ -526,8 +516,7 @@ class Reconciler:
         recheck = None if verdict.recheck_after is None else max(verdict.recheck_after, 0.05)
         if transition is not None:
             await self._status.write(obj, status, [transition])
-            self._counts_written[key] = now
-            self._made_at.pop(key, None)  # the write carried the objects-made record
+            self._pacing.written(key, now)  # counts and the objects-made record with it
             if not was_running and status.is_true(C.RUNNING):  # Running at last
                 self._recorder.running(aw, status, seconds_since(status.lastDispatchedAt, now))
             if verdict.verdict is Verdict.FAILED:
@@ -537,26 +526,12 @@ class Reconciler:
         # so a large gang does not cost a status write per pod; the first ones after a
         # dispatch wait for the Running write that usually follows. The objects-made record
         # waits a little for it too.
-        counts_wait = self._counts_wait(key, status, now) if counts_changed else None
-        made_wait = self._made_wait(key, now)
-        if counts_wait == 0 or made_wait == 0:
+        wait = self._pacing.wait(key, status, now, counts_changed=counts_changed)
+        if wait == 0:
             await self._status.write(obj, status, [])
-            self._counts_written[key] = now
-            self._made_at.pop(key, None)
+            self._pacing.written(key, now)
             return Result.soonest(poll, recheck)
-        return Result.soonest(poll, recheck, counts_wait, made_wait)
-
-    def _counts_wait(self, key: str, status: AppWrapperStatus, now: float) -> float:
-        """Seconds until changed pod counts may be written alone (0: now)."""
-        last = self._counts_written.get(key)
-        if last is None:
-            last = now - seconds_since(status.lastDispatchedAt, now)
-        return max(COUNTS_INTERVAL - (now - last), 0.0)
-
-    def _made_wait(self, key: str, now: float) -> float | None:
-        """Seconds until the objects-made record is written alone (0: now; None: written)."""
-        made_at = self._made_at.get(key)
-        return None if made_at is None else max(MADE_RECORD_SECONDS - (now - made_at), 0.0)
+        return Result.soonest(poll, recheck, wait)
 
     async def _own_error(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: Exception

@@ -212,6 +212,18 @@ def mark_suspended(status: AppWrapperStatus, *, priority: int, now: datetime) ->
     return first or waiting
 
 
+def _reached_head(status: AppWrapperStatus, now: datetime) -> None:
+    """HeadOfLine True as it is left behind: quota reserved, or dispatched."""
+    set_condition(
+        status,
+        C.HEAD_OF_LINE,
+        true=True,
+        reason=Reason.FRONT_OF_QUEUE,
+        message="reached the head of the queue",
+        now=now,
+    )
+
+
 def mark_dispatched(
     status: AppWrapperStatus,
     *,
@@ -234,14 +246,7 @@ def mark_dispatched(
     set_condition(
         status, C.QUEUEING, true=True, reason=Reason.QUEUED, message="waited in the queue", now=now
     )
-    set_condition(
-        status,
-        C.HEAD_OF_LINE,
-        true=True,
-        reason=Reason.FRONT_OF_QUEUE,
-        message="reached the head of the queue",
-        now=now,
-    )
+    _reached_head(status, now)
     set_condition(
         status, C.DISPATCHED, true=True, reason=Reason.DISPATCHED, message=message, now=now
     )
@@ -531,14 +536,7 @@ def mark_reserved(
     names = ", ".join(checks)
     where = f" in queue {admission.clusterQueue}" if admission is not None else ""
     message = f"quota reserved{where}; waiting for admission checks: {names}"
-    set_condition(
-        status,
-        C.HEAD_OF_LINE,
-        true=True,
-        reason=Reason.FRONT_OF_QUEUE,
-        message="reached the head of the queue",
-        now=now,
-    )
+    _reached_head(status, now)
     set_condition(
         status,
         C.QUOTA_HELD,

@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from dispatcher.api.models import generated_name
+from dispatcher.api.names import generated_name
 
 SUSPENDED: Final = "Suspended"
 RESUMING: Final = "Resuming"

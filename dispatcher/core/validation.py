@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from dispatcher.api.models import GENERATE_NAME_PREFIX_MAX
+from dispatcher.api.names import GENERATE_NAME_PREFIX_MAX
 from dispatcher.api.quantity import QuantityError
 from dispatcher.core.podsets import infer_pod_sets
 
@@ -118,7 +118,7 @@ def _name_problem(kind: str | None, name: str) -> str | None:
 
 def _unnamed_problem(prefix: Any) -> str:
     # A string generateName was made into a name when the AppWrapper was read
-    # (api.models.generated_name): a template reaching here unnamed has none usable.
+    # (api.names.generated_name): a template reaching here unnamed has none usable.
     if prefix is None or prefix == "" or isinstance(prefix, str):
         return "missing metadata.name"
     return f"missing metadata.name, and metadata.generateName {_short(prefix)} is not a string"
@@ -166,7 +166,7 @@ def identity_problems(template: Mapping[str, Any]) -> list[str]:
     elif (problem := _name_problem(kind, name)) is not None:
         prefix = metadata.get("generateName")
         if _made_from(name, prefix):
-            # The name was made from generateName (api.models.generated_name): the prefix
+            # The name was made from generateName (api.names.generated_name): the prefix
             # is what the user wrote, so it is what the message names.
             problem = (
                 f"metadata.generateName {_short(prefix)} does not make a valid name "

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.api.models import generated_name
+from dispatcher.api.names import generated_name
 from dispatcher.core.convert import V1BETA1_FIELDS
 from dispatcher.core.gatekeeping import SIGNATURE, USER
 from dispatcher.testing.converter import crd_calling, v1beta1_only

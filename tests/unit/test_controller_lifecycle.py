@@ -65,8 +65,8 @@ async def test_a_deleted_appwrapper_leaves_nothing_behind_in_memory() -> None:
             "workloads": manager.reader._workloads,
             "ensured": manager.reconciler._ensured,
             "cleaned": manager.reconciler._endings._cleaned,
-            "counts": manager.reconciler._counts_written,
-            "made": manager.reconciler._made_at,
+            "counts": manager.reconciler._pacing._counts_written,
+            "made": manager.reconciler._pacing._made_at,
             "waiting": manager.waiting._written,
         }
         assert [name for name, store in held.items() if key in store] == []

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher.api.models import generated_name
+from dispatcher.api.names import generated_name
 from dispatcher.core.convert import (
     RESERVED_ANNOTATIONS,
     V1BETA1,

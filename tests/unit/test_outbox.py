@@ -109,5 +109,5 @@ async def test_a_finished_life_is_forgotten_after_the_write_not_inside_it(
         assert forgotten_while_writing  # the ledger did have the reconciler forget it
         assert all(w == [] for w in forgotten_while_writing), forgotten_while_writing
         key = f"{NAMESPACE}/a"
-        assert key not in manager.reconciler._counts_written
+        assert key not in manager.reconciler._pacing._counts_written
         assert key not in manager.reconciler._ensured

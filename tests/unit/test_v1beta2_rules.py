@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from dispatcher.api.models import AppWrapper, generated_name
+from dispatcher.api.models import AppWrapper
+from dispatcher.api.names import generated_name
 from dispatcher.cluster.objects import wrapped_identities, wrapped_objects
 from dispatcher.core.v1beta2rules import (
     immutable_problems,
