@@ -13,7 +13,10 @@ It reads the ProvisioningRequests of one namespace on the real API server (a lis
 - `expire`: `Provisioned` and `BookingExpired` in one write, and no node made: a booking
   that ran out before the dispatcher looked (its nodes already scaled down again);
 - `revoke`: provisioned, then `expire_after` seconds later its nodes removed and
-  `CapacityRevoked`.
+  `CapacityRevoked`;
+- `squat`: as `provision`, but before the nodes are reported a pod of other work (not an
+  AppWrapper's) is bound to the last node made and fills it: kube-scheduler placing someone
+  else's pod on the new nodes before the gang is placed. `squatters` names those pods.
 
 `mode` may be changed while it runs (a test refuses the first attempts, then provisions).
 Nodes it made are deleted by `stop`.
@@ -40,7 +43,7 @@ REQUESTS = ResourceInfo(
 TEMPLATES = ResourceInfo("v1", "PodTemplate", "podtemplates", True)
 NODES = ResourceInfo("v1", "Node", "nodes", False)
 PODS = ResourceInfo("v1", "Pod", "pods", True)
-Mode = Literal["provision", "refuse", "expire", "revoke"]
+Mode = Literal["provision", "refuse", "expire", "revoke", "squat"]
 
 
 def _stamp() -> str:
@@ -89,6 +92,8 @@ class TestProvisioner:
         """Request name -> the nodes made for it."""
         self.provisioned_in: dict[str, float] = {}
         """Request name -> seconds from first seeing it to reporting it Provisioned."""
+        self.squatters: dict[str, str] = {}
+        """Request name -> the pod put on one of its nodes (`squat`)."""
         self._client: KubeClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._later: set[asyncio.Task[None]] = set()
@@ -162,7 +167,11 @@ class TestProvisioner:
             self.answered[name] = "Failed"
             return
         self.nodes[name] = made
+        if mode == "squat" and made:
+            self.squatters[name] = await self._squat(made[-1])
         await self._wait_ready(made)
+        if name in self.squatters:
+            await self._wait_running(self.squatters[name])
         await self._condition(name, "Provisioned", "Provisioned", f"{len(made)} nodes added")
         self.answered[name] = "Provisioned"
         self.provisioned_in[name] = time.monotonic() - seen
@@ -171,6 +180,42 @@ class TestProvisioner:
             await self._drain_and_remove(made)  # taken back, as spot capacity is
             await self._condition(name, "CapacityRevoked", "Revoked", "test provisioner: revoked")
             self.answered[name] = "CapacityRevoked"
+
+    async def _squat(self, node: str) -> str:
+        """A pod of no AppWrapper bound to `node`, asking for all of its cpu and GPUs."""
+        allocatable = (await self.client.get(NODES, None, node)).get("status", {}).get(
+            "allocatable"
+        ) or {}
+        asked = {k: v for k, v in allocatable.items() if k in ("cpu", "nvidia.com/gpu")}
+        limits = {k: v for k, v in asked.items() if k != "cpu"}
+        name = f"squatter-{node}"[:63].rstrip("-")
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "nodeName": node,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [
+                    {
+                        "name": "squatter",
+                        "image": "squatter",
+                        "resources": {"requests": asked, "limits": limits},
+                    }
+                ],
+            },
+        }
+        with contextlib.suppress(AlreadyExists):
+            await self.client.create(PODS, self.namespace, pod)
+        return name
+
+    async def _wait_running(self, pod: str) -> None:
+        while True:
+            with contextlib.suppress(NotFound):
+                found = await self.client.get(PODS, self.namespace, pod)
+                if (found.get("status") or {}).get("phase") == "Running":
+                    return
+            await asyncio.sleep(0.05)  # polling KWOK's pod stages
 
     async def _drain_and_remove(self, nodes: list[str]) -> None:
         """Delete the pods on `nodes` (KWOK ends them while it still manages the node), then
