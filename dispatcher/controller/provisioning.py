@@ -99,14 +99,15 @@ def _uid_of(obj: Obj) -> str:
     return str(((obj.get("metadata") or {}).get("labels") or {}).get(checks.UID_LABEL) or "")
 
 
-def _fitting_since(status: AppWrapperStatus) -> float | None:
+def _fitting_since(status: AppWrapperStatus, earliest: float) -> float | None:
     """When every check was Ready and the AppWrapper went back to the fit (the update of
-    `QuotaHeld` to `AdmissionChecksReady`; it stays True, so only its update time moves)."""
+    `QuotaHeld` to `AdmissionChecksReady`; it stays True, so only its update time moves),
+    or `earliest` if later."""
     held = status.condition(ConditionType.QUOTA_HELD)
     if held is None or not cond.checks_ready(status) or not held.lastUpdateMicroTime:
         return None
     try:
-        return parse_time(held.lastUpdateMicroTime).timestamp()
+        return max(earliest, parse_time(held.lastUpdateMicroTime).timestamp())
     except ValueError:
         return None
 
@@ -149,6 +150,9 @@ class Provisioning:
         self._status = status
         self._reader = reader
         self._clock = clock
+        self._started = clock.time()
+        """The fit timeout counts from here at the earliest: time this dispatcher was not
+        running (a restart, a new leader) gave the gang no chance to be placed."""
         self._log = structlog.get_logger("provisioning")
 
     def _on_request(self, kind: str, old: Obj | None, new: Obj | None) -> None:
@@ -300,7 +304,7 @@ class Provisioning:
             failed_at=_failed_at(current),
             dispatched=False,
             refused=checks.refusals(requests, name),
-            fitting_since=_fitting_since(status),
+            fitting_since=_fitting_since(status, self._started),
             fit_timeout=self._config.fit_timeout_seconds,
         )
         return await self._act(
