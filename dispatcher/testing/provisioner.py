@@ -18,7 +18,9 @@ It reads the ProvisioningRequests of one namespace on the real API server (a lis
   AppWrapper's) is bound to the last node made and fills it: kube-scheduler placing someone
   else's pod on the new nodes before the gang is placed. `squatters` names those pods.
 
-`mode` may be changed while it runs (a test refuses the first attempts, then provisions).
+`mode` may be changed while it runs (a test refuses the first attempts, then provisions);
+with `then`, the first request is answered in `mode` and every later one in `then` (no race
+between a test switching the mode and the dispatcher's next request).
 Nodes it made are deleted by `stop`.
 """
 
@@ -75,6 +77,7 @@ class TestProvisioner:
         *,
         labels: Mapping[str, str],
         mode: Mode = "provision",
+        then: Mode | None = None,
         delay: float = 0.0,
         expire_after: float = 1.0,
         period: float = 0.1,
@@ -83,6 +86,7 @@ class TestProvisioner:
         self.namespace = namespace
         self.labels = dict(labels)
         self.mode: Mode = mode
+        self._then = then
         self.delay = delay
         self.expire_after = expire_after
         self.period = period
@@ -152,6 +156,8 @@ class TestProvisioner:
         if self.delay:
             await asyncio.sleep(self.delay)  # the provisioner's own time (a scale-up)
         mode = self.mode
+        if self._then is not None:
+            self.mode, self._then = self._then, None
         if mode == "refuse":
             await self._condition(name, "Failed", "NoCapacity", "test provisioner: refused")
             self.answered[name] = "Failed"
