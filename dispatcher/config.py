@@ -282,8 +282,11 @@ class ProvisioningConfig(BaseModel):
     known_classes: list[str] = Field(default_factory=lambda: list(KNOWN_CLASSES))
     """Classes a provisioner serves here; a check naming another is misconfigured."""
     poll_seconds: float = Field(default=5.0, gt=0)
-    """How often a held AppWrapper's request is read again besides the watch of requests,
-    which wakes it on every change."""
+    """How often a held AppWrapper's checks are looked at again besides the watch of
+    requests, which wakes it on every change."""
+    fit_timeout_seconds: float = Field(default=30.0, gt=0)
+    """Seconds an AppWrapper whose checks all passed may wait to be placed; then it gives
+    its booking up and asks again (other work took the nodes made for it)."""
 
 
 class Config(BaseModel):

@@ -17,7 +17,14 @@ by `core.admissionchecks.verdict`; this module reads and writes:
 - the PodTemplates are written from the pod sets as fitted, with the admission's flavors;
 - `revoked` tells the reconciler that a dispatched AppWrapper's request says CapacityRevoked
   (it requeues it); a watch of the requests made (`requests`) wakes their AppWrapper on
-  every change. A failed API call propagates: the work queue retries the key with backoff.
+  every change. A failed API call propagates: the work queue retries the key with backoff;
+- the requests are read from that watch's cache (indexed by the AppWrapper's uid), not by a
+  GET per reconcile; until it has synced, by a list. One just created and not in the cache
+  yet is remembered (`_made`) so that the next reconcile does not make it again;
+- an AppWrapper whose checks all passed but which is not placed within
+  `provisioning.fit_timeout_seconds` (other work took the nodes made for it) gives its
+  booking up as for an expired one, and asks again; that is never a refusal, so it never
+  fails the AppWrapper.
 """
 
 from __future__ import annotations
@@ -68,16 +75,41 @@ def _reservation(status: AppWrapperStatus) -> str:
 
 
 def _slim(obj: Obj) -> Obj:
-    """What waking an owner needs: its name; and the conditions, so a change shows."""
+    """What waking an owner and following a check need: its name, owner, labels (uid,
+    check, attempt) and the reservation it was made for; and the conditions."""
     meta = obj.get("metadata") or {}
     return {
         "metadata": {
             k: meta[k]
-            for k in ("name", "namespace", "resourceVersion", "ownerReferences")
+            for k in (
+                "name",
+                "namespace",
+                "resourceVersion",
+                "ownerReferences",
+                "labels",
+                "annotations",
+            )
             if k in meta
         },
         "status": {"conditions": (obj.get("status") or {}).get("conditions") or []},
     }
+
+
+def _uid_of(obj: Obj) -> str:
+    return str(((obj.get("metadata") or {}).get("labels") or {}).get(checks.UID_LABEL) or "")
+
+
+def _fitting_since(status: AppWrapperStatus, earliest: float) -> float | None:
+    """When every check was Ready and the AppWrapper went back to the fit (the update of
+    `QuotaHeld` to `AdmissionChecksReady`; it stays True, so only its update time moves),
+    or `earliest` if later."""
+    held = status.condition(ConditionType.QUOTA_HELD)
+    if held is None or not cond.checks_ready(status) or not held.lastUpdateMicroTime:
+        return None
+    try:
+        return max(earliest, parse_time(held.lastUpdateMicroTime).timestamp())
+    except ValueError:
+        return None
 
 
 def _failed_at(request: Mapping[str, Any]) -> float | None:
@@ -108,12 +140,19 @@ class Provisioning:
         self.requests = Informer(
             hub, REQUESTS, label_selector=checks.UID_LABEL, transform=_slim, absent_ok=True
         )
-        """The dispatcher's requests (by their label), watched only to wake their owners."""
+        """The dispatcher's requests (by their label): wakes their owners, and is read."""
         self.requests.add_handler(self._on_request)
+        self._by_uid: dict[str, set[str]] = {}
+        """AppWrapper uid -> the keys of its requests in `requests.store`."""
+        self._made: dict[str, dict[str, Obj]] = {}
+        """AppWrapper uid -> requests created here and not seen in the cache yet, by name."""
         self._hub = hub
         self._status = status
         self._reader = reader
         self._clock = clock
+        self._started = clock.time()
+        """The fit timeout counts from here at the earliest: time this dispatcher was not
+        running (a restart, a new leader) gave the gang no chance to be placed."""
         self._log = structlog.get_logger("provisioning")
 
     def _on_request(self, kind: str, old: Obj | None, new: Obj | None) -> None:
@@ -121,9 +160,43 @@ class Provisioning:
         if obj is None:
             return
         meta = obj.get("metadata") or {}
+        uid = _uid_of(obj)
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        if uid and new is not None:
+            self._by_uid.setdefault(uid, set()).add(key)
+        elif uid:
+            keys = self._by_uid.get(uid, set())
+            keys.discard(key)
+            if not keys:
+                self._by_uid.pop(uid, None)
+        made = self._made.get(uid)
+        if made is not None:
+            made.pop(str(meta.get("name")), None)
+            if not made:
+                del self._made[uid]
         for owner in meta.get("ownerReferences") or []:
             if owner.get("kind") == "AppWrapper":
                 self._wake(f"{meta.get('namespace')}/{owner.get('name')}")
+
+    async def _requests_of(self, namespace: str, uid: str) -> list[Obj]:
+        """The AppWrapper's requests: from the watch's cache once it has synced (with those
+        made here that it has not shown yet), else by a list."""
+        if not self.requests.synced.is_set():
+            listed = await self._hub.list(
+                REQUESTS, namespace, query={"labelSelector": f"{checks.UID_LABEL}={uid}"}
+            )
+            return list(listed.get("items") or [])
+        store = self.requests.store
+        found = [store[k] for k in self._by_uid.get(uid, ()) if k in store]
+        made = self._made.get(uid)
+        if made:
+            known = {r["metadata"]["name"] for r in found}
+            for name in known & made.keys():  # its watch event came before its create returned
+                del made[name]
+            found += made.values()
+            if not made:
+                del self._made[uid]
+        return found
 
     async def follow(self, aw: AppWrapper, obj: Obj) -> float | None:
         """Carry each check of `aw` one step; seconds until it should be looked at again."""
@@ -136,12 +209,7 @@ class Provisioning:
         reserved = status.is_true(ConditionType.QUOTA_HELD) and not cond.checks_ready(status)
         if not names:
             return None
-        namespace = aw.metadata.namespace or ""
-        uid = aw.metadata.uid or ""
-        listed = await self._hub.list(
-            REQUESTS, namespace, query={"labelSelector": f"{checks.UID_LABEL}={uid}"}
-        )
-        requests = listed.get("items") or []
+        requests = await self._requests_of(aw.metadata.namespace or "", aw.metadata.uid or "")
         again: float | None = None
         for name in names:
             step = await self._check(aw, name, requests, reserved=reserved)
@@ -161,10 +229,7 @@ class Provisioning:
         if not names:
             return ""
         uid = aw.metadata.uid or ""
-        listed = await self._hub.list(
-            REQUESTS, aw.metadata.namespace, query={"labelSelector": f"{checks.UID_LABEL}={uid}"}
-        )
-        requests = listed.get("items") or []
+        requests = await self._requests_of(aw.metadata.namespace or "", uid)
         for name in names:
             current = self._current(requests, uid, name, _reservation(status))
             if current is None:
@@ -238,6 +303,9 @@ class Provisioning:
             now=self._clock.time(),
             failed_at=_failed_at(current),
             dispatched=False,
+            refused=checks.refusals(requests, name),
+            fitting_since=_fitting_since(status, self._started),
+            fit_timeout=self._config.fit_timeout_seconds,
         )
         return await self._act(
             aw,
@@ -270,7 +338,8 @@ class Provisioning:
         if verdict.step is Step.READY:
             if reserved:
                 await self._mark(aw, name, Reason.CHECK_READY, verdict.message)
-            return poll  # followed until dispatch: the booking may still expire
+            # Followed until dispatch: the booking may still expire, or the fit time out.
+            return min(poll, verdict.after) if verdict.after > 0 else poll
         if verdict.step is Step.RETRY:
             if verdict.after > 0:
                 await self._mark(aw, name, Reason.CHECK_RETRY, verdict.message)
@@ -295,6 +364,14 @@ class Provisioning:
             )
             return None
         # RESERVE_AGAIN (and REVOKED, which is not asked before dispatch): quota given back.
+        # The write is refused if the AppWrapper was dispatched meanwhile (`_write`).
+        self._log.info(
+            "admission_check_reserve_again",
+            appwrapper=f"{aw.metadata.namespace}/{aw.metadata.name}",
+            check=name,
+            attempt=attempt,
+            reason=verdict.message,
+        )
         await self._write(
             aw,
             lambda status, now: cond.retry_checks(
@@ -345,7 +422,10 @@ class Provisioning:
             with contextlib.suppress(AlreadyExists):
                 await self._hub.create(TEMPLATES, namespace, template)
         try:
-            await self._hub.create(REQUESTS, namespace, request)
+            made = await self._hub.create(REQUESTS, namespace, request)
+            self._made.setdefault(str(aw.metadata.uid), {})[request["metadata"]["name"]] = _slim(
+                made or request
+            )
             self._log.info(
                 "provisioning_request_created",
                 appwrapper=f"{namespace}/{aw.metadata.name}",

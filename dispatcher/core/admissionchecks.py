@@ -13,9 +13,17 @@ force is the highest one that exists: the API server holds it, not the AppWrappe
 | --- | --- |
 | nothing yet, `Accepted` | wait (the check stays Pending) |
 | `Provisioned` | the check is Ready: the AppWrapper is fitted on the nodes again |
-| `Failed` | retry after a backoff with the next attempt, up to the limit; then fail it |
+| `Provisioned`, not placed within the fit timeout | as `BookingExpired` below |
+| `Failed` | retry after a backoff with the next attempt, up to the refusal limit; then fail it |
 | `BookingExpired` (not dispatched yet) | give the quota back and reserve again: a new attempt |
 | `CapacityRevoked` | as `BookingExpired` before dispatch; after it, a requeue as for a lost node |
+
+The fit timeout is the liveness of a provisioned gang: its new nodes are ordinary nodes, and
+pods of other work (kube-scheduler binds them where it likes) may take some before the gang
+is placed. It would then wait for ever on a booking that no longer holds it; after
+`fit_timeout` seconds of being fitted without being placed it asks again, exactly as for an
+expired booking. A refusal is the provisioner's answer and counts towards the retry limit;
+nodes taken by others are not, so the AppWrapper is never failed for them.
 """
 
 from __future__ import annotations
@@ -55,7 +63,8 @@ class Step(StrEnum):
 class Verdict:
     step: Step
     message: str
-    after: float = 0.0  # RETRY: seconds still to wait before the next attempt
+    after: float = 0.0  # RETRY: seconds still to wait before the next attempt; READY: until
+    # the fit timeout (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +102,17 @@ def latest_attempt(requests: Iterable[Mapping[str, Any]], check: str) -> int:
     return best
 
 
+def refusals(requests: Iterable[Mapping[str, Any]], check: str) -> int:
+    """How many of `check`'s requests the provisioner refused (`Failed`): only these count
+    towards the retry limit (an expired booking, or nodes taken, is not a refusal)."""
+    count = 0
+    for request in requests:
+        labels = (request.get("metadata") or {}).get("labels") or {}
+        if labels.get(CHECK_LABEL) == check and "Failed" in _conditions(request):
+            count += 1
+    return count
+
+
 def _conditions(request: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     found = (request.get("status") or {}).get("conditions") or []
     return {str(c.get("type")): c for c in found if c.get("status") == "True"}
@@ -106,9 +126,16 @@ def verdict(
     now: float,
     failed_at: float | None,
     dispatched: bool,
+    refused: int | None = None,
+    fitting_since: float | None = None,
+    fit_timeout: float | None = None,
 ) -> Verdict:
     """What request `attempt` (its object as read) means now. `failed_at`: when its
-    `Failed` condition turned True (seconds since the epoch), if it did."""
+    `Failed` condition turned True (seconds since the epoch), if it did. `refused`: the
+    check's refused requests, this one included (`refusals`; None: every attempt was).
+    `fitting_since`: when every check of the AppWrapper was Ready and it went back to the
+    fit (None: not yet); past `fit_timeout` seconds of that it asks again. A READY verdict's
+    `after` is the time left until then (0: no timeout)."""
     true = _conditions(request)
 
     def said(kind: str, default: str) -> str:
@@ -116,13 +143,14 @@ def verdict(
 
     if "Failed" in true:
         message = said("Failed", "the provisioner refused it")
-        if attempt > retry.limit:
-            return Verdict(Step.FAIL, f"provisioning failed {attempt} times: {message}")
-        wait = retry.backoff(attempt) - (now - (failed_at if failed_at is not None else now))
+        count = attempt if refused is None else refused
+        if count > retry.limit:
+            return Verdict(Step.FAIL, f"provisioning failed {count} times: {message}")
+        wait = retry.backoff(count) - (now - (failed_at if failed_at is not None else now))
         return Verdict(
             Step.RETRY,
-            f"attempt {attempt} failed ({message}); attempt {attempt + 1} of at most"
-            f" {retry.limit + 1} follows",
+            f"attempt {attempt} failed ({message}); refusal {count} of at most"
+            f" {retry.limit + 1}, attempt {attempt + 1} follows",
             after=max(0.0, wait),
         )
     if "CapacityRevoked" in true:
@@ -137,10 +165,37 @@ def verdict(
             + said("BookingExpired", "capacity no longer booked"),
         )
     if "Provisioned" in true:
-        return Verdict(Step.READY, said("Provisioned", f"provisioned (attempt {attempt})"))
+        return _provisioned(
+            said("Provisioned", f"provisioned (attempt {attempt})"),
+            attempt,
+            now=now,
+            fitting_since=fitting_since,
+            fit_timeout=fit_timeout,
+        )
     if "Accepted" in true:
         return Verdict(Step.WAIT, f"attempt {attempt} accepted, waiting for capacity")
     return Verdict(Step.WAIT, f"attempt {attempt} created, waiting for the provisioner")
+
+
+def _provisioned(
+    message: str,
+    attempt: int,
+    *,
+    now: float,
+    fitting_since: float | None,
+    fit_timeout: float | None,
+) -> Verdict:
+    """Ready; or, fitted for longer than `fit_timeout` without being placed, ask again."""
+    if fitting_since is None or fit_timeout is None:
+        return Verdict(Step.READY, message)
+    left = fit_timeout - (now - fitting_since)
+    if left > 0:
+        return Verdict(Step.READY, message, after=left)
+    return Verdict(
+        Step.RESERVE_AGAIN,
+        f"provisioned (attempt {attempt}), but the nodes were taken before it was placed"
+        f" (not placed within {fit_timeout:g}s); asking again",
+    )
 
 
 @dataclass(frozen=True, slots=True)

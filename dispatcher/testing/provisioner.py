@@ -13,9 +13,14 @@ It reads the ProvisioningRequests of one namespace on the real API server (a lis
 - `expire`: `Provisioned` and `BookingExpired` in one write, and no node made: a booking
   that ran out before the dispatcher looked (its nodes already scaled down again);
 - `revoke`: provisioned, then `expire_after` seconds later its nodes removed and
-  `CapacityRevoked`.
+  `CapacityRevoked`;
+- `squat`: as `provision`, but before the nodes are reported a pod of other work (not an
+  AppWrapper's) is bound to the last node made and fills it: kube-scheduler placing someone
+  else's pod on the new nodes before the gang is placed. `squatters` names those pods.
 
-`mode` may be changed while it runs (a test refuses the first attempts, then provisions).
+`mode` may be changed while it runs (a test refuses the first attempts, then provisions);
+with `then`, the first request is answered in `mode` and every later one in `then` (no race
+between a test switching the mode and the dispatcher's next request).
 Nodes it made are deleted by `stop`.
 """
 
@@ -40,7 +45,7 @@ REQUESTS = ResourceInfo(
 TEMPLATES = ResourceInfo("v1", "PodTemplate", "podtemplates", True)
 NODES = ResourceInfo("v1", "Node", "nodes", False)
 PODS = ResourceInfo("v1", "Pod", "pods", True)
-Mode = Literal["provision", "refuse", "expire", "revoke"]
+Mode = Literal["provision", "refuse", "expire", "revoke", "squat"]
 
 
 def _stamp() -> str:
@@ -72,6 +77,7 @@ class TestProvisioner:
         *,
         labels: Mapping[str, str],
         mode: Mode = "provision",
+        then: Mode | None = None,
         delay: float = 0.0,
         expire_after: float = 1.0,
         period: float = 0.1,
@@ -80,6 +86,7 @@ class TestProvisioner:
         self.namespace = namespace
         self.labels = dict(labels)
         self.mode: Mode = mode
+        self._then = then
         self.delay = delay
         self.expire_after = expire_after
         self.period = period
@@ -89,6 +96,8 @@ class TestProvisioner:
         """Request name -> the nodes made for it."""
         self.provisioned_in: dict[str, float] = {}
         """Request name -> seconds from first seeing it to reporting it Provisioned."""
+        self.squatters: dict[str, str] = {}
+        """Request name -> the pod put on one of its nodes (`squat`)."""
         self._client: KubeClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._later: set[asyncio.Task[None]] = set()
@@ -147,6 +156,8 @@ class TestProvisioner:
         if self.delay:
             await asyncio.sleep(self.delay)  # the provisioner's own time (a scale-up)
         mode = self.mode
+        if self._then is not None:
+            self.mode, self._then = self._then, None
         if mode == "refuse":
             await self._condition(name, "Failed", "NoCapacity", "test provisioner: refused")
             self.answered[name] = "Failed"
@@ -162,7 +173,11 @@ class TestProvisioner:
             self.answered[name] = "Failed"
             return
         self.nodes[name] = made
+        if mode == "squat" and made:
+            self.squatters[name] = await self._squat(made[-1])
         await self._wait_ready(made)
+        if name in self.squatters:
+            await self._wait_running(self.squatters[name])
         await self._condition(name, "Provisioned", "Provisioned", f"{len(made)} nodes added")
         self.answered[name] = "Provisioned"
         self.provisioned_in[name] = time.monotonic() - seen
@@ -171,6 +186,42 @@ class TestProvisioner:
             await self._drain_and_remove(made)  # taken back, as spot capacity is
             await self._condition(name, "CapacityRevoked", "Revoked", "test provisioner: revoked")
             self.answered[name] = "CapacityRevoked"
+
+    async def _squat(self, node: str) -> str:
+        """A pod of no AppWrapper bound to `node`, asking for all of its cpu and GPUs."""
+        allocatable = (await self.client.get(NODES, None, node)).get("status", {}).get(
+            "allocatable"
+        ) or {}
+        asked = {k: v for k, v in allocatable.items() if k in ("cpu", "nvidia.com/gpu")}
+        limits = {k: v for k, v in asked.items() if k != "cpu"}
+        name = f"squatter-{node}"[:63].rstrip("-")
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "nodeName": node,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [
+                    {
+                        "name": "squatter",
+                        "image": "squatter",
+                        "resources": {"requests": asked, "limits": limits},
+                    }
+                ],
+            },
+        }
+        with contextlib.suppress(AlreadyExists):
+            await self.client.create(PODS, self.namespace, pod)
+        return name
+
+    async def _wait_running(self, pod: str) -> None:
+        while True:
+            with contextlib.suppress(NotFound):
+                found = await self.client.get(PODS, self.namespace, pod)
+                if (found.get("status") or {}).get("phase") == "Running":
+                    return
+            await asyncio.sleep(0.05)  # polling KWOK's pod stages
 
     async def _drain_and_remove(self, nodes: list[str]) -> None:
         """Delete the pods on `nodes` (KWOK ends them while it still manages the node), then

@@ -18,6 +18,7 @@ from dispatcher.core.phase import Phase, phase_of_raw
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling import schedule
+from dispatcher.core.scheduling.cycle import checked_first
 from tests.unit.builders import cluster, node, pods, workload
 from tests.unit.quota_builders import queue, setup
 
@@ -121,6 +122,57 @@ def test_a_reservation_takes_the_quota_from_those_behind_it() -> None:
     assert "nvidia.com/gpu" in result.waits[0].message
 
 
+@dataclass(frozen=True)
+class OrderCase:
+    id: str
+    queued: bool  # both in queue "team" (with quotas), else capacity-only
+    fair_sharing: bool = False
+    strict: bool = False
+
+
+ORDER_CASES = [
+    OrderCase("capacity only", queued=False),
+    OrderCase("in a queue", queued=True),
+    OrderCase("in a queue with fair sharing", queued=True, fair_sharing=True),
+    OrderCase("in a StrictFIFO queue", queued=True, strict=True),
+]
+
+
+@pytest.mark.parametrize("case", ORDER_CASES, ids=lambda c: c.id)
+def test_a_gang_whose_checks_passed_is_fitted_before_the_heads(case: OrderCase) -> None:
+    """Room for one gang (the nodes made for `ns/provisioned`): the older, higher-priority
+    head `ns/head` comes first in queue order, but the provisioned gang is fitted first and
+    takes them; the head waits."""
+    room = cluster("c", *[node(f"n{i}", cpu=1, gpu=1) for i in range(9)])
+    name = "team" if case.queued else ""
+    head = gang("ns/head", 1, name, created_at=1, priority=5)
+    provisioned = replace(gang("ns/provisioned", 1, name, created_at=2), checked=True)
+    quotas = None
+    if case.queued:
+        mode = QueueMode.STRICT_FIFO if case.strict else QueueMode.BEST_EFFORT_FIFO
+        spec = queue("team", {"cpu": "64", "nvidia.com/gpu": "64"}, strategy=mode)
+        quotas = QuotaView(QuotaTree(setup(spec, fair_sharing=case.fair_sharing)))
+    result = schedule(
+        [head, provisioned],
+        [room],
+        mode=QueueMode.BEST_EFFORT_FIFO,
+        now=NOW,
+        starvation_after=1e9,
+        preemption=None,
+        quotas=quotas,
+        presorted=True,
+    )
+    assert [(a.key, a.cluster) for a in result.admits] == [("ns/provisioned", "c")]
+    assert [w.key for w in result.waits] == ["ns/head"]
+    assert result.order == ("ns/provisioned", "ns/head")
+
+
+def test_checked_first_keeps_the_order_within_each_part() -> None:
+    a, b, c, d = (replace(gang(f"ns/{k}", 1), checked=k in "bd") for k in ("a", "b", "c", "d"))
+    assert checked_first([a, b, c, d]) == ([b, d], [a, c])
+    assert checked_first([a, c]) == ([], [a, c])
+
+
 # -- conditions and phase -------------------------------------------------------------------
 
 
@@ -203,6 +255,9 @@ class VerdictCase:
     attempt: int = 1
     dispatched: bool = False
     failed_at: float | None = None
+    refused: int | None = None
+    fitting_since: float | None = None
+    fit_timeout: float | None = None
     want_after: float = 0.0
     want_in_message: str = ""
 
@@ -243,6 +298,61 @@ VERDICT_CASES = [
         want_in_message="failed 3 times: stockout",
     ),
     VerdictCase(
+        "failed after two asked again for taken nodes: the first refusal",
+        request("Failed"),
+        Step.RETRY,
+        attempt=3,
+        refused=1,
+        failed_at=NOW,
+        want_after=10.0,
+        want_in_message="refusal 1 of at most 3",
+    ),
+    VerdictCase(
+        "the third refusal, fifth attempt: fails",
+        request("Failed", message="stockout"),
+        Step.FAIL,
+        attempt=5,
+        refused=3,
+        want_in_message="failed 3 times: stockout",
+    ),
+    VerdictCase(
+        "provisioned, fitting for 10 s of 30: ready, 20 s left",
+        request("Provisioned"),
+        Step.READY,
+        fitting_since=NOW - 10,
+        fit_timeout=30,
+        want_after=20.0,
+    ),
+    VerdictCase(
+        "provisioned, not yet fitting: ready",
+        request("Provisioned"),
+        Step.READY,
+        fit_timeout=30,
+    ),
+    VerdictCase(
+        "provisioned, not placed within the fit timeout: asks again",
+        request("Provisioned"),
+        Step.RESERVE_AGAIN,
+        attempt=2,
+        fitting_since=NOW - 31,
+        fit_timeout=30,
+        want_in_message="provisioned (attempt 2), but the nodes were taken before it was placed",
+    ),
+    VerdictCase(
+        "provisioned, fitting but no timeout set: ready",
+        request("Provisioned"),
+        Step.READY,
+        fitting_since=NOW - 1e6,
+    ),
+    VerdictCase(
+        "expired, then fitting past the timeout: expired (no double count)",
+        request("Provisioned", "BookingExpired"),
+        Step.RESERVE_AGAIN,
+        fitting_since=NOW - 31,
+        fit_timeout=30,
+        want_in_message="expired before dispatch",
+    ),
+    VerdictCase(
         "expired before dispatch",
         request("Provisioned", "BookingExpired"),
         Step.RESERVE_AGAIN,
@@ -275,6 +385,9 @@ def test_verdict(case: VerdictCase) -> None:
         now=NOW,
         failed_at=case.failed_at,
         dispatched=case.dispatched,
+        refused=case.refused,
+        fitting_since=case.fitting_since,
+        fit_timeout=case.fit_timeout,
     )
     assert got.step is case.want
     assert got.after == case.want_after
@@ -283,6 +396,24 @@ def test_verdict(case: VerdictCase) -> None:
 
 def test_backoff_doubles_and_is_capped() -> None:
     assert [RETRY.backoff(a) for a in (1, 2, 3, 4)] == [10.0, 20.0, 25.0, 25.0]
+
+
+def test_only_refused_requests_of_the_check_count_towards_the_limit() -> None:
+    def labelled(check: str, attempt: int, *true: str) -> dict[str, Any]:
+        made = request(*true)
+        made["metadata"]["labels"] = {checks.CHECK_LABEL: check, checks.ATTEMPT_LABEL: attempt}
+        return made
+
+    requests = [
+        labelled("prov", 1, "Failed"),
+        labelled("prov", 2, "Provisioned"),  # asked again: its nodes were taken
+        labelled("prov", 3, "Provisioned", "BookingExpired"),
+        labelled("prov", 4, "Failed"),
+        labelled("other", 1, "Failed"),
+    ]
+    assert checks.refusals(requests, "prov") == 2
+    assert checks.refusals(requests, "other") == 1
+    assert checks.refusals([], "prov") == 0
 
 
 def test_names_are_fixed_by_uid_check_and_attempt() -> None:

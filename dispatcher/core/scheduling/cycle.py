@@ -16,7 +16,8 @@ Admission checks (docs/autoscaling.md): a workload whose cluster queue names che
 `capacity_checks`, one without a queue) and that fits no member's nodes is admitted with no
 cluster instead of waiting: its quota is reserved (`Admit.cluster == ""`) while its checks
 (a ProvisioningRequest) run, and it asks for no victims. Once they passed (`Workload.checked`)
-it is fitted as any other.
+it is fitted as any other, but first in the cycle, before any queue's head takes room or quota
+(`checked_first`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from itertools import chain
 
 from dispatcher.api.models import Reason
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
@@ -37,7 +39,15 @@ from dispatcher.core.scheduling.clusters import CycleState, Reasons, best_fit
 from dispatcher.core.scheduling.placement import Gang, Refusal
 from dispatcher.core.scheduling.preemption import PreemptionPolicy, VictimRules
 
-__all__ = ["Admit", "CycleResult", "Preempt", "Wait", "queue_order_key", "schedule"]
+__all__ = [
+    "Admit",
+    "CycleResult",
+    "Preempt",
+    "Wait",
+    "checked_first",
+    "queue_order_key",
+    "schedule",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,13 +244,17 @@ def schedule(
     # 1. Order the queue: priority, then age, then key; with quotas, those within their
     #    queue's nominal quota before those that would borrow (with fair sharing instead,
     #    queues that borrow less of their cohort go first).
+    #    Work whose admission checks passed goes before all of that (`checked_first`).
     in_order = list(pending) if presorted else sorted(pending, key=queue_order_key)
-    ordered: Iterable[Workload] = in_order
     resolved = {w.key: quotas.resolve(w) for w in in_order} if quotas is not None else {}
+    checked, in_order = checked_first(in_order)
+    ordered: Iterable[Workload] = in_order
     if quotas is not None and quotas.setup.fair_sharing:
         ordered = fair_order(in_order, resolved, quotas.ledger)
     elif quotas is not None:
         ordered = nominal_first(in_order, resolved, quotas.ledger, quotas.setup.queues)
+    if checked:
+        ordered = chain(checked, ordered)
 
     # 2. Snapshot: one mutable simulation per cluster, built on first use.
     cycle = CycleState(clusters, now)
@@ -277,6 +291,16 @@ def schedule(
 
     # 5. Hand the decisions back to the controller.
     return decisions.result(resolved)
+
+
+def checked_first(in_order: list[Workload]) -> tuple[list[Workload], list[Workload]]:
+    """`in_order` split into the work whose admission checks passed and the rest, each in
+    its order. The first go before any queue's head: they held their quota while nodes were
+    provisioned for them, and a head fitted before them could take those nodes (or that
+    quota) in the same cycle, leaving them to wait for a booking nobody holds any more."""
+    if not any(w.checked for w in in_order):
+        return [], in_order
+    return [w for w in in_order if w.checked], [w for w in in_order if not w.checked]
 
 
 def _strict_fifo(mode: QueueMode, quotas: QuotaView | None) -> dict[str, bool]:
