@@ -191,23 +191,8 @@ def _reset_or_fail(p: Progress, retry: Retry) -> Assessment | None:
         cause, grace = "pods failed", retry.failure_grace_seconds
     else:
         return None
-    if p.seconds_failing < grace:
-        return Assessment(
-            Verdict.WAIT,
-            Reason.PODS_FAILED,
-            f"{cause}; reset after failureGracePeriod {grace:g}s unless they recover",
-            grace - p.seconds_failing,
-        )
-    if p.requeue_count >= retry.retry_limit:
-        return Assessment(
-            Verdict.FAILED,
-            Reason.RETRY_LIMIT_REACHED,
-            f"{cause}; reset {p.requeue_count} times, retryLimit {retry.retry_limit}",
-        )
-    return Assessment(
-        Verdict.RESET,
-        Reason.RESETTING,
-        f"{cause}; reset {p.requeue_count + 1} of retryLimit {retry.retry_limit}",
+    return _reset_after_grace(
+        p, retry, cause, grace, waiting=Reason.PODS_FAILED, unless="they recover"
     )
 
 
@@ -218,12 +203,26 @@ def _move(p: Progress, retry: Retry | None) -> Assessment:
     cause = f"pods on nodes labelled unhealthy (NoExecute): {', '.join(p.evicted_nodes[:10])}"
     if retry is None:
         return Assessment(Verdict.REQUEUE, Reason.NODE_UNHEALTHY, f"{cause}; requeued")
-    grace = retry.failure_grace_seconds
+    return _reset_after_grace(
+        p,
+        retry,
+        cause,
+        retry.failure_grace_seconds,
+        waiting=Reason.NODE_UNHEALTHY,
+        unless="the labels go",
+    )
+
+
+def _reset_after_grace(
+    p: Progress, retry: Retry, cause: str, grace: float, *, waiting: Reason, unless: str
+) -> Assessment:
+    """Unhealthy for `cause`: wait out `grace`, then reset while resets stay under
+    `retry_limit`, else Failed."""
     if p.seconds_failing < grace:
         return Assessment(
             Verdict.WAIT,
-            Reason.NODE_UNHEALTHY,
-            f"{cause}; reset after failureGracePeriod {grace:g}s unless the labels go",
+            waiting,
+            f"{cause}; reset after failureGracePeriod {grace:g}s unless {unless}",
             grace - p.seconds_failing,
         )
     if p.requeue_count >= retry.retry_limit:
