@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import contextvars
+import functools
 import re
 import statistics
 import tempfile
@@ -141,20 +142,9 @@ class Probe:
         def counted(pending: list[Any], *args: Any, **kwargs: Any) -> Any:
             for workload in pending:
                 self.note(workload.key, "cycles")
+            if not pending:
+                self.note("", "empty_cycles")  # a cycle ran, all its work parked
             return schedule(pending, *args, **kwargs)
-
-        return counted
-
-    def snapshot(
-        self, snapshot: Callable[..., Any], pending_of: Callable[[Any], list[Any]]
-    ) -> Callable[..., Any]:
-        """Wrap the scheduler's snapshot (once per cycle): an empty cycle if nothing pends."""
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            result = snapshot(*args, **kwargs)
-            if not pending_of(result):
-                self.note("", "empty_cycles")
-            return result
 
         return counted
 
@@ -196,26 +186,33 @@ class Probe:
 _saved: dict[str, Any] = {}
 
 
-def instrument_manager(manager: Manager, probe: Probe) -> None:
-    """The redesigned controller: wrap the reconciler, the cycle's `schedule` and snapshot."""
-    from dispatcher.controller import scheduler
+def instrument_manager(_manager: Manager | None, probe: Probe) -> None:
+    """The controller with the queue manager: wrap `Reconciler.reconcile` (on the class:
+    the workers hold the bound method from their start) and the `schedule` that
+    `core.queues.take` calls (the scheduler skips the cycle when nothing is queued; one
+    whose work is all parked calls it with none: an empty cycle)."""
+    from dispatcher.controller.reconciler import Reconciler
+    from dispatcher.core.queues import cycle
 
-    manager.reconciler.reconcile = probe.reconcile(  # type: ignore[method-assign, assignment]
-        manager.reconciler.reconcile
-    )
-    # The name `Scheduler.cycle` calls, as imported into its module.
-    original = _saved.setdefault("schedule", scheduler.__dict__["schedule"])
-    scheduler.__dict__["schedule"] = probe.schedule(original)
-    manager.cache.snapshot = probe.snapshot(  # type: ignore[method-assign]
-        manager.cache.snapshot, lambda snapshot: list(snapshot.pending)
-    )
+    reconcile = _saved.setdefault("reconcile", Reconciler.reconcile)
+
+    async def counted(self: Reconciler, key: str) -> Any:
+        return await probe.reconcile(functools.partial(reconcile, self))(key)
+
+    Reconciler.reconcile = counted  # type: ignore[method-assign]
+    # The name `take` calls, as imported into its module.
+    original = _saved.setdefault("schedule", cycle.__dict__["schedule"])
+    cycle.__dict__["schedule"] = probe.schedule(original)
 
 
 def uninstrument_manager() -> None:
-    from dispatcher.controller import scheduler
+    from dispatcher.controller.reconciler import Reconciler
+    from dispatcher.core.queues import cycle
 
+    if "reconcile" in _saved:
+        Reconciler.reconcile = _saved.pop("reconcile")  # type: ignore[method-assign]
     if "schedule" in _saved:
-        scheduler.__dict__["schedule"] = _saved.pop("schedule")
+        cycle.__dict__["schedule"] = _saved.pop("schedule")
 
 
 def manager_counters(manager: Manager, key: str) -> dict[str, int]:
@@ -236,6 +233,8 @@ class Hooks:
     """How to instrument, and read, one version of the controller."""
 
     instrument: Callable[[Any, Probe], None]
+    """Called before the dispatcher starts (its first argument None): it patches classes and
+    modules, not the running instance."""
     uninstrument: Callable[[], None]
     counters: Callable[[Any, str], dict[str, int]] | None = None
     finished: Callable[[Any], dict[str, int]] | None = None
@@ -303,8 +302,9 @@ async def one_life(
         unattributed="allow",
     )
     with probe.requests():
+        # Before the start: the workers hold the reconcile function from then on.
+        hooks.instrument(None, probe)
         async with running(config) as dispatcher:
-            hooks.instrument(dispatcher, probe)
             try:
                 await asyncio.sleep(1)
                 await _settle(probe, quiet=1.0)  # the start-up cycle is not the sample's

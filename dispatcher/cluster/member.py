@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from dispatcher.api.constants import FIELD_MANAGER, LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
@@ -32,7 +34,7 @@ from dispatcher.core.namespaces import Wildcard
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import KubeError
-from dispatcher.kube.informer import Informer
+from dispatcher.kube.informer import Handler, Informer
 from dispatcher.kube.lazyjson import LazyObject
 
 NODES = ResourceInfo("v1", "Node", "nodes", namespaced=False)
@@ -69,6 +71,45 @@ def _slim_wrapped(obj: dict[str, Any]) -> dict[str, Any]:
         "status": {"conditions": (obj.get("status") or {}).get("conditions") or []},
     }
 
+
+def _said(obj: dict[str, Any]) -> tuple[Any, frozenset[str]]:
+    """What of a slimmed wrapped object its AppWrapper's verdict reads: whether it is being
+    deleted, and which of its conditions are True."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    true = frozenset(str(c.get("type")) for c in conditions if c.get("status") == "True")
+    return (obj.get("metadata") or {}).get("deletionTimestamp"), true
+
+
+def telling(
+    handler: Handler,
+    *,
+    conditions_read: Callable[[], bool],
+    ours: Callable[[str, bool], bool] = lambda _uid, _gone: False,
+) -> Handler:
+    """`handler`, called only for the changes of a wrapped object that can change its
+    AppWrapper's verdict: its deletion, its `deletionTimestamp`, and a change of the
+    conditions that are True while some AppWrapper reads this kind's completion
+    (`conditions_read`). Not for its creation (the dispatcher made it, and looks at it
+    then), nor for the status updates its own controller makes all along (a RayCluster's, a
+    Deployment's), nor for a deletion the dispatcher asked for itself (`ours(uid, gone)`):
+    each would be a reconcile for nothing."""
+
+    def told(kind: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        uid = str(((new or old or {}).get("metadata") or {}).get("uid") or "")
+        if ours(uid, new is None):
+            return
+        if new is None:
+            handler(kind, old, new)
+        elif old is not None:
+            (was_going, was_true), (going, true) = _said(old), _said(new)
+            if was_going != going or (was_true != true and conditions_read()):
+                handler(kind, old, new)
+
+    return told
+
+
+DELETING_KEPT = 4096
+"""Deletions of its own a member remembers until their watch event (`Member.deleting`)."""
 
 ANY_NAMESPACE = "*"
 """As a key of `namespaces`: every hub namespace; as a value: the same name as the hub's."""
@@ -138,8 +179,12 @@ class Member:
     last_answer: float = 0.0  # monotonic time of the last successful probe
     started: float = 0.0  # monotonic time `run` began (silence before the first sync)
     wrapped: dict[str, Informer] = field(default_factory=dict)
-    """"apiVersion/kind" -> watch cache of our wrapped objects of that kind that report
-    completion (e.g. Jobs): read from here instead of one GET per object."""
+    """"apiVersion/kind" -> watch cache of our wrapped objects of that kind: their completion
+    (e.g. Jobs) and presence read from here instead of one GET per object."""
+    _completion_kinds: set[str] = field(default_factory=set)
+    """"apiVersion/kind" of the wrapped kinds whose completion some AppWrapper reads."""
+    _deleting: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    """uids of wrapped objects the dispatcher asked to go (the most recent DELETING_KEPT)."""
     namespaces: Mapping[str, str] = field(default_factory=dict)
     """Hub namespace -> namespace here (members[].namespaces); not read for the hub."""
     wildcard: Wildcard = field(default_factory=Wildcard)
@@ -266,18 +311,37 @@ class Member:
         self.wrapped[key] = informer
         return informer, True
 
+    def deleting(self, uid: str) -> None:
+        """The dispatcher asks for the wrapped object `uid` to go: its deletion wakes no one."""
+        if uid:
+            self._deleting[uid] = None
+            if len(self._deleting) > DELETING_KEPT:
+                self._deleting.popitem(last=False)
+
+    def _ours(self, uid: str, gone: bool) -> bool:
+        """Whether `uid`'s deletion is the dispatcher's own (forgotten once it is gone)."""
+        if uid not in self._deleting:
+            return False
+        if gone:
+            del self._deleting[uid]
+        return True
+
     async def wrapped_caches(
         self,
         kinds: Iterable[tuple[str, str]],
         *,
+        completion: Iterable[tuple[str, str]] = (),
         on_change: Callable[[str, dict[str, Any] | None, dict[str, Any] | None], None],
         start_task: Callable[[Coroutine[Any, Any, None], str], None],
     ) -> dict[str, Informer]:
         """Watch caches of the wrapped kinds (apiVersion, kind), for their completion and
-        their presence, started on first need, each change handed to `on_change` (the
-        objects are labelled like the pods: a change, a deletion too, wakes their
-        AppWrapper). A kind unknown to the member has none."""
+        their presence, started on first need; a change that can matter is handed to
+        `on_change` (the objects are labelled like the pods: it wakes their AppWrapper): a
+        deletion, or a change of `deletionTimestamp` or, for the kinds whose completion some
+        AppWrapper reads (`completion`, remembered), of the conditions that are True
+        (`telling`). A kind unknown to the member has none."""
         caches: dict[str, Informer] = {}
+        self._completion_kinds.update(f"{v}/{k}" for v, k in completion)
         for api_version, kind in kinds:
             try:
                 info = await self.client.resource_info(api_version, kind)
@@ -285,7 +349,9 @@ class Member:
                 continue
             informer, new = self.wrapped_informer(info)
             if new:
-                informer.add_handler(on_change)
+                key = f"{api_version}/{kind}"
+                read = partial(self._completion_kinds.__contains__, key)
+                informer.add_handler(telling(on_change, conditions_read=read, ours=self._ours))
                 start_task(informer.run(), f"{self.name}-{info.plural}")
             caches[f"{api_version}/{kind}"] = informer
         return caches

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -417,9 +417,16 @@ async def create_all(
 
 
 async def delete_all(
-    client: KubeApi, namespace: str, objects: list[Wrapped], *, uid: str
+    client: KubeApi,
+    namespace: str,
+    objects: list[Wrapped],
+    *,
+    uid: str,
+    deleting: Callable[[str], None] = lambda _uid: None,
 ) -> list[str]:
     """Ask for every object this AppWrapper owns to go; returns those that still exist.
+    `deleting` is told the uid of each object before it is asked to go (its deletion is the
+    dispatcher's own: it wakes no one, `Member.deleting`).
 
     Only objects the dispatcher made carrying the AppWrapper's uid label are touched: an
     object of the same name that someone else made (say, the reason a dispatch failed, even
@@ -441,7 +448,10 @@ async def delete_all(
             return None
         # The uid precondition: never delete a newer object that took the name meanwhile.
         # Gone at once (no finalizers): nothing left to look for again.
-        if meta.get("deletionTimestamp") is None and await client.delete(
+        if meta.get("deletionTimestamp") is not None:
+            return obj.label
+        deleting(str(meta.get("uid") or ""))
+        if await client.delete(
             info, namespace, obj.name, propagation="Background", uid=meta.get("uid")
         ):
             return None

@@ -131,6 +131,7 @@ class Maker:
             namespace,
             dispatched_objects(aw, owner_reference=member.is_hub),
             uid=aw.metadata.uid or "",
+            deleting=member.deleting,
         )
 
     async def remove_everywhere(self, aw: AppWrapper, members: list[Member]) -> list[str]:

@@ -68,7 +68,10 @@ async def measure(
     # completion, then wakes this AppWrapper. Not for Pods: the capacity cache holds every
     # pod of an AppWrapper already (a wrapped Pod deleted is a pod lost, as before).
     kinds = [(o.api_version, o.kind) for o in objects if (o.api_version, o.kind) != ("v1", "Pod")]
-    caches = await member.wrapped_caches(kinds, on_change=wake_owner, start_task=start_task)
+    completing = [(o.api_version, o.kind) for o in objects if o.completion]
+    caches = await member.wrapped_caches(
+        kinds, completion=completing, on_change=wake_owner, start_task=start_task
+    )
     # Mapped: its objects were created there by this process, same settings.
     namespace = target_namespace(member, aw.metadata.namespace)
     uid = aw.metadata.uid or ""
