@@ -26,11 +26,11 @@ import argparse
 import asyncio
 import contextlib
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import report
 from benchmarks.e2e_bench import (
     APPWRAPPERS,
     Watcher,
@@ -169,11 +169,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="keep the cluster's and dispatcher's logs")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
-        if args.workdir:
-            args.workdir.mkdir(parents=True, exist_ok=True)
-            workdir = args.workdir.resolve()
-        else:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aw-backlog-")))
+        workdir = report.workdir(stack, args.workdir, "aw-backlog-")
         result = asyncio.run(run(args, workdir))
     save(result, args.out)
     print(json.dumps(result, indent=2))

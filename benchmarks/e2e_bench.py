@@ -31,7 +31,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks import report
 from benchmarks.report import save
 from dispatcher.api.constants import API_VERSION, KIND, PLURAL
 from dispatcher.api.models import parse_time
@@ -674,11 +674,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}
     with contextlib.ExitStack() as stack:
-        if args.workdir:
-            args.workdir.mkdir(parents=True, exist_ok=True)
-            workdir = args.workdir.resolve()
-        else:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aw-bench-")))
+        workdir = report.workdir(stack, args.workdir, "aw-bench-")
         result = asyncio.run(
             run(
                 args.count,

@@ -35,7 +35,6 @@ import contextvars
 import functools
 import re
 import statistics
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -43,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmarks import report
 from benchmarks.report import save
 from dispatcher.api.constants import API_VERSION, KIND, PLURAL
 from dispatcher.app import running
@@ -458,11 +458,7 @@ def main(hooks: Hooks = NEW_CODE, default_out: str = "benchmarks/results/hops.js
     args = parser.parse_args()
     samples = tuple(s for s in SAMPLES if not args.sample or s.name in args.sample)
     with contextlib.ExitStack() as stack:
-        if args.workdir:
-            args.workdir.mkdir(parents=True, exist_ok=True)
-            workdir = args.workdir.resolve()
-        else:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aw-hops-")))
+        workdir = report.workdir(stack, args.workdir, "aw-hops-")
         result = asyncio.run(measure(workdir, hooks, args.runs, samples))
     print(table(result))
     save(result, args.out)

@@ -45,7 +45,6 @@ import contextlib
 import json
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -57,6 +56,7 @@ from benchmarks.peer_run import run_one
 from benchmarks.peer_scenarios import Sizes, scenarios
 from benchmarks.peer_systems import System, parse_systems
 from benchmarks.report import save
+from benchmarks.report import workdir as kept_or_temporary
 from dispatcher.testing.localcluster import DEFAULT_CACHE, REPO_ROOT, ensure_binaries
 
 Obj = dict[str, Any]
@@ -284,11 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
-        if args.workdir:
-            args.workdir.mkdir(parents=True, exist_ok=True)
-            workdir = args.workdir.resolve()
-        else:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aw-peers-")))
+        workdir = kept_or_temporary(stack, args.workdir, "aw-peers-")
         for name in args.scenarios:
             scenario = every[name]
             runs: dict[str, list[Obj]] = {s.label: [] for s in args.systems}

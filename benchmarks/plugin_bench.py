@@ -35,11 +35,11 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import report
 from benchmarks.e2e_bench import percentile, start_dispatcher, wait_ready
 from benchmarks.report import save
 from dispatcher.controller.visibility_api import BASE
@@ -294,11 +294,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="keep the cluster's and dispatcher's logs")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
-        if args.workdir:
-            args.workdir.mkdir(parents=True, exist_ok=True)
-            workdir = args.workdir.resolve()
-        else:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aw-plugin-")))
+        workdir = report.workdir(stack, args.workdir, "aw-plugin-")
         result = measure(args, workdir)
     save(result, args.out)
     print(table(result))

@@ -56,13 +56,13 @@ import contextlib
 import json
 import statistics
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import report
 from benchmarks.e2e_bench import (
     APPWRAPPERS,
     PODS,
@@ -549,11 +549,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="keep the cluster's and dispatcher's logs")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
-        if args.workdir:
-            args.workdir.mkdir(parents=True, exist_ok=True)
-            workdir = args.workdir.resolve()
-        else:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aw-prov-")))
+        workdir = report.workdir(stack, args.workdir, "aw-prov-")
         result = asyncio.run(run(args, workdir))
     table(result)
     save(result, args.out)

@@ -24,12 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from benchmarks import report
 from benchmarks.peer_watch import AuditTail
 from benchmarks.report import save
 from dispatcher.api.constants import API_VERSION, KIND, PLURAL
@@ -257,11 +257,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
-        if args.workdir:
-            args.workdir.mkdir(parents=True, exist_ok=True)
-            workdir = args.workdir.resolve()
-        else:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aw-req-")))
+        workdir = report.workdir(stack, args.workdir, "aw-req-")
         result = asyncio.run(
             measure(workdir, args.lives, args.backlog, args.window, args.qps, args.webhook)
         )
