@@ -299,19 +299,26 @@ def clean(cluster: LocalCluster) -> None:
         )
 
 
-def table(system: str, outcomes: list[Outcome]) -> str:
+def table(system: str, outcomes: Sequence[Outcome], *, suite: str = f"MCAD {VERSION}") -> str:
+    """The results as Markdown: how many of `suite`'s tests passed against `system`, then
+    one row per test (a detail's `|` and line breaks kept out of the table's cells)."""
     passed = sum(o.result == "pass" for o in outcomes)
     lines = [
-        f"MCAD {VERSION} e2e suite against {system}: {passed} of {len(outcomes)} pass",
+        f"{suite} e2e suite against {system}: {passed} of {len(outcomes)} pass",
         "",
         "| Test | Result | Seconds | Cap | Detail |",
         "|---|---|---|---|---|",
     ]
     lines += [
-        f"| {o.test} | {o.result} | {o.seconds} | {o.cap:.0f} | {o.detail.replace('|', '/')} |"
+        f"| {o.test} | {o.result} | {o.seconds} | {o.cap:.0f} | {cell(o.detail)} |"
         for o in outcomes
     ]
     return "\n".join(lines) + "\n"
+
+
+def cell(text: str) -> str:
+    """`text` as one Markdown table cell."""
+    return text.replace("|", "/").replace("\n", " ")
 
 
 def main(argv: list[str] | None = None) -> int:

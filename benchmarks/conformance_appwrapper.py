@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import conformance, peers, report
-from benchmarks.conformance import Outcome
+from benchmarks.conformance import Outcome, cell
 from benchmarks.conformance_appwrapper_systems import (
     NAMESPACE,
     SYSTEM_NAMESPACE,
@@ -275,18 +275,7 @@ def clean(cluster: LocalCluster) -> None:
 
 
 def table(system: str, outcomes: Sequence[Outcome]) -> str:
-    passed = sum(o.result == "pass" for o in outcomes)
-    lines = [
-        f"AppWrapper {VERSION} e2e suite against {system}: {passed} of {len(outcomes)} pass",
-        "",
-        "| Test | Result | Seconds | Cap | Detail |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {o.test} | {o.result} | {o.seconds} | {o.cap:.0f} | {_cell(o.detail)} |"
-        for o in outcomes
-    ]
-    return "\n".join(lines) + "\n"
+    return conformance.table(system, outcomes, suite=f"AppWrapper {VERSION}")
 
 
 def comparison(runs: Sequence[tuple[str, Sequence[Outcome]]], causes: Mapping[str, str]) -> str:
@@ -303,7 +292,7 @@ def comparison(runs: Sequence[tuple[str, Sequence[Outcome]]], causes: Mapping[st
     for name in names:
         cells = [result.get(name, "-") for result in results]
         cause = causes.get(name, "") if len(set(cells)) > 1 else ""
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_cell(cause)} |")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {cell(cause)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -317,10 +306,6 @@ def compare_main(argv: Sequence[str]) -> int:
         runs.append((run, [Outcome(**row) for row in saved["tests"]]))
     print(comparison(runs, causes), end="")
     return 0
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "/").replace("\n", " ")
 
 
 def _start(
