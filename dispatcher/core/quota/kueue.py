@@ -24,7 +24,7 @@ inactive with both named, so that neither is admitted by silently.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -234,6 +234,10 @@ def _with(problems: tuple[str, ...], *more: str) -> tuple[str, ...]:
     return (*problems, *(m for m in more if m not in problems))
 
 
+M = TypeVar("M")
+"""A model of one of Kueue's kinds, as `_Merge.read` yields it."""
+
+
 @dataclass
 class _Merge:
     """The setup being made, with what was noted on the way."""
@@ -247,6 +251,20 @@ class _Merge:
 
     def note(self, kind: str, obj: Obj, read: _Read) -> None:
         self.notes.extend(f"{kind} {_name(obj)}: {n}" for n in (*read.refused, *read.notes))
+
+    def read(
+        self, kind: str, objects: Iterable[Obj], model: Callable[[Obj], tuple[M, _Read]]
+    ) -> Iterator[tuple[M, _Read]]:
+        """Each of `objects` read by `model`, what was refused or not read noted; one that
+        cannot be read is noted as unreadable and left out."""
+        for obj in objects:
+            try:
+                found, read = model(obj)
+            except ValidationError as exc:
+                self.notes.append(f"{kind} {_name(obj)} is unreadable: {str(exc)[:300]}")
+                continue
+            self.note(kind, obj, read)
+            yield found, read
 
 
 def _clash(kind: str, ours: str, name: str) -> str:
@@ -271,13 +289,7 @@ def _keep(found: dict[str, _Spec], spec: _Spec, known: set[str], clash: str) -> 
 
 
 def _add_queues(merge: _Merge, objects: Iterable[Obj], known: set[str]) -> None:
-    for obj in objects:
-        try:
-            model, read = cluster_queue_model(obj)
-        except ValidationError as exc:
-            merge.notes.append(f"ClusterQueue {_name(obj)} is unreadable: {str(exc)[:300]}")
-            continue
-        merge.note("ClusterQueue", obj, read)
+    for model, read in merge.read("ClusterQueue", objects, cluster_queue_model):
         spec = queue_of(model)
         refused = tuple(f"{KUEUE_GROUP} ClusterQueue: {r}" for r in read.refused)
         spec = dataclasses.replace(spec, problems=_with(spec.problems, *refused))
@@ -285,25 +297,13 @@ def _add_queues(merge: _Merge, objects: Iterable[Obj], known: set[str]) -> None:
 
 
 def _add_cohorts(merge: _Merge, objects: Iterable[Obj], known: set[str]) -> None:
-    for obj in objects:
-        try:
-            model, read = cohort_model(obj)
-        except ValidationError as exc:
-            merge.notes.append(f"Cohort {_name(obj)} is unreadable: {str(exc)[:300]}")
-            continue
-        merge.note("Cohort", obj, read)
+    for model, _ in merge.read("Cohort", objects, cohort_model):
         spec = cohort_of(model)
         _keep(merge.cohorts, spec, known, _clash("Cohort", "AppCohort", spec.name))
 
 
 def _add_flavors(merge: _Merge, objects: Iterable[Obj], known: set[str]) -> None:
-    for obj in objects:
-        try:
-            model, read = flavor_model(obj)
-        except ValidationError as exc:
-            merge.notes.append(f"ResourceFlavor {_name(obj)} is unreadable: {str(exc)[:300]}")
-            continue
-        merge.note("ResourceFlavor", obj, read)
+    for model, read in merge.read("ResourceFlavor", objects, flavor_model):
         flavor = flavor_of(model)
         ours = merge.flavors.get(flavor.name)
         if ours is None or flavor.name not in known:
@@ -317,13 +317,7 @@ def _add_flavors(merge: _Merge, objects: Iterable[Obj], known: set[str]) -> None
 
 
 def _add_locals(merge: _Merge, objects: Iterable[Obj], known: set[tuple[str, str]]) -> None:
-    for obj in objects:
-        try:
-            model, read = local_queue_model(obj)
-        except ValidationError as exc:
-            merge.notes.append(f"LocalQueue {_name(obj)} is unreadable: {str(exc)[:300]}")
-            continue
-        merge.note("LocalQueue", obj, read)
+    for model, _ in merge.read("LocalQueue", objects, local_queue_model):
         local = local_of(model)
         key = (local.namespace, local.name)
         ours = merge.locals_.get(key)
