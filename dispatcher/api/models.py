@@ -22,7 +22,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from dispatcher.api.names import generated_name
+from dispatcher.api.names import generated_for
 from dispatcher.api.resources import Resources
 
 GROUP: Final = "workload.codeflare.dev"
@@ -501,11 +501,11 @@ def _name_generated(items: list[GenericItem], seed: str) -> None:
     watch cache, which is never mutated."""
     for index, item in enumerate(items):
         metadata = item.generictemplate.get("metadata")
-        if not isinstance(metadata, dict) or metadata.get("name"):
+        if not isinstance(metadata, dict):
             continue
-        prefix = metadata.get("generateName")
-        if isinstance(prefix, str) and prefix:
-            named = {**metadata, "name": generated_name(prefix, seed, index)}
+        name = generated_for(metadata, seed, index)
+        if name is not None:
+            named = {**metadata, "name": name}
             item.generictemplate = {**item.generictemplate, "metadata": named}
 
 

@@ -5,7 +5,8 @@ create and record, adoption finds the object made before, and no second one is m
 from __future__ import annotations
 
 import hashlib
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 GENERATE_NAME_PREFIX_MAX: Final = 58
 """The longest `generateName` prefix kept, as the API server's: a name of 63 with the suffix."""
@@ -22,3 +23,14 @@ def generated_name(generate_name: str, seed: str, index: int) -> str:
     digest = hashlib.sha256(f"{seed}/{index}".encode()).digest()
     suffix = "".join(_SUFFIX_ALPHABET[b % len(_SUFFIX_ALPHABET)] for b in digest[:5])
     return generate_name[:GENERATE_NAME_PREFIX_MAX] + suffix
+
+
+def generated_for(metadata: Mapping[str, Any], seed: str, index: int) -> str | None:
+    """The name to give the object of item `index` whose template has this `metadata`: None
+    when it names itself, or has no usable `generateName` either."""
+    if metadata.get("name"):
+        return None
+    prefix = metadata.get("generateName")
+    if isinstance(prefix, str) and prefix:
+        return generated_name(prefix, seed, index)
+    return None

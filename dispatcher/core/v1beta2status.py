@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from dispatcher.api.names import generated_name
+from dispatcher.api.names import generated_for
 
 SUSPENDED: Final = "Suspended"
 RESUMING: Final = "Resuming"
@@ -156,7 +156,7 @@ def component_status(
     """v1beta2's `status.componentStatus`: one entry per component (the object made of it:
     name, kind, apiVersion, its declared pod sets, `ResourcesDeployed`) once the objects of
     an attempt were made, else none. The name of a `generateName` component is the one the
-    dispatcher gives it (`generated_name`, seeded by the AppWrapper's uid: `seed`)."""
+    dispatcher gives it (`generated_for`, seeded by the AppWrapper's uid: `seed`)."""
     if not status.get("objectsMadeFor"):
         return []
     deployed = objects_made(status) and any(
@@ -169,10 +169,7 @@ def component_status(
         template = template if isinstance(template, Mapping) else {}
         metadata = template.get("metadata")
         metadata = metadata if isinstance(metadata, Mapping) else {}
-        name = metadata.get("name")
-        prefix = metadata.get("generateName")
-        if not name and isinstance(prefix, str) and prefix:
-            name = generated_name(prefix, seed, index)
+        name = generated_for(metadata, seed, index) or metadata.get("name")
         entry: dict[str, Any] = {
             "name": str(name or ""),
             "kind": str(template.get("kind") or ""),
