@@ -241,20 +241,10 @@ def schedule(
     `presorted`: `pending` is in queue order already (a `core.queues.QueueManager` keeps it
     so); it is not sorted again.
     """
-    # 1. Order the queue: priority, then age, then key; with quotas, those within their
-    #    queue's nominal quota before those that would borrow (with fair sharing instead,
-    #    queues that borrow less of their cohort go first).
-    #    Work whose admission checks passed goes before all of that (`checked_first`).
+    # 1. Order the queue (`_ordered`).
     in_order = list(pending) if presorted else sorted(pending, key=queue_order_key)
     resolved = {w.key: quotas.resolve(w) for w in in_order} if quotas is not None else {}
-    checked, in_order = checked_first(in_order)
-    ordered: Iterable[Workload] = in_order
-    if quotas is not None and quotas.setup.fair_sharing:
-        ordered = fair_order(in_order, resolved, quotas.ledger)
-    elif quotas is not None:
-        ordered = nominal_first(in_order, resolved, quotas.ledger, quotas.setup.queues)
-    if checked:
-        ordered = chain(checked, ordered)
+    ordered = _ordered(in_order, resolved, quotas)
 
     # 2. Snapshot: one mutable simulation per cluster, built on first use.
     cycle = CycleState(clusters, now)
@@ -291,6 +281,24 @@ def schedule(
 
     # 5. Hand the decisions back to the controller.
     return decisions.result(resolved)
+
+
+def _ordered(
+    in_order: list[Workload],
+    resolved: Mapping[str, Queued | QueueProblem | None],
+    quotas: QuotaView | None,
+) -> Iterable[Workload]:
+    """The order workloads are tried in: `in_order` (priority, then age, then key); with
+    quotas, those within their queue's nominal quota before those that would borrow (with
+    fair sharing instead, queues that borrow less of their cohort go first). Work whose
+    admission checks passed goes before all of that (`checked_first`)."""
+    checked, rest = checked_first(in_order)
+    ordered: Iterable[Workload] = rest
+    if quotas is not None and quotas.setup.fair_sharing:
+        ordered = fair_order(rest, resolved, quotas.ledger)
+    elif quotas is not None:
+        ordered = nominal_first(rest, resolved, quotas.ledger, quotas.setup.queues)
+    return chain(checked, ordered) if checked else ordered
 
 
 def checked_first(in_order: list[Workload]) -> tuple[list[Workload], list[Workload]]:
