@@ -36,6 +36,7 @@ from typing import Any
 
 from benchmarks.core_bench import NOW, STARVATION_AFTER, _policy, machine
 from benchmarks.quota_bench import QuotaScenario, build_quota_scenario
+from dispatcher.controller.scheduler import DECISIONS_PER_CYCLE
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Reservation, Workload
 from dispatcher.core.queues import QueueManager, take
 from dispatcher.core.quota.flavors import with_flavors
@@ -44,7 +45,8 @@ from dispatcher.core.quota.resolve import Queued
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.usage import Usage
 from dispatcher.core.quota.view import QuotaView
-from dispatcher.core.scheduling import CycleResult, schedule
+from dispatcher.core.scheduling import Claim, CycleResult, HonourClaims, schedule
+from dispatcher.core.scheduling.kept import KeptStates
 
 STEADY_STEPS = 5  # finish-then-cycle steps timed per case
 MODES: tuple[tuple[QueueMode, str, str], ...] = (
@@ -146,6 +148,7 @@ def _kept(
     tree: QuotaTree | None,
     per_line: int | None,
     first_admits: list[str],
+    limit: int | None = None,
 ) -> dict[str, Any]:
     """The kept path from an empty manager: fill, first cycle, steady cycles, idle."""
     state = _State(
@@ -160,8 +163,15 @@ def _kept(
         manager.upsert(item, queued.queue if isinstance(queued, Queued) else "")
     fill_ms = _ms(started)
     usage = Usage(tree, scenario.charges) if tree is not None else None
+    states = KeptStates()
+    # As the controller: a preemptor whose victims are named holds a claim, and the next
+    # cycles name the same victims instead of asking the policy again (`HonourClaims`).
+    claims: dict[str, Claim] = {}
+    policy = _policy(preemption)
 
-    def cycle(held: frozenset[str], heads: int | None) -> tuple[float, float, CycleResult]:
+    def cycle(
+        held: frozenset[str], heads: int | None, most: int | None
+    ) -> tuple[float, float, CycleResult]:
         started, cpu = time.perf_counter(), time.process_time()
         result = take(
             manager,
@@ -169,14 +179,19 @@ def _kept(
             mode=mode,
             now=NOW,
             starvation_after=STARVATION_AFTER,
-            preemption=_policy(preemption),
+            preemption=None if policy is None else HonourClaims(policy, dict(claims)),
             quotas=None if tree is None or usage is None else QuotaView(tree, usage=usage),
             held_before=held,
             per_line=heads,
+            limit=most,
+            kept=states,
         )
-        return _ms(started), (time.process_time() - cpu) * 1000, result
+        elapsed = _ms(started), (time.process_time() - cpu) * 1000
+        for chosen in result.preemptions:
+            claims[chosen.key] = Claim(chosen.cluster, chosen.victims, NOW)
+        return *elapsed, result
 
-    first_ms, first_cpu, result = cycle(frozenset(), None)  # the first decides everything
+    first_ms, first_cpu, result = cycle(frozenset(), None, None)  # the first decides everything
     assert [a.key for a in result.admits] == first_admits, "paths disagree"
     held = _absorb(state, result, pending, usage)
     steady: list[tuple[float, float, int, int]] = []  # (ms, cpu ms, active, admits)
@@ -187,11 +202,11 @@ def _kept(
             root = usage.release(key) if usage is not None and charge is not None else ""
             if root:
                 manager.quota_released(root)
-        active = len(manager.active(per_line))
-        ms, cpu, result = cycle(held, per_line)
+        active = len(manager.active(per_line, limit))
+        ms, cpu, result = cycle(held, per_line, limit)
         steady.append((ms, cpu, active, len(result.admits)))
         held = _absorb(state, result, pending, usage)
-    idle_ms, idle_cpu, _ = cycle(held, per_line)
+    idle_ms, idle_cpu, _ = cycle(held, per_line, limit)
     return {
         "first_ms": round(first_ms, 1),
         "first_cpu_ms": round(first_cpu, 1),
@@ -234,10 +249,12 @@ def compare(
     admits = [a.key for a in first.admits]
     exact = _kept(scenario, mode, preemption, tree, None, admits)
     heads = _kept(scenario, mode, preemption, tree, 1, admits)
+    limited = _kept(scenario, mode, preemption, tree, None, admits, DECISIONS_PER_CYCLE)
     # Today's cycle in the state the exact path reached: it costs the same whatever changed.
     after: _State = exact.pop("state")
     left: dict[str, Workload] = exact.pop("pending")
-    heads.pop("state"), heads.pop("pending")
+    for other in (heads, limited):
+        other.pop("state"), other.pop("pending")
     full_steady = _timed_full(list(left.values()), after, mode, preemption, tree, full_runs)
     return {
         "pending": len(scenario.pending),
@@ -251,25 +268,27 @@ def compare(
         "full_steady_cpu_ms": round(full_steady[1], 1),
         "kept": exact,
         "kept_heads": heads,
+        "kept_limited": limited,
     }
 
 
 HEADER = (
     f"{'N':>5} {'mode':<14} {'quotas':<12} {'preemption':<19} "
     f"{'full 1st':>8} {'full st.':>8} {'kept 1st':>8} {'kept st.':>8} {'active':>6} "
-    f"{'idle':>6} {'heads st.':>9} {'active':>6} {'fill ms':>7}"
+    f"{'idle':>6} {'as run':>7} {'active':>6} {'heads st.':>9} {'active':>6} {'fill ms':>7}"
 )
 
 
 def _row(row: dict[str, Any]) -> str:
     """CPU ms of each cycle (wall-clock times are in the JSON)."""
-    kept, heads = row["kept"], row["kept_heads"]
+    kept, heads, limited = row["kept"], row["kept_heads"], row["kept_limited"]
     count = f"{row['pending'] // 1000}k"
     return (
         f"{count:>5} {row['mode']:<14} {row['quotas']:<12} {row['preemption']:<19} "
         f"{row['full_first_cpu_ms']:>8.1f} {row['full_steady_cpu_ms']:>8.1f} "
         f"{kept['first_cpu_ms']:>8.1f} {kept['steady_cpu_ms']:>8.1f} "
         f"{max(kept['steady_active']):>6} {kept['idle_cpu_ms']:>6.1f} "
+        f"{limited['steady_cpu_ms']:>7.1f} {max(limited['steady_active']):>6} "
         f"{heads['steady_cpu_ms']:>9.1f} {max(heads['steady_active']):>6} "
         f"{kept['fill_ms']:>7.0f}"
     )

@@ -162,13 +162,25 @@ class _Side:
 
 
 @SETTINGS
-@given(cycle_events, st.sampled_from(list(QueueMode)), st.booleans(), st.booleans())
+@given(
+    cycle_events,
+    st.sampled_from(list(QueueMode)),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from([1e9, 3.0]),
+)
 def test_parked_work_is_never_left_behind(
-    steps: list[tuple[str, int, int, int]], mode: QueueMode, preempt: bool, quotas: bool
+    steps: list[tuple[str, int, int, int]],
+    mode: QueueMode,
+    preempt: bool,
+    quotas: bool,
+    starvation_after: float,
 ) -> None:
     """After each event, `take` runs until it admits nothing more; then a full cycle over
     every pending workload (today's `schedule`) admits nothing either: no workload that
-    could be admitted stays parked. Within each cycle a StrictFIFO line admits in its order.
+    could be admitted stays parked, the starvation guard's holds included (`starvation_after`
+    3: work queued three steps ago holds clusters). Within each cycle a StrictFIFO line
+    admits in its order.
     (Which of two questions goes first after an event may differ from a full cycle: an event
     wakes the first of each question, and its next one only once it is admitted.)"""
     tree = _quotas() if quotas else None
@@ -201,7 +213,7 @@ def test_parked_work_is_never_left_behind(
                 [_cluster(kept.admitted)],
                 mode=mode,
                 now=float(step),
-                starvation_after=1e9,
+                starvation_after=starvation_after,
                 preemption=policy,
                 quotas=view(),
                 held_before=held,
@@ -213,14 +225,14 @@ def test_parked_work_is_never_left_behind(
                     ranks = [queue_order_key(kept.pending[key]) for key in strict]
                     assert ranks == sorted(ranks)
             kept.admit(result)
-            if not result.admits:
+            if not result.admits and not result.again:
                 break
         full = schedule(
             list(kept.pending.values()),
             [_cluster(kept.admitted)],
             mode=mode,
             now=float(step),
-            starvation_after=1e9,
+            starvation_after=starvation_after,
             preemption=policy,
             quotas=view(),
         )

@@ -13,19 +13,25 @@ StrictFIFO line it never does); nothing that could be admitted stays parked
 
 Not parked, as their answer may change from one cycle to the next on its own: a workload
 that asked for victims and got some (it is preempting), and one past the starvation
-guard's limit (it holds clusters). A StrictFIFO head that blocks its line is parked by its
-own question like any other; those behind it are parked behind it until it goes.
+guard's limit that holds clusters. One past the limit whose clusters were all held already
+(by an older one) is parked by its question; when a hold ends (a cluster held in the last
+cycle is not in this one), capacity-parked work is woken for the next cycle and the result
+says so (`again`), so that it is tried at once. A StrictFIFO head that blocks its line is
+parked by its own question like any other; those behind it are parked behind it until it
+goes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from dispatcher.api.models import Reason
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
 from dispatcher.core.queues.manager import QueueManager, Wake
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling.cycle import CycleResult, schedule
+from dispatcher.core.scheduling.kept import KeptStates
 from dispatcher.core.scheduling.preemption import PreemptionPolicy
 
 __all__ = ["take"]
@@ -48,18 +54,25 @@ def take(
     quotas: QuotaView | None = None,
     held_before: frozenset[str] = frozenset(),
     per_line: int | None = None,
+    limit: int | None = None,
     prepare: Callable[[list[Workload]], list[Workload]] | None = None,
     capacity_checks: tuple[str, ...] = (),
+    kept: KeptStates | None = None,
 ) -> CycleResult:
     """One cycle over `manager.active()`; admitted work leaves the manager, refused work
-    is parked. `held_before`: the clusters the previous cycle held (its `held`): while
-    any is held, capacity-parked work is tried again (the hold may end this cycle).
+    is parked. `held_before`: the clusters the previous cycle held (its `held`): when one
+    is no longer held, capacity-parked work is woken for the next cycle (`again`).
     `prepare`: given the active work in order, returns what `schedule` decides on (in
-    the same order: translated, e.g. for a pooled fit; the manager keeps the original)."""
+    the same order: translated, e.g. for a pooled fit; the manager keeps the original).
+    `limit`: decide at most that many (the first in order); with more active, the result
+    says `again` and the next cycle takes the rest, so that no cycle costs more than
+    `limit` decisions however many an event woke.
+    `kept`: the clusters' states from the last cycle (see `schedule`)."""
     manager.wake_starving(now - starvation_after)
-    if held_before:
-        manager.capacity_freed()
-    active = manager.active(per_line)
+    active = manager.active(per_line, None if limit is None else limit + 1)
+    more = limit is not None and len(active) > limit
+    if more:
+        del active[limit:]
     result = schedule(
         prepare(active) if prepare is not None else active,
         clusters,
@@ -70,6 +83,7 @@ def take(
         quotas=quotas,
         presorted=True,
         capacity_checks=capacity_checks,
+        kept=kept,
     )
     for admit in result.admits:
         manager.admitted(admit.key, preemption=preemption is not None)
@@ -78,12 +92,17 @@ def take(
         manager.blocked(head)
     for wait in result.waits:
         key = wait.key
-        if key in preempting or manager.is_parked(key):
+        if key in preempting or key in result.holders or manager.is_parked(key):
             continue
         workload = manager.workload(key)
-        if workload is None or now - workload.queued_since > starvation_after:
+        if workload is None:
             continue
-        manager.park(key, _WAKE.get(wait.reason, Wake.CAPACITY), root=_root(manager, key, quotas))
+        starving = now - workload.queued_since > starvation_after
+        wake = _WAKE.get(wait.reason, Wake.CAPACITY)
+        manager.park(key, wake, root=_root(manager, key, quotas), starving=starving)
+    # A hold that ended frees its clusters for what waited behind it: the next cycle.
+    if (held_before - result.held and manager.capacity_freed()) or more:
+        result = replace(result, again=True)
     return result
 
 

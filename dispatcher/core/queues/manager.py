@@ -135,8 +135,10 @@ class QueueManager:
             del self._lines[name]
         return workload
 
-    def park(self, key: str, wake: Wake, *, root: str = "") -> None:
-        """`key` cannot be admitted until an event of kind `wake` (quota: in tree `root`)."""
+    def park(self, key: str, wake: Wake, *, root: str = "", starving: bool = False) -> None:
+        """`key` cannot be admitted until an event of kind `wake` (quota: in tree `root`).
+        `starving`: it is past the starvation guard's limit already, so crossing it is not
+        an event that wakes it (`wake_starving`)."""
         workload = self._workloads.get(key)
         if workload is None or key in self._parked:
             return
@@ -148,7 +150,8 @@ class QueueManager:
         self._active.discard(okey)
         line.buckets.setdefault(bucket, SortedList()).add(okey)
         self._parked[key] = _Parked(name, bucket, root)
-        heapq.heappush(self._starving, (workload.queued_since, key))
+        if not starving:
+            heapq.heappush(self._starving, (workload.queued_since, key))
 
     def blocked(self, head: str) -> None:
         """StrictFIFO: `head` blocks its line; park everything after it until it goes."""
@@ -190,9 +193,10 @@ class QueueManager:
             if bucket[2] == workload.shape and bucket[3] == placement:
                 self._wake_first(line, bucket)
 
-    def capacity_freed(self) -> None:
-        """Room was freed somewhere: wake the first of every capacity-parked question."""
-        self._wake(lambda bucket: bucket[0] is Wake.CAPACITY)
+    def capacity_freed(self) -> bool:
+        """Room was freed somewhere: wake the first of every capacity-parked question;
+        whether any was."""
+        return self._wake(lambda bucket: bucket[0] is Wake.CAPACITY)
 
     def quota_released(self, root: str) -> None:
         """Quota was given back in the cohort tree rooted at `root`: wake its quota-parked
@@ -221,17 +225,20 @@ class QueueManager:
 
     # -- reads ---------------------------------------------------------------------------
 
-    def active(self, per_line: int | None = None) -> list[Workload]:
+    def active(self, per_line: int | None = None, limit: int | None = None) -> list[Workload]:
         """The workloads the next cycle decides about, in order (not parked). With
         `per_line`, at most that many of each line (the first ones): the rest wait for a
-        later cycle, so that a cycle costs what its lines' heads cost (Kueue's heads)."""
+        later cycle, so that a cycle costs what its lines' heads cost (Kueue's heads). With
+        `limit`, at most that many in all (the first ones)."""
         workloads = self._workloads
         if per_line is None:
-            return [workloads[okey[2]] for okey in self._active]
+            return [workloads[okey[2]] for okey in islice(self._active, limit)]
         taken: dict[str, int] = {}
         line_of = self._line_of
-        found = []
+        found: list[Workload] = []
         for okey in self._active:
+            if limit is not None and len(found) >= limit:
+                break
             key = okey[2]
             line = line_of[key]
             count = taken.get(line, 0)
@@ -273,10 +280,13 @@ class QueueManager:
 
     # -- inside --------------------------------------------------------------------------
 
-    def _wake(self, test: Callable[[tuple[object, ...]], bool]) -> None:
+    def _wake(self, test: Callable[[tuple[object, ...]], bool]) -> bool:
+        woken = False
         for line in self._lines.values():
             for bucket in [b for b in line.buckets if test(b)]:
                 self._wake_first(line, bucket)
+                woken = True
+        return woken
 
     def _wake_first(self, line: Line, bucket: tuple[object, ...]) -> None:
         keys = line.buckets[bucket]

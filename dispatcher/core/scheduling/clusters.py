@@ -24,6 +24,7 @@ from dispatcher.core.model import (
     Reservation,
     Workload,
 )
+from dispatcher.core.scheduling.kept import KeptStates
 from dispatcher.core.scheduling.placement import POD, ClusterState, Gang, Placed, Refusal
 
 __all__ = ["CycleState", "Reasons", "best_fit", "scarcest_of"]
@@ -37,10 +38,13 @@ _MAX_SUBSETS_OF = 6
 class CycleState:
     """What one `schedule` call carries from one workload to the next."""
 
-    def __init__(self, clusters: Sequence[ClusterSnapshot], now: float) -> None:
+    def __init__(
+        self, clusters: Sequence[ClusterSnapshot], now: float, kept: KeptStates | None = None
+    ) -> None:
         self.clusters = sorted(clusters, key=lambda c: c.name)
         self.now = now
-        self.states: dict[str, ClusterState] = {}  # built on first use
+        self.kept = kept
+        self.states: dict[str, ClusterState] = {}  # built (or copied from `kept`) on first use
         self.gangs: dict[tuple[str, ...], Gang] = {}
         self.usable_for: dict[tuple[Placement, str], list[ClusterSnapshot]] = {}
         # Whether some cluster takes only some namespaces (else the namespace filters nothing).
@@ -78,7 +82,8 @@ class CycleState:
     def state(self, cluster: ClusterSnapshot) -> ClusterState:
         state = self.states.get(cluster.name)
         if state is None:
-            state = self.states[cluster.name] = ClusterState(cluster)
+            state = self.kept.state(cluster) if self.kept is not None else ClusterState(cluster)
+            self.states[cluster.name] = state
         return state
 
     def gang(self, workload: Workload) -> Gang:

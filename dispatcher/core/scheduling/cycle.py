@@ -36,6 +36,7 @@ from dispatcher.core.quota.resolve import Queued, QueueProblem
 from dispatcher.core.quota.victims import CapacityOnly, QuotaRules
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling.clusters import CycleState, Reasons, best_fit
+from dispatcher.core.scheduling.kept import KeptStates
 from dispatcher.core.scheduling.placement import Gang, Refusal
 from dispatcher.core.scheduling.preemption import PreemptionPolicy, VictimRules
 
@@ -96,6 +97,8 @@ class CycleResult:
     order: tuple[str, ...] = ()
     resolved: Mapping[str, Queued | QueueProblem | None] = field(default_factory=dict)
     held: frozenset[str] = frozenset()  # clusters held for a preemptor or a starving one
+    holders: frozenset[str] = frozenset()  # the starving ones that hold some of `held`
+    again: bool = False  # work was woken for the next cycle (`core.queues.take`): run it soon
     blocking: frozenset[str] = frozenset()  # StrictFIFO heads that block those after them
 
 
@@ -216,6 +219,7 @@ def schedule(
     quotas: QuotaView | None = None,
     presorted: bool = False,
     capacity_checks: tuple[str, ...] = (),
+    kept: KeptStates | None = None,
 ) -> CycleResult:
     """Decide, for every pending workload, admit (where) or wait (why); maybe preempt.
 
@@ -239,15 +243,16 @@ def schedule(
       weighted share of their cohort go first.
 
     `presorted`: `pending` is in queue order already (a `core.queues.QueueManager` keeps it
-    so); it is not sorted again.
+    so); it is not sorted again. `kept`: the clusters' states kept from the last cycle
+    (`core.scheduling.kept`), brought up to these snapshots instead of built afresh.
     """
     # 1. Order the queue (`_ordered`).
     in_order = list(pending) if presorted else sorted(pending, key=queue_order_key)
     resolved = {w.key: quotas.resolve(w) for w in in_order} if quotas is not None else {}
     ordered = _ordered(in_order, resolved, quotas)
 
-    # 2. Snapshot: one mutable simulation per cluster, built on first use.
-    cycle = CycleState(clusters, now)
+    # 2. Snapshot: one mutable simulation per cluster, made on first use.
+    cycle = CycleState(clusters, now, kept)
     decisions = _Decisions(cycle, now=now, starvation_after=starvation_after)
     strict_fifo = _strict_fifo(mode, quotas)
     order = decisions.order
@@ -362,6 +367,7 @@ class _Decisions:
     blocked: str | None = None  # StrictFIFO: the message of every workload after the head
     blocked_queues: dict[str, Wait] = field(default_factory=dict)  # the same, per cluster queue
     blocking: set[str] = field(default_factory=set)  # the heads that block them
+    holders: set[str] = field(default_factory=set)  # starving ones that hold a cluster
 
     def queue_problem(self, workload: Workload, problem: QueueProblem) -> None:
         """Its queue cannot be used (a broken link, a stopped queue): it waits, holds nothing
@@ -477,6 +483,7 @@ class _Decisions:
         that it could fit when empty, so smaller ones after it cannot take its room."""
         for cluster in usable:
             if cluster.name not in self.cycle.held and self.cycle.could_ever_fit(gang, cluster):
+                self.holders.add(workload.key)
                 self.cycle.hold(
                     cluster.name,
                     f"held for {workload.key}, queued longer than {self.starvation_after:g}s"
@@ -494,6 +501,7 @@ class _Decisions:
             order=tuple(self.order),
             resolved=resolved,
             held=frozenset(self.cycle.held),
+            holders=frozenset(self.holders),
             blocking=frozenset(self.blocking),
         )
 

@@ -25,7 +25,7 @@ says why, with numbers, in one line.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
@@ -41,6 +41,7 @@ from dispatcher.core.model import (
     Reservation,
     Toleration,
 )
+from dispatcher.core.scheduling.nodeorder import NodeOrder, Requests, ranked
 
 __all__ = ["ClusterState", "Gang", "NodeAssignment", "Placed", "Refusal"]
 
@@ -48,7 +49,6 @@ __all__ = ["ClusterState", "Gang", "NodeAssignment", "Placed", "Refusal"]
 # of the same shape, and each message names that workload's own pod.
 POD = "\x00"
 
-Requests = tuple[tuple[str, int], ...]  # (resource, milli-units), positive amounts only
 # Pods of one pod set applied to one node: (pod set index, node index, per-pod requests,
 # pods).
 _Applied = tuple[int, int, Requests, int]
@@ -125,45 +125,9 @@ class Placed:
 _UNEXPLAINED = Refusal("does not fit")
 
 
-class _Order:
-    """The nodes that may take pods asking for some resources, ascending by room, then index.
-
-    Room is kept exact as an integer: sum of free * (product of the other resources'
-    capacities), which orders nodes as the sum of free / capacity does.
-    """
-
-    def __init__(self, state: ClusterState, resources: tuple[str, ...], nodes: list[int]) -> None:
-        capacities = [state.capacity.get(r, 0) or 1 for r in resources]
-        self.columns = [state.free_column(r) for r in resources]
-        self.multipliers = [
-            math.prod(c for j, c in enumerate(capacities) if j != i) for i in range(len(resources))
-        ]
-        self._terms = list(zip(self.columns, self.multipliers, strict=True))
-        self.nodes = nodes
-        self.keys = {n: (self.room(n), n) for n in nodes}
-        self.sorted = sorted(self.keys.values())
-
-    def room(self, node: int) -> int:
-        total = 0
-        for column, multiplier in self._terms:
-            total += column[node] * multiplier
-        return total
-
-    def moved(self, node: int) -> None:
-        """Re-sort `node` after its free room changed."""
-        old = self.keys.get(node)
-        if old is None:
-            return
-        new = (self.room(node), node)
-        if new != old:
-            del self.sorted[bisect_left(self.sorted, old)]
-            insort(self.sorted, new)
-            self.keys[node] = new
-
-
 # See `ClusterState._step`: the order walked, the key it starts from, (free column,
 # milli-units per pod) per resource, and the nodes known full for such pods.
-_Step = tuple[_Order, tuple[int, int], list[tuple[list[int], int]], set[int]]
+_Step = tuple[NodeOrder, tuple[int, int], list[tuple[list[int], int]], set[int]]
 
 
 class ClusterState:
@@ -196,7 +160,7 @@ class ClusterState:
         self.free_total = {r: sum(column) for r, column in self.free.items()}
         # Per reservation key, what it was charged: (pods applied to nodes, totals).
         self.reserved: dict[str, tuple[list[_Applied], Requests]] = {}
-        self._orders: dict[tuple[tuple[str, ...], Constraint], _Order] = {}
+        self._orders: dict[tuple[tuple[str, ...], Constraint], NodeOrder] = {}
         self._admitting: dict[Constraint, list[int]] = {}
         self._full: dict[Requests, set[int]] = {}  # see `_fill`
         self._gangs: dict[tuple[str, ...], Gang] = {}  # reservations' gangs by shape
@@ -243,6 +207,31 @@ class ClusterState:
         self._moved(list(per_node), gained=gained)
         if gained or any(v > 0 for v in total.values()):
             self._failed.clear()  # room came back: failures remembered may fit now
+
+    def release(self, key: str) -> None:
+        """Give back what reservation `key` was charged (see `reserve`)."""
+        applied, totals = self.reserved.pop(key)
+        self._unapply(list(applied))
+        self._charge(totals, +1)
+        self._failed.clear()
+
+    def copy(self) -> ClusterState:
+        """An independent state with the same free room: a cycle places on the copy and the
+        kept one stays as the snapshot was (`core.scheduling.kept`). What depends only on the
+        nodes (which nodes a constraint admits, pod sets' order, refusal texts) is shared."""
+        new = object.__new__(ClusterState)
+        new.__dict__.update(self.__dict__)
+        new.free = {r: list(column) for r, column in self.free.items()}
+        new.free_total = dict(self.free_total)
+        new.reserved = dict(self.reserved)
+        new._orders = {
+            key: order.copy([new.free_column(r) for r in order.resources])
+            for key, order in self._orders.items()
+        }
+        new._full = {asked: set(nodes) for asked, nodes in self._full.items()}
+        new._steps = {}  # they point into this state's orders and columns: made again
+        new._failed = dict(self._failed)
+        return new
 
     # -- placing -----------------------------------------------------------------------
 
@@ -390,7 +379,7 @@ class ClusterState:
 
             def share(index: int) -> float:
                 largest = 0.0
-                for resource, value in _ranked(gang.requests[index]):
+                for resource, value in ranked(gang.requests[index]):
                     capacity = self.capacity.get(resource, 0)
                     largest = max(largest, value / capacity if capacity > 0 else math.inf)
                 return largest
@@ -411,10 +400,10 @@ class ClusterState:
 
     def _step(self, pod_set: PodSet, asked: Requests) -> _Step:
         """How pods of this size and these constraints are placed (worked out once)."""
-        ranked = _ranked(asked)
-        order = self._order(pod_set, ranked)
+        sizes = ranked(asked)
+        order = self._order(pod_set, sizes)
         # A node that holds one pod has at least this room: the walk starts there.
-        floor = sum(value * m for (_, value), m in zip(ranked, order.multipliers, strict=True))
+        floor = sum(value * m for (_, value), m in zip(sizes, order.multipliers, strict=True))
         # Whether a node holds them is decided by every resource asked, `pods` too.
         columns = [(self.free_column(resource), value) for resource, value in asked]
         # Nodes known to hold no pod of this size: room only shrinks as pods are placed,
@@ -422,8 +411,8 @@ class ClusterState:
         full = self._full.setdefault(asked, set())
         return (order, (floor, -1), columns, full)
 
-    def _order(self, pod_set: PodSet, asked: Requests) -> _Order:
-        """The nodes ranked by their room in the resources `asked` (see `_ranked`)."""
+    def _order(self, pod_set: PodSet, asked: Requests) -> NodeOrder:
+        """The nodes ranked by their room in the resources `asked` (see `ranked`)."""
         resources = tuple(r for r, _ in asked)
         key = (resources, (pod_set.node_selector, pod_set.tolerations))
         order = self._orders.get(key)
@@ -435,7 +424,9 @@ class ClusterState:
                 for n in self._admitting_nodes(pod_set)
                 if all(column is not None and column[n] > 0 for column in columns)
             ]
-            order = self._orders[key] = _Order(self, resources, nodes)
+            order = self._orders[key] = NodeOrder(
+                self.capacity, resources, [self.free_column(r) for r in resources], nodes
+            )
         return order
 
     # -- why not -----------------------------------------------------------------------
@@ -496,7 +487,7 @@ class ClusterState:
         pod_set = gang.pod_sets[index]
         # Nodes that have none of a requested resource hold no room for it: a node that
         # has them all and room for a bit of a pod is the roomiest.
-        order = self._order(pod_set, _ranked(asked))
+        order = self._order(pod_set, ranked(asked))
         ratio, node = roomiest(order.nodes) if order.nodes else (0.0, -1)
         if ratio <= 0:
             ratio, node = roomiest(self._admitting_nodes(pod_set))
@@ -546,14 +537,6 @@ class ClusterState:
         if not clauses:
             return None
         return Refusal("; ".join(clauses) + f" on the {len(nodes)} nodes its pods may use")
-
-
-def _ranked(asked: Requests) -> Requests:
-    """The requests that rank nodes by room (best fit) and pod sets by size: all but
-    `pods`, unless a pod asks for nothing else. Every pod asks for one `pods`, and counting
-    it would reorder nodes the other resources tie on."""
-    ranked = tuple(item for item in asked if item[0] != PODS)
-    return ranked or asked
 
 
 def _amount_of(resource: str, milli: int) -> str:
