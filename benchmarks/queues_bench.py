@@ -17,6 +17,13 @@ The quota scenario of `benchmarks.quota_bench` (100 cluster queues in 14 cohorts
   each after one admitted AppWrapper finished (its reservation gone, its quota released:
   the events wake what they can help), and an idle cycle (no event since the last one).
 
+The kept path runs as the controller runs it: the clusters' states kept from cycle to
+cycle (`core.scheduling.kept`), preemptors' claims honoured (a preemptor named its victims
+once; later cycles name them again without asking the policy, `HonourClaims`). Its steady
+cycles are timed three ways: *exact* (every woken workload decided in the cycle), *as
+run* (at most the scheduler's `DECISIONS_PER_CYCLE`, the rest in the next cycles), and
+*heads* (one workload per queue per cycle, as Kueue takes them).
+
 Times are wall-clock medians (`time.perf_counter`); the full cycle at 100k is timed once.
 The admitted AppWrappers' room is added to the clusters as reservations of their pods as
 made (with their flavors' node selectors), which is what the next cycle's snapshot would

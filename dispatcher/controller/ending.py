@@ -1,7 +1,8 @@
 """The end of an AppWrapper's life, for the reconciler: a Failed one's objects removed once
-(its capacity given back), and a deleted one's objects removed wherever they may be before
-its finalizer goes. Side effects: deletes wrapped objects (through the `Maker`) and patches
-the finalizer away (through the status writer).
+(its capacity given back), a deleted one's objects removed wherever they may be before its
+finalizer goes, and one that does not parse failed (or, being deleted, let go). Side
+effects: deletes wrapped objects (through the `Maker`), writes status and patches the
+finalizer away (through the status writer).
 
 What it remembers is only what saves work: the failed attempts already cleaned, and the
 uids whose finalizer this replica removed (the watch may show such an AppWrapper with its
@@ -13,16 +14,19 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any
 
 import structlog
+from pydantic import ValidationError
 
 from dispatcher.api.constants import FINALIZER
-from dispatcher.api.models import AppWrapper, AppWrapperStatus
+from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason
 from dispatcher.cluster.member import Member
 from dispatcher.controller.making import Maker
 from dispatcher.controller.status import StatusWriter
 from dispatcher.controller.workqueue import Result
+from dispatcher.core import conditions as cond
 
 RELEASED_KEPT = 4096
 """How many released uids are remembered (the most recent)."""
@@ -49,6 +53,24 @@ class Endings:
 
     def forget(self, key: str) -> None:
         self._cleaned.pop(key, None)
+
+    async def unreadable(self, obj: dict[str, Any], exc: ValidationError, *, now: datetime) -> bool:
+        """An AppWrapper that does not parse: Failed, saying why (once); being deleted, its
+        finalizer goes (True). Without a model its objects cannot be listed, but the
+        finalizer must not hold it forever: objects on the hub are owned by it (the garbage
+        collector takes them), members' are swept as orphans."""
+        meta = obj.get("metadata") or {}
+        if meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or []):
+            await self._status.set_finalizer(obj, present=False)
+            return True
+        message = "spec does not match the AppWrapper API: " + "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        if (obj.get("status") or {}).get("message") != message:
+            status = AppWrapperStatus()
+            transition = cond.mark_failed(status, Reason.INVALID_SPEC, message, now=now)
+            await self._status.write(obj, status, [transition])
+        return False
 
     async def clean_failed(
         self, aw: AppWrapper, status: AppWrapperStatus, member: Member | None

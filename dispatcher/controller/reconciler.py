@@ -141,15 +141,8 @@ class Reconciler:
         try:
             aw = self._reader.parse(obj)
         except ValidationError as exc:
-            meta = obj.get("metadata") or {}
-            if meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or []):
-                # Unreadable, and going: without a model its objects cannot be listed, but
-                # the finalizer must not hold it forever. Objects on the hub are owned by it
-                # (the garbage collector takes them); members' are swept as orphans.
-                await self._status.set_finalizer(obj, present=False)
+            if await self._endings.unreadable(obj, exc, now=self._moment()[1]):
                 self.forget_all(key)
-                return Result.done()
-            await self._fail_unreadable(obj, exc)
             return Result.done()
         phase = phase_of(aw)
         status = (aw.status or AppWrapperStatus()).editable_copy()
@@ -192,16 +185,6 @@ class Reconciler:
             await self._status.write(obj, status, [])
         self._schedule_soon()
         return Result.done() if checks_after is None else Result.after(checks_after)
-
-    async def _fail_unreadable(self, obj: Obj, exc: ValidationError) -> None:
-        message = "spec does not match the AppWrapper API: " + "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]
-        )
-        if (obj.get("status") or {}).get("message") == message:
-            return
-        status = AppWrapperStatus()
-        transition = cond.mark_failed(status, Reason.INVALID_SPEC, message, now=self._moment()[1])
-        await self._status.write(obj, status, [transition])
 
     async def _initialize(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> None:
         """A new AppWrapper: a spec error ends it at once; a valid one goes to the scheduler,

@@ -168,6 +168,7 @@ class _Side:
     st.booleans(),
     st.booleans(),
     st.sampled_from([1e9, 3.0]),
+    st.sampled_from([None, 2]),
 )
 def test_parked_work_is_never_left_behind(
     steps: list[tuple[str, int, int, int]],
@@ -175,12 +176,14 @@ def test_parked_work_is_never_left_behind(
     preempt: bool,
     quotas: bool,
     starvation_after: float,
+    limit: int | None,
 ) -> None:
     """After each event, `take` runs until it admits nothing more; then a full cycle over
     every pending workload (today's `schedule`) admits nothing either: no workload that
     could be admitted stays parked, the starvation guard's holds included (`starvation_after`
-    3: work queued three steps ago holds clusters). Within each cycle a StrictFIFO line
-    admits in its order.
+    3: work queued three steps ago holds clusters), and with a `limit` of decisions per
+    cycle (the rest in the next, `again`). Within each cycle a StrictFIFO line admits in
+    its order.
     (Which of two questions goes first after an event may differ from a full cycle: an event
     wakes the first of each question, and its next one only once it is admitted.)"""
     tree = _quotas() if quotas else None
@@ -207,7 +210,7 @@ def test_parked_work_is_never_left_behind(
         def view() -> QuotaView | None:
             return QuotaView(tree, usage=kept.usage) if kept.usage is not None else None
 
-        for _ in range(len(steps) + 1):
+        for _ in range(4 * len(steps) + 1):
             result = take(
                 manager,
                 [_cluster(kept.admitted)],
@@ -217,6 +220,7 @@ def test_parked_work_is_never_left_behind(
                 preemption=policy,
                 quotas=view(),
                 held_before=held,
+                limit=limit,
             )
             held = result.held
             for line in LINES:
@@ -264,3 +268,27 @@ def test_heads_per_line_take_each_lines_first_in_order() -> None:
     manager.park("ns/w0", Wake.CAPACITY)
     assert [w.key for w in manager.active(1)] == ["ns/w1", "ns/w2", "ns/w3"]
     assert [w.key for w in manager.active(2)] == ["ns/w1", "ns/w2", "ns/w3", "ns/w4", "ns/w5"]
+
+
+def test_a_cycle_decides_at_most_its_limit_and_says_there_is_more() -> None:
+    manager = QueueManager()
+    for index in range(5):
+        manager.upsert(workload(f"ns/w{index}", pods(1, cpu=1), created_at=float(index)), "")
+    cluster = ClusterSnapshot(name="c", nodes=(node("n1", cpu=2),))
+    decided: list[list[str]] = []
+    again = True
+    while again:
+        result = take(
+            manager,
+            [cluster],
+            mode=QueueMode.BEST_EFFORT_FIFO,
+            now=10.0,
+            starvation_after=1e9,
+            preemption=None,
+            limit=2,
+        )
+        decided.append([a.key for a in result.admits] + [w.key for w in result.waits])
+        again = result.again
+    # In order, two a cycle, the last one alone; then nothing is active.
+    assert decided == [["ns/w0", "ns/w1"], ["ns/w2", "ns/w3"], ["ns/w4"]]
+    assert manager.active() == []
