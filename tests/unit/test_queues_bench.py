@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from benchmarks.queues_bench import compare
 from benchmarks.quota_bench import build_quota_scenario
+from dispatcher.controller.scheduler import DECISIONS_PER_CYCLE
 from dispatcher.core.model import QueueMode
 
 
@@ -17,5 +18,6 @@ def test_a_row_measures_both_paths_and_the_kept_one_decides_less() -> None:
     assert len(kept["steady_active"]) == len(heads["steady_active"]) == 5
     assert max(kept["steady_active"]) < 400 - row["first_admits"]
     assert max(heads["steady_active"]) <= 100  # one per queue at most
+    assert max(row["kept_limited"]["steady_active"]) <= DECISIONS_PER_CYCLE
     assert kept["fill_ms"] >= 0
     assert row["full_steady_cpu_ms"] > 0
