@@ -85,7 +85,11 @@ async def _measure(
     print(f"created {args.count} AppWrappers in {result['seconds_creating']:.0f}s", flush=True)
     port = free_port()
     started = time.monotonic()
-    settings = {"workers": args.workers} if args.workers else {}
+    settings: dict[str, Any] = {"workers": args.workers} if args.workers else {}
+    if args.starvation_after is not None:
+        settings["starvation_after_seconds"] = args.starvation_after
+    if args.log_level:
+        settings["log_level"] = args.log_level  # into --workdir's dispatcher.log
     result["settings"] = settings
     process = start_dispatcher(cluster, workdir, {}, port, settings=settings)
     try:
@@ -165,8 +169,14 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=7200.0)
     parser.add_argument("--workers", type=int, help="the dispatcher's reconcile workers")
     parser.add_argument("--until", choices=["ready", "all"], default="all")
+    parser.add_argument(
+        "--starvation-after",
+        type=float,
+        help="the dispatcher's starvation limit (seconds): a backlog older than it, sooner",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/backlog.json"))
     parser.add_argument("--workdir", type=Path, help="keep the cluster's and dispatcher's logs")
+    parser.add_argument("--log-level", choices=["debug", "info"], help="the dispatcher's log")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         workdir = report.workdir(stack, args.workdir, "aw-backlog-")

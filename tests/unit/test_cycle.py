@@ -124,6 +124,24 @@ CASES = [
         want_head="ns/big",
     ),
     Case(
+        # Held only where it would fit otherwise: "mid" does not fit the free room in total,
+        # so it says so (its status is not rewritten when the guard starts holding).
+        id="held-only-where-it-would-fit-otherwise",
+        pending=(
+            gpu_job("ns/big", 4, created_at=1, queued_since=NOW - 7200),
+            gpu_job("ns/mid", 3, created_at=2),
+            gpu_job("ns/small", 1, created_at=3),
+        ),
+        clusters=(gpu_cluster("c", used=2),),
+        starvation_after=3600,
+        want_waits={
+            "ns/big": "needs nvidia.com/gpu 4, free 2 of 4",
+            "ns/mid": "needs nvidia.com/gpu 3, free 2 of 4",
+            "ns/small": "held for ns/big, queued longer than 3600s (starvation guard)",
+        },
+        want_head="ns/big",
+    ),
+    Case(
         id="starving-head-that-can-never-fit-holds-nothing",
         pending=(
             gpu_job("ns/huge", 16, created_at=1, queued_since=0),

@@ -359,7 +359,8 @@ def plain_schedule(
             if not cluster.reachable:
                 reasons.append((cluster.name, "unreachable"))
             elif cluster.name in held:
-                reasons.append((cluster.name, held[cluster.name]))
+                short = state(cluster).short_in_total(Gang.of(workload.pod_sets))
+                reasons.append((cluster.name, short.text if short else held[cluster.name]))
             else:
                 result = try_place(state(cluster), workload.pod_sets)
                 if result.ok:

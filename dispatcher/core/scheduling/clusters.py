@@ -218,15 +218,19 @@ def best_fit(
     for cluster in usable:
         if not cluster.reachable:
             why[cluster.name] = Refusal("unreachable")
-        elif cluster.name in cycle.held:
-            why[cluster.name] = Refusal(cycle.held[cluster.name])
+            continue
+        state = cycle.state(cluster)
+        if cluster.name in cycle.held:
+            # Held for another only where its gang fits the free room in total: where it
+            # does not, that is its own reason, and one that does not change with who holds
+            # (a backlog crossing the starvation limit rewrites no waiting status).
+            refused = state.short_in_total(gang) or Refusal(cycle.held[cluster.name])
         else:
-            state = cycle.state(cluster)
             refused = state.refusal(gang)
-            if refused is None:
-                candidates.append(state)
-            else:
-                why[cluster.name] = refused
+        if refused is None:
+            candidates.append(state)
+        else:
+            why[cluster.name] = refused
     fitting: list[tuple[ClusterState, Placed]] = []
     settled, scarcest = cycle.settled(gang, candidates)
     if settled and scarcest is not None:

@@ -250,14 +250,22 @@ class ClusterState:
 
     def refusal(self, gang: Gang) -> Refusal | None:
         """Why the gang cannot fit, when that is known without placing a pod."""
+        short = self.short_in_total(gang)
+        if short is not None:
+            return short
+        failed = self._failed.get(gang.shape)
+        return None if failed is None else failed[0]
+
+    def short_in_total(self, gang: Gang) -> Refusal | None:
+        """Why the gang cannot fit the cluster's free room even in total (or no node), if
+        it cannot: the aggregate only, nothing remembered from earlier placements."""
         free_total = self.free_total
         for resource, value in gang.totals:
             if value > free_total.get(resource, 0):
                 return self._aggregate_shortfall(gang)
         if not self.nodes and gang.totals:
             return self._no_nodes()
-        failed = self._failed.get(gang.shape)
-        return None if failed is None else failed[0]
+        return None
 
     def fits(self, gang: Gang) -> bool:
         """Whether the gang fits now (nothing stays applied)."""
