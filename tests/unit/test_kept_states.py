@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dispatcher.core.model import ClusterSnapshot, Reservation
-from dispatcher.core.scheduling.kept import KeptStates
+from dispatcher.core.scheduling.kept import REBUILD_AFTER, KeptStates
 from dispatcher.core.scheduling.placement import ClusterState, Gang, Refusal
 from tests.unit.builders import node, pods, res
 
@@ -120,3 +120,14 @@ def test_a_cluster_that_left_is_forgotten() -> None:
     assert kept.built == 2
     kept.state(ClusterSnapshot(name="a", nodes=NODES))
     assert kept.built == 3
+
+
+def test_a_kept_state_is_built_afresh_now_and_then() -> None:
+    """What a state remembers by gang shape must not grow for ever in a long-lived one."""
+    kept = KeptStates()
+    snapshot = ClusterSnapshot(name="c", nodes=NODES)
+    kept.state(snapshot)
+    for step in range(REBUILD_AFTER + 1):
+        reservation = Reservation(f"ns/r{step}", (pods(1, cpu=1),), dispatched_at=step)
+        kept.state(replace(snapshot, reservations=(reservation,)))
+    assert kept.built == 2

@@ -220,6 +220,7 @@ def best_fit(
             why[cluster.name] = Refusal("unreachable")
             continue
         state = cycle.state(cluster)
+        refused: Refusal | None
         if cluster.name in cycle.held:
             # Held for another only where its gang fits the free room in total: where it
             # does not, that is its own reason, and one that does not change with who holds
