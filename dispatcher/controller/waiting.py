@@ -37,6 +37,10 @@ loaded API server's ~0.3 s (p50 while a 3,000 backlog was initialised) and still
 48 requests open. (With the finalizer to PATCH first, the reconcile workers bound the rate
 before these do: see `Config.workers`.)"""
 DEFERRAL_CHECK_SECONDS = 1.0
+RETRY_SECONDS = 5.0
+"""A write the API server refused (after the status writer's own retries) is tried again
+this much later: a parked AppWrapper is not decided again until an event, and must not be
+left without its status (a new one would stay without any condition) until then."""
 SITUATIONS_KEPT = 4096
 """Situations remembered by (message, reason, head): a cycle over a long queue says the same
 few messages for most of it, and turning each into its owner's terms (`own_terms`, a dozen
@@ -172,11 +176,12 @@ class WaitingWriter:
 
         try:
             await self._status.update(key, wait)
-        except Conflict:
-            self._written.pop(key, None)
-            self._on_conflict()
         except KubeError as exc:
             self._written.pop(key, None)
+            # Unless a newer situation comes first, the same one is tried again.
+            self._deferred.setdefault(key, (situation, self._clock.time() + RETRY_SECONDS))
+            if isinstance(exc, Conflict):
+                self._on_conflict()
             self._log.debug("waiting_status_not_written", appwrapper=key, error=str(exc)[:200])
 
     def fence(self) -> None:

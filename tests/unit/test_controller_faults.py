@@ -15,7 +15,8 @@ from dispatcher.cluster.objects import ensure_namespace
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.manager import Manager
 from dispatcher.controller.status import APPWRAPPERS
-from dispatcher.kube.errors import Conflict, Forbidden
+from dispatcher.controller.waiting import RETRY_SECONDS
+from dispatcher.kube.errors import Conflict, Forbidden, ServerError
 from dispatcher.testing.fakeenv import NAMESPACE, fake_env, node
 from dispatcher.testing.fakekube import FakeKube
 from dispatcher.testing.manifests import appwrapper, job
@@ -202,3 +203,24 @@ async def test_work_on_a_member_down_at_restart_is_not_judged_until_it_syncs() -
         manager.upkeep.tick()
         await until(lambda: condition(hub, "there", "Requeued") == "True", "requeued")
         assert condition(hub, "there", "Requeued", "reason") == "ClusterUnreachable"
+
+
+async def test_a_waiting_status_the_server_refused_is_written_later_without_another_event() -> None:
+    """A queued AppWrapper is parked after its first decision and decided again only on an
+    event: when the write of that decision fails, it is tried again by itself, or the
+    AppWrapper would stay without any condition."""
+    async with fake_env(loops=True) as env:
+        await env.add_node("n1", cpu="1")
+        await env.apply(appwrapper("big", job("big", 1, {"cpu": "4"})))
+        env.fake.fail_next(
+            "replace", kind="AppWrapper", name="big", error=ServerError("down", status=500)
+        )
+        await until(
+            lambda: all(f.times == 0 for f in env.fake._faults), "its first waiting write, refused"
+        )
+        assert "Queueing" not in str(status_of(env.fake, "big").get("conditions"))
+        env.clock.advance(RETRY_SECONDS)  # the writer's own time; nothing else happens
+        await until(
+            lambda: "Queueing" in str(status_of(env.fake, "big").get("conditions")),
+            "its first waiting status, written again by itself",
+        )
