@@ -1,7 +1,8 @@
 """The scheduling core: one cycle's decisions from pending workloads and cluster snapshots.
 
 Pure, no I/O. `schedule` orders the queue and decides, for every pending workload, admit
-(where) or wait (why), maybe preempting. `placement` fits a gang into one cluster,
+(where) or wait (why), maybe preempting. `placement` fits a gang into one cluster (nodes
+ranked by `nodeorder`), `kept` keeps each cluster's state from one cycle to the next,
 `evictions` tries evicting AppWrappers on a cluster's state, `preemption` chooses victims.
 """
 
