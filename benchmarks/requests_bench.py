@@ -37,7 +37,8 @@ from dispatcher.app import running
 from dispatcher.config import Config, WebhookConfig
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.registration import webhook_configurations
-from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
+from dispatcher.testing.converter import install_appwrapper_crd
+from dispatcher.testing.localcluster import LocalCluster, ensure_binaries, free_port
 from dispatcher.testing.manifests import appwrapper, deployment, job
 
 APPWRAPPERS = ResourceInfo(API_VERSION, KIND, PLURAL, True)
@@ -212,7 +213,7 @@ async def measure(
     try:
         cluster.add_node("node-1", cpu="4", memory="16Gi")
         cluster.wait_nodes_ready(["node-1"])
-        cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / "appwrapper.yaml"))
+        install_appwrapper_crd(cluster)  # its conversion served here: `kubectl ... aw` works
         cluster.kubectl(
             "wait", "--for=condition=Established",
             f"crd/{PLURAL}.{API_VERSION.split('/')[0]}", "--timeout=60s",
