@@ -8,8 +8,8 @@ runs, on one 4-CPU KWOK node: two fit, the rest wait. Then the dispatcher starts
 process, and the benchmark records:
 
 1. how long until it is ready (caches synced) and its RSS then;
-2. how long until every AppWrapper has been decided once (`Queueing` True), the rate, and
-   its RSS and CPU then;
+2. how long until every AppWrapper has been decided once (`Queueing` True), the rate, its
+   RSS and CPU then, and its requests so far by verb, resource and HTTP code;
 3. the requests it makes over `--window` seconds at rest (nothing changes);
 4. the requests one change costs: a running AppWrapper deleted, so the next in line is
    dispatched, counted until the counts stop moving.
@@ -113,6 +113,8 @@ async def _measure(
         result["rss_mb_after_init"] = stats["rss_mb"]
         result["peak_rss_mb"] = stats["peak_rss_mb"]
         result["cpu_seconds_to_all_decided"] = stats["cpu_seconds"]
+        # What deciding them all cost, by HTTP code too: refused or unanswered writes retried.
+        result["requests_to_all_decided"] = scrape(port, codes=True)
         print(
             f"all decided after {result['seconds_to_all_decided']:.0f}s "
             f"({result['decided_per_second']:.0f}/s), RSS {stats['rss_mb']:.0f} MB "

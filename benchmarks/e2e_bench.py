@@ -161,15 +161,18 @@ def fetch(port: int, path: str, timeout: float = 5) -> str:
     return text
 
 
-def scrape(port: int) -> dict[str, float]:
+def scrape(port: int, *, codes: bool = False) -> dict[str, float]:
+    """The dispatcher's API requests by verb and resource (and HTTP code with `codes`)."""
     text = fetch(port, "/metrics")
     counts: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("appwrapper_dispatcher_api_requests_total{"):
             labels, value = line.split("{", 1)[1].split("} ")
             parts = dict(p.split("=") for p in labels.split(","))
-            # Summed over the `code` label: one count per verb and resource.
+            # Summed over the `code` label unless asked: one count per verb and resource.
             key = f"{parts['verb'].strip(chr(34))} {parts['resource'].strip(chr(34))}"
+            if codes:
+                key += f" {parts['code'].strip(chr(34))}"
             counts[key] = counts.get(key, 0) + float(value)
     return counts
 

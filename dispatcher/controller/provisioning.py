@@ -49,6 +49,7 @@ from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.status import Change, StatusWriter
 from dispatcher.core import admissionchecks as checks
+from dispatcher.core import checkstatus
 from dispatcher.core import conditions as cond
 from dispatcher.core.admissionchecks import Retry, Step, Verdict
 from dispatcher.core.model import Workload
@@ -104,7 +105,7 @@ def _fitting_since(status: AppWrapperStatus, earliest: float) -> float | None:
     `QuotaHeld` to `AdmissionChecksReady`; it stays True, so only its update time moves),
     or `earliest` if later."""
     held = status.condition(ConditionType.QUOTA_HELD)
-    if held is None or not cond.checks_ready(status) or not held.lastUpdateMicroTime:
+    if held is None or not checkstatus.checks_ready(status) or not held.lastUpdateMicroTime:
         return None
     try:
         return max(earliest, parse_time(held.lastUpdateMicroTime).timestamp())
@@ -202,11 +203,11 @@ class Provisioning:
         """Carry each check of `aw` one step; seconds until it should be looked at again."""
         status = aw.status or AppWrapperStatus()
         names = [
-            c.type.removeprefix(cond.check_condition(""))
+            c.type.removeprefix(checkstatus.check_condition(""))
             for c in status.conditions
-            if c.type.startswith(cond.check_condition(""))
+            if c.type.startswith(checkstatus.check_condition(""))
         ]
-        reserved = status.is_true(ConditionType.QUOTA_HELD) and not cond.checks_ready(status)
+        reserved = status.is_true(ConditionType.QUOTA_HELD) and not checkstatus.checks_ready(status)
         if not names:
             return None
         requests = await self._requests_of(aw.metadata.namespace or "", aw.metadata.uid or "")
@@ -222,9 +223,9 @@ class Provisioning:
         its current request says CapacityRevoked."""
         status = aw.status or AppWrapperStatus()
         names = [
-            c.type.removeprefix(cond.check_condition(""))
+            c.type.removeprefix(checkstatus.check_condition(""))
             for c in status.conditions
-            if c.type.startswith(cond.check_condition("")) and c.status == "True"
+            if c.type.startswith(checkstatus.check_condition("")) and c.status == "True"
         ]
         if not names:
             return ""
@@ -374,7 +375,7 @@ class Provisioning:
         )
         await self._write(
             aw,
-            lambda status, now: cond.retry_checks(
+            lambda status, now: checkstatus.retry_checks(
                 status, f"admission check {name}: {verdict.message}", now=now
             ),
         )
@@ -438,7 +439,7 @@ class Provisioning:
 
     async def _mark(self, aw: AppWrapper, name: str, reason: Reason, message: str) -> None:
         await self._write(
-            aw, lambda status, now: cond.mark_check(status, name, reason, message, now=now)
+            aw, lambda status, now: checkstatus.mark_check(status, name, reason, message, now=now)
         )
 
     async def _write(self, aw: AppWrapper, change: Any) -> None:

@@ -52,6 +52,7 @@ from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.resetting import Resets
 from dispatcher.controller.status import StatusWriter
 from dispatcher.controller.workqueue import Result
+from dispatcher.core import checkstatus
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
 from dispatcher.core.faulttolerance import effective_requeuing, retry_policy
@@ -166,7 +167,7 @@ class Reconciler:
             return await self._follow(aw, obj, status)
         checks_after = None
         if self._provisioning is not None and (
-            phase is Phase.RESERVED or cond.checks_ready(status)
+            phase is Phase.RESERVED or checkstatus.checks_ready(status)
         ):
             # Held for its admission checks, or passed them and not fitted yet (a booking
             # can expire meanwhile): controller/provisioning.py carries them a step.

@@ -42,6 +42,7 @@ from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.status import Change, StatusWriter
 from dispatcher.controller.visibility import Found, Pending, in_line_order
 from dispatcher.controller.waiting import WaitingWriter
+from dispatcher.core import checkstatus
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
 from dispatcher.core.model import Workload
@@ -362,7 +363,9 @@ class Scheduler:
                 transitions.append(cond.initialize(status, priority=priority, now=moment))
             if not cluster:
                 transitions.append(
-                    cond.mark_reserved(status, checks=checks, admission=admission, now=moment)
+                    checkstatus.mark_reserved(
+                        status, checks=checks, admission=admission, now=moment
+                    )
                 )
                 made.append((aw, status))
                 return Change(status, transitions)

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from dispatcher.api.constants import FINALIZER
 from dispatcher.api.models import AppWrapper, ConditionType, parse_time
 from dispatcher.controller.reading import AppWrapperReader
+from dispatcher.core import checkstatus
 from dispatcher.core import conditions as cond
 from dispatcher.core.model import Workload
 from dispatcher.core.quota.flavors import charge_of, with_flavors
@@ -128,11 +129,11 @@ def derive(
             if (
                 status is not None
                 and status.is_true(ConditionType.QUOTA_HELD)
-                and not cond.checks_ready(status)
+                and not checkstatus.checks_ready(status)
             ):
                 # Held for its admission checks: charged, not pending, holding no room.
                 return Standing(charge=lingering, local=local)
-            if cond.checks_ready(status):
+            if checkstatus.checks_ready(status):
                 workload = replace(workload, checked=True)
             # Pausing after a requeue (backoff): not pending, maybe still charged.
             pending = workload if queued else None

@@ -5,7 +5,8 @@ writes it once) and returns a `Transition` naming what happened, for the Event, 
 when it changed nothing, so the shell skips writes that would change nothing
 (`set_condition`, `set_priority` and `set_pod_counts` return that as a bool). Conditions
 hold one entry per type; a milestone is True once reached in the current attempt, and a
-requeue turns the later milestones False with the reason.
+requeue turns the later milestones False with the reason. The admission checks' own
+transitions are in `core.checkstatus`.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def stage_of(status: AppWrapperStatus) -> str:
     return reached[-1].value if reached else ""
 
 
-def _settle(status: AppWrapperStatus, state: AppWrapperState, message: str) -> bool:
+def settle(status: AppWrapperStatus, state: AppWrapperState, message: str) -> bool:
     message = clip(message)
     changed = False
     stage = stage_of(status)
@@ -106,6 +107,11 @@ def _settle(status: AppWrapperStatus, state: AppWrapperState, message: str) -> b
         status.message = message
         changed = True
     return changed
+
+
+def check_types(status: AppWrapperStatus) -> list[str]:
+    """The condition types of its admission checks (`core.checkstatus`)."""
+    return [c.type for c in status.conditions if c.type.startswith(CHECK_CONDITION_PREFIX)]
 
 
 def is_terminal(status: AppWrapperStatus | None) -> bool:
@@ -150,7 +156,7 @@ def initialize(status: AppWrapperStatus, *, priority: int, now: datetime) -> Tra
     if status.priority != priority:
         status.priority = priority
         changed = True
-    changed |= _settle(status, AppWrapperState.PENDING, "waiting in the queue")
+    changed |= settle(status, AppWrapperState.PENDING, "waiting in the queue")
     return Transition(Reason.QUEUED, f"queued with priority {priority}") if changed else None
 
 
@@ -171,7 +177,7 @@ def mark_head_of_line(status: AppWrapperStatus, *, now: datetime) -> Transition 
         now=now,
     ):
         return None
-    _settle(status, AppWrapperState.PENDING, status.message or "")
+    settle(status, AppWrapperState.PENDING, status.message or "")
     return Transition(Reason.FRONT_OF_QUEUE, "at the head of the queue")
 
 
@@ -193,7 +199,7 @@ def mark_waiting(
     changed = set_condition(
         status, C.DISPATCHED, true=False, reason=reason, message=message, now=now
     )
-    changed |= _settle(status, AppWrapperState.PENDING, message)
+    changed |= settle(status, AppWrapperState.PENDING, message)
     if not changed:
         return None
     return Transition(reason, message) if first else Transition("", "")
@@ -212,7 +218,7 @@ def mark_suspended(status: AppWrapperStatus, *, priority: int, now: datetime) ->
     return first or waiting
 
 
-def _reached_head(status: AppWrapperStatus, now: datetime) -> None:
+def reached_head(status: AppWrapperStatus, now: datetime) -> None:
     """HeadOfLine True as it is left behind: quota reserved, or dispatched."""
     set_condition(
         status,
@@ -246,7 +252,7 @@ def mark_dispatched(
     set_condition(
         status, C.QUEUEING, true=True, reason=Reason.QUEUED, message="waited in the queue", now=now
     )
-    _reached_head(status, now)
+    reached_head(status, now)
     set_condition(
         status, C.DISPATCHED, true=True, reason=Reason.DISPATCHED, message=message, now=now
     )
@@ -271,7 +277,7 @@ def mark_dispatched(
     status.lastDispatchedAt = stamp
     status.dispatchedObjects = objects
     status.admission = admission
-    _settle(status, AppWrapperState.RUNNING, message)
+    settle(status, AppWrapperState.RUNNING, message)
     return Transition(Reason.DISPATCHED, message)
 
 
@@ -280,7 +286,7 @@ def mark_running(status: AppWrapperStatus, message: str, *, now: datetime) -> Tr
         status, C.RUNNING, true=True, reason=Reason.PODS_RUNNING, message=message, now=now
     ):
         return None
-    _settle(status, AppWrapperState.RUNNING, message)
+    settle(status, AppWrapperState.RUNNING, message)
     return Transition(Reason.PODS_RUNNING, message)
 
 
@@ -299,7 +305,7 @@ def mark_holding_completion(
     )
     if not changed and status.state is AppWrapperState.RUNNING_HOLD_COMPLETION:
         return None
-    _settle(status, AppWrapperState.RUNNING_HOLD_COMPLETION, message)
+    settle(status, AppWrapperState.RUNNING_HOLD_COMPLETION, message)
     return Transition(Reason.SOME_ITEMS_COMPLETED, message)
 
 
@@ -325,7 +331,7 @@ def mark_completed(status: AppWrapperStatus, message: str, *, now: datetime) -> 
     )
     if not changed:
         return None
-    _settle(status, AppWrapperState.COMPLETED, message)
+    settle(status, AppWrapperState.COMPLETED, message)
     return Transition(Reason.WORKLOAD_COMPLETED, message)
 
 
@@ -336,7 +342,7 @@ def mark_stalled(
     again): said on Running (False) and in the message; no milestone moves, nothing ends."""
     if not set_condition(status, C.RUNNING, true=False, reason=reason, message=message, now=now):
         return None
-    _settle(status, status.state or AppWrapperState.RUNNING, message)
+    settle(status, status.state or AppWrapperState.RUNNING, message)
     return Transition(reason, message, warning=True)
 
 
@@ -348,7 +354,7 @@ def mark_failed(
     # At the requeue limit MCAD names the state Deleted (its objects are removed); the Failed
     # condition says why either way.
     limit = reason is Reason.REQUEUE_LIMIT_REACHED
-    _settle(status, AppWrapperState.DELETED if limit else AppWrapperState.FAILED, message)
+    settle(status, AppWrapperState.DELETED if limit else AppWrapperState.FAILED, message)
     return Transition(reason, message, warning=True)
 
 
@@ -378,7 +384,7 @@ def mark_preempting(
         changed = True
     if not changed:
         return None
-    _settle(status, status.state or AppWrapperState.RUNNING, message)
+    settle(status, status.state or AppWrapperState.RUNNING, message)
     return Transition(reason, message, warning=True)
 
 
@@ -407,7 +413,7 @@ def mark_requeued(
             now=now,
         )
     set_condition(status, C.REQUEUED, true=True, reason=reason, message=message, now=now)
-    for later in (C.HEAD_OF_LINE, C.DISPATCHED, C.RUNNING, C.QUOTA_HELD, *_checks(status)):
+    for later in (C.HEAD_OF_LINE, C.DISPATCHED, C.RUNNING, C.QUOTA_HELD, *check_types(status)):
         if status.condition(later) is not None:
             set_condition(status, later, true=False, reason=reason, message=message, now=now)
     if backoff:
@@ -429,7 +435,7 @@ def mark_requeued(
     # status.admission stays until the next dispatch: while this dispatch's pods are still
     # going, the quota they use stays charged to its queue.
     status.pending = status.running = status.succeeded = status.failed = 0
-    _settle(status, AppWrapperState.PENDING, message)
+    settle(status, AppWrapperState.PENDING, message)
     return Transition(reason, message, warning=True)
 
 
@@ -449,7 +455,7 @@ def mark_resetting(status: AppWrapperStatus, message: str, *, now: datetime) -> 
         now=now,
     )
     status.pending = status.running = status.succeeded = status.failed = 0
-    _settle(status, status.state or AppWrapperState.RUNNING, message)
+    settle(status, status.state or AppWrapperState.RUNNING, message)
     return Transition(Reason.RESETTING, message, warning=True)
 
 
@@ -464,7 +470,7 @@ def end_reset(status: AppWrapperStatus, *, now: datetime) -> Transition | None:
         status, C.RUNNING, true=False, reason=Reason.PODS_NOT_READY, message=message, now=now
     )
     status.lastDispatchedAt = format_micro_time(now)
-    _settle(status, AppWrapperState.RUNNING, message)
+    settle(status, AppWrapperState.RUNNING, message)
     return Transition(Reason.RESETTING, message)
 
 
@@ -487,7 +493,7 @@ def end_backoff(status: AppWrapperStatus, *, now: datetime) -> Transition | None
         message="queued again after requeue",
         now=now,
     )
-    _settle(status, AppWrapperState.PENDING, "queued again after requeue")
+    settle(status, AppWrapperState.PENDING, "queued again after requeue")
     return Transition(Reason.REQUEUED, "queued again after backoff")
 
 
@@ -499,107 +505,3 @@ def set_pod_counts(
         return False
     status.pending, status.running, status.succeeded, status.failed = counts
     return True
-
-
-# -- admission checks (docs/autoscaling.md) ------------------------------------------------
-
-
-def _checks(status: AppWrapperStatus) -> list[str]:
-    return [c.type for c in status.conditions if c.type.startswith(CHECK_CONDITION_PREFIX)]
-
-
-def check_condition(name: str) -> str:
-    """The condition type that shows admission check `name`'s state."""
-    return CHECK_CONDITION_PREFIX + name
-
-
-def checks_ready(status: AppWrapperStatus | None) -> bool:
-    """Its admission checks passed in this attempt: it is fitted on the nodes, not held."""
-    if status is None:
-        return False
-    reserved = status.condition(C.QUOTA_HELD)
-    return (
-        reserved is not None
-        and reserved.status == "True"
-        and reserved.reason == Reason.CHECKS_READY
-    )
-
-
-def mark_reserved(
-    status: AppWrapperStatus,
-    *,
-    checks: tuple[str, ...],
-    admission: Admission | None,
-    now: datetime,
-) -> Transition:
-    """Quota held, admission checks to run (each Pending): nothing is created yet."""
-    names = ", ".join(checks)
-    where = f" in queue {admission.clusterQueue}" if admission is not None else ""
-    message = f"quota reserved{where}; waiting for admission checks: {names}"
-    _reached_head(status, now)
-    set_condition(
-        status,
-        C.QUOTA_HELD,
-        true=True,
-        reason=Reason.CHECKS_PENDING,
-        message=message,
-        now=now,
-    )
-    for name in checks:
-        set_condition(
-            status,
-            check_condition(name),
-            true=False,
-            reason=Reason.CHECK_PENDING,
-            message="not started",
-            now=now,
-        )
-    if admission is not None:
-        status.admission = admission
-    _settle(status, AppWrapperState.PENDING, message)
-    return Transition(Reason.CHECKS_PENDING, message)
-
-
-def mark_check(
-    status: AppWrapperStatus, name: str, reason: Reason, message: str, *, now: datetime
-) -> Transition | None:
-    """One check's state; all of them Ready hands the AppWrapper back to the fit."""
-    ready = reason is Reason.CHECK_READY
-    changed = set_condition(
-        status, check_condition(name), true=ready, reason=reason, message=message, now=now
-    )
-    if not changed:
-        return None
-    pending = [c for c in _checks(status) if not status.is_true(c)]
-    held = status.condition(C.QUOTA_HELD)
-    if not pending and held is not None and held.status == "True":
-        # Stays True (its transition time names this reservation: controller/provisioning.py).
-        text = "admission checks ready; fitting on the nodes"
-        set_condition(
-            status,
-            C.QUOTA_HELD,
-            true=True,
-            reason=Reason.CHECKS_READY,
-            message=text,
-            now=now,
-        )
-        _settle(status, AppWrapperState.PENDING, text)
-        return Transition(Reason.CHECKS_READY, text)
-    if reason is Reason.CHECK_READY:
-        return None
-    _settle(status, AppWrapperState.PENDING, f"admission check {name}: {message}")
-    return Transition(
-        reason, f"admission check {name}: {message}", warning=reason is Reason.CHECK_RETRY
-    )
-
-
-def retry_checks(status: AppWrapperStatus, message: str, *, now: datetime) -> Transition:
-    """Back to the queue without a requeue (a booking expired before dispatch): its quota is
-    given back and it is reserved again by a later cycle, with a new attempt of its checks."""
-    for name in _checks(status):
-        set_condition(status, name, true=False, reason=Reason.CHECK_RETRY, message=message, now=now)
-    set_condition(
-        status, C.QUOTA_HELD, true=False, reason=Reason.CHECK_RETRY, message=message, now=now
-    )
-    _settle(status, AppWrapperState.PENDING, message)
-    return Transition(Reason.CHECK_RETRY, message, warning=True)

@@ -51,6 +51,7 @@ from dispatcher.testing.fakekube_store import (
     keep_server_fields,
     managed_by,
     merge_patch,
+    object_in,
     same_content,
     selector_of,
     sent_as_client,
@@ -222,7 +223,7 @@ class FakeKube:
     ) -> dict[str, Any]:
         name = (body.get("metadata") or {}).get("name") if isinstance(body, dict) else None
         spec = await self._request("create", "POST", info, namespace, name)
-        obj = self._object_in(spec, body, namespace, None)
+        obj = object_in(spec, body, namespace, None)
         meta = obj["metadata"]
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
@@ -249,7 +250,7 @@ class FakeKube:
     ) -> dict[str, Any]:
         spec = await self._request("replace", "PUT", info, namespace, name, sub)
         old = self._existing(spec, namespace, name)
-        new = self._object_in(spec, body, namespace, name)
+        new = object_in(spec, body, namespace, name)
         given = new["metadata"].get("resourceVersion")
         if not given and spec.custom:
             raise Invalid("metadata.resourceVersion: must be specified for an update", status=422)
@@ -457,30 +458,6 @@ class FakeKube:
         if found is None:
             raise NotFound(f'{spec.plural} "{name}" not found', status=404, reason="NotFound")
         return found
-
-    def _object_in(self, spec: KindSpec, body: Any, namespace: str | None, name: str | None) -> Obj:
-        """A copy of a request's object, checked against the URL it was sent to."""
-        if not isinstance(body, dict):
-            raise BadRequest("the body must be a JSON object", status=400)
-        obj = copy_json(body)
-        if (
-            obj.get("kind", spec.kind) != spec.kind
-            or obj.get("apiVersion", spec.api_version) != spec.api_version
-        ):
-            raise BadRequest(f"the body is not a {spec.api_version} {spec.kind}", status=400)
-        obj["kind"], obj["apiVersion"] = spec.kind, spec.api_version
-        meta = obj.setdefault("metadata", {})
-        if spec.namespaced:
-            if meta.get("namespace", namespace) != namespace:
-                raise BadRequest("the namespace of the object does not match the URL", status=400)
-            meta["namespace"] = namespace
-        else:
-            meta.pop("namespace", None)
-        if name is not None and meta.get("name", name) != name:
-            raise BadRequest("the name of the object does not match the URL", status=400)
-        if name is not None:
-            meta["name"] = name
-        return obj
 
     def _update(
         self,

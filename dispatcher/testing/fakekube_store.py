@@ -285,3 +285,28 @@ def sent_as_client(
         return event
     decoded: dict[str, Any] = decode_line(encode(event) + b"\n")
     return decoded
+
+
+def object_in(spec: KindSpec, body: Any, namespace: str | None, name: str | None) -> Obj:
+    """A copy of a request's object, checked against the URL it was sent to."""
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object", status=400)
+    obj = copy_json(body)
+    if (
+        obj.get("kind", spec.kind) != spec.kind
+        or obj.get("apiVersion", spec.api_version) != spec.api_version
+    ):
+        raise BadRequest(f"the body is not a {spec.api_version} {spec.kind}", status=400)
+    obj["kind"], obj["apiVersion"] = spec.kind, spec.api_version
+    meta = obj.setdefault("metadata", {})
+    if spec.namespaced:
+        if meta.get("namespace", namespace) != namespace:
+            raise BadRequest("the namespace of the object does not match the URL", status=400)
+        meta["namespace"] = namespace
+    else:
+        meta.pop("namespace", None)
+    if name is not None and meta.get("name", name) != name:
+        raise BadRequest("the name of the object does not match the URL", status=400)
+    if name is not None:
+        meta["name"] = name
+    return obj

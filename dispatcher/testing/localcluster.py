@@ -191,39 +191,48 @@ class LocalCluster(KubectlMixin):
         def start_apiserver(ports: list[int]) -> None:
             self.server = f"https://127.0.0.1:{ports[0]}"
             self._write_kubeconfig()
-            self._spawn("kube-apiserver", apiserver_argv(ports[0]))
+            self._spawn(
+                "kube-apiserver", self._apiserver_argv(ports[0], etcd_port, sa_key, audit=audit)
+            )
             self._wait_http(f"{self.server}/readyz", "kube-apiserver", deadline, token=self.token)
-
-        def apiserver_argv(port: int) -> list[str]:
-            return [
-                str(self.binaries.k8s),
-                "kube-apiserver",
-                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={port}",
-                f"--cert-dir={work / 'certs'}",
-                f"--token-auth-file={work / 'tokens.csv'}",
-                "--authorization-mode=RBAC",
-                "--anonymous-auth=false",
-                f"--service-account-key-file={sa_key}",
-                f"--service-account-signing-key-file={sa_key}",
-                "--service-account-issuer=https://kubernetes.default.svc",
-                "--service-cluster-ip-range=10.96.0.0/16",
-                "--allow-privileged=true",
-                # Pods are created in fresh namespaces before the controller-manager has made
-                # their default ServiceAccount; nothing here runs a kubelet that would mount it.
-                "--disable-admission-plugins=ServiceAccount",
-                "--endpoint-reconciler-type=none",
-                "--max-requests-inflight=800",
-                "--max-mutating-requests-inflight=400",
-                f"--admission-control-config-file={self._webhook_client_identity()}",
-                *self._front_proxy_flags(),
-                *(self._audit_flags() if audit else []),
-            ]
 
         self._start_on_ports("kube-apiserver", 1, start_apiserver, first=[api_port])
 
+        self._start_controllers(sa_key=sa_key, kuberay=kuberay, stages=stages)
+        self._wait_default_namespace(deadline)
+
+    def _apiserver_argv(self, port: int, etcd_port: int, sa_key: Path, *, audit: bool) -> list[str]:
+        work = self.workdir
+        return [
+            str(self.binaries.k8s),
+            "kube-apiserver",
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={work / 'certs'}",
+            f"--token-auth-file={work / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            "--anonymous-auth=false",
+            f"--service-account-key-file={sa_key}",
+            f"--service-account-signing-key-file={sa_key}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--allow-privileged=true",
+            # Pods are created in fresh namespaces before the controller-manager has made
+            # their default ServiceAccount; nothing here runs a kubelet that would mount it.
+            "--disable-admission-plugins=ServiceAccount",
+            "--endpoint-reconciler-type=none",
+            "--max-requests-inflight=800",
+            "--max-mutating-requests-inflight=400",
+            f"--admission-control-config-file={self._webhook_client_identity()}",
+            *self._front_proxy_flags(),
+            *(self._audit_flags() if audit else []),
+        ]
+
+    def _start_controllers(self, *, sa_key: Path, kuberay: bool, stages: list[Path]) -> None:
+        """kube-controller-manager, kube-scheduler, KWOK for the fake nodes, and KubeRay."""
+        work = self.workdir
         common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false"]
         self._spawn(
             "kube-controller-manager",
@@ -282,7 +291,6 @@ class LocalCluster(KubectlMixin):
                     f"--health-probe-bind-address=127.0.0.1:{free_port()}",
                 ],
             )
-        self._wait_default_namespace(deadline)
 
     def _write_kubeconfig(self) -> None:
         config = {

@@ -11,6 +11,7 @@ import pytest
 
 from dispatcher.api.models import Admission, AppWrapperStatus, ConditionType, Reason
 from dispatcher.core import admissionchecks as checks
+from dispatcher.core import checkstatus
 from dispatcher.core import conditions as cond
 from dispatcher.core.admissionchecks import Retry, Step
 from dispatcher.core.model import QueueMode, Toleration
@@ -180,7 +181,7 @@ def reserved() -> AppWrapperStatus:
     status = AppWrapperStatus()
     cond.initialize(status, priority=0, now=MOMENT)
     admission = Admission(queue="ns/team", clusterQueue="team")
-    cond.mark_reserved(status, checks=("prov", "other"), admission=admission, now=MOMENT)
+    checkstatus.mark_reserved(status, checks=("prov", "other"), admission=admission, now=MOMENT)
     return status
 
 
@@ -194,21 +195,28 @@ def test_reserved_holds_until_every_check_is_ready_then_goes_back_to_the_fit() -
     assert status.admission is not None
     assert status.admission.clusterQueue == "team"
     assert status.condition("AdmissionCheck.prov").reason == Reason.CHECK_PENDING  # type: ignore[union-attr]
-    assert cond.mark_check(status, "prov", Reason.CHECK_READY, "provisioned", now=MOMENT) is None
+    assert (
+        checkstatus.mark_check(status, "prov", Reason.CHECK_READY, "provisioned", now=MOMENT)
+        is None
+    )
     assert phase_of(status) is Phase.RESERVED
-    assert not cond.checks_ready(status)
-    done = cond.mark_check(status, "other", Reason.CHECK_READY, "provisioned", now=MOMENT)
+    assert not checkstatus.checks_ready(status)
+    done = checkstatus.mark_check(status, "other", Reason.CHECK_READY, "provisioned", now=MOMENT)
     assert done is not None
     assert done.reason == Reason.CHECKS_READY
     assert phase_of(status) is Phase.QUEUED
-    assert cond.checks_ready(status)
+    assert checkstatus.checks_ready(status)
     assert cond.is_queued(status)
 
 
 def test_the_same_check_state_twice_writes_nothing() -> None:
     status = reserved()
-    first = cond.mark_check(status, "prov", Reason.CHECK_PENDING, "attempt 1 created", now=MOMENT)
-    again = cond.mark_check(status, "prov", Reason.CHECK_PENDING, "attempt 1 created", now=MOMENT)
+    first = checkstatus.mark_check(
+        status, "prov", Reason.CHECK_PENDING, "attempt 1 created", now=MOMENT
+    )
+    again = checkstatus.mark_check(
+        status, "prov", Reason.CHECK_PENDING, "attempt 1 created", now=MOMENT
+    )
     assert first is not None
     assert again is None
 
@@ -216,15 +224,15 @@ def test_the_same_check_state_twice_writes_nothing() -> None:
 @pytest.mark.parametrize("how", ["retry", "requeue"])
 def test_a_retry_or_a_requeue_gives_the_quota_back_and_clears_the_checks(how: str) -> None:
     status = reserved()
-    cond.mark_check(status, "prov", Reason.CHECK_READY, "provisioned", now=MOMENT)
-    cond.mark_check(status, "other", Reason.CHECK_READY, "provisioned", now=MOMENT)
+    checkstatus.mark_check(status, "prov", Reason.CHECK_READY, "provisioned", now=MOMENT)
+    checkstatus.mark_check(status, "other", Reason.CHECK_READY, "provisioned", now=MOMENT)
     if how == "retry":
-        cond.retry_checks(status, "booking expired", now=MOMENT)
+        checkstatus.retry_checks(status, "booking expired", now=MOMENT)
     else:
         cond.mark_dispatched(status, cluster="c", now=MOMENT)
         cond.mark_requeued(status, Reason.CLUSTER_UNREACHABLE, "gone", now=MOMENT, backoff=False)
     assert phase_of(status) is Phase.QUEUED
-    assert not cond.checks_ready(status)
+    assert not checkstatus.checks_ready(status)
     assert not status.is_true("AdmissionCheck.prov")
     assert not status.is_true(ConditionType.QUOTA_HELD)
 
