@@ -10,6 +10,7 @@ informers: PriorityClasses are read by name, discovery is the clients' own.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -65,7 +66,9 @@ class DiscoveryBounds:
 
 class AccessReviews:
     """SubjectAccessReviews, each answer kept `keep_seconds`: a burst of AppWrappers from one
-    user asks once, and a right taken away is seen within that time."""
+    user asks once, and a right taken away is seen within that time. Questions asked while
+    the same one is in flight wait for its answer instead of asking again (a burst arrives
+    in parallel, before any answer is kept)."""
 
     def __init__(
         self, hub: KubeApi, *, keep_seconds: float, now: Callable[[], float] = time.monotonic
@@ -74,13 +77,30 @@ class AccessReviews:
         self._keep = keep_seconds
         self._now = now
         self._answers: dict[tuple[Creator, Access], tuple[float, bool]] = {}
+        self._asking: dict[tuple[Creator, Access], asyncio.Future[bool]] = {}
 
     async def allowed(self, user: Creator, access: Access) -> bool:
         key = (user, access)
         cached = self._answers.get(key)
-        now = self._now()
-        if cached is not None and now - cached[0] < self._keep:
+        if cached is not None and self._now() - cached[0] < self._keep:
             return cached[1]
+        asking = self._asking.get(key)
+        if asking is None:
+            asking = asyncio.ensure_future(self._ask(key))
+            self._asking[key] = asking
+            asking.add_done_callback(lambda done: self._forget(key, done))
+        # Shielded: one caller cancelled (its webhook request timed out) leaves the others
+        # their answer; an error reaches every caller and is not kept.
+        return await asyncio.shield(asking)
+
+    def _forget(self, key: tuple[Creator, Access], done: asyncio.Future[bool]) -> None:
+        self._asking.pop(key, None)
+        if not done.cancelled():
+            done.exception()  # retrieved here too: every caller may have gone before it ended
+
+    async def _ask(self, key: tuple[Creator, Access]) -> bool:
+        user, access = key
+        asked = self._now()
         spec: Obj = {
             "user": user.username,
             "uid": user.uid,
@@ -98,7 +118,7 @@ class AccessReviews:
         allowed = bool((answer.get("status") or {}).get("allowed"))
         if len(self._answers) >= ANSWERS_LIMIT:
             self._answers.clear()  # a bound, not a policy: answers are cheap to ask again
-        self._answers[key] = (now, allowed)
+        self._answers[key] = (asked, allowed)
         return allowed
 
     async def refused(self, user: Creator, needed: Mapping[Access, list[str]]) -> str:
