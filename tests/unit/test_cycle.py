@@ -238,6 +238,25 @@ CASES = [
         want_head="ns/a",
     ),
     Case(
+        id="unreachable-where-it-would-not-fit-says-its-shortfall",
+        pending=(gpu_job("ns/a", 4),),
+        clusters=(gpu_cluster("east", used=2), gpu_cluster("west", used=3, reachable=False)),
+        want_waits={
+            "ns/a": "no cluster fits: east: needs nvidia.com/gpu 4, free 2 of 4; "
+            "west: needs nvidia.com/gpu 4, free 1 of 4"
+        },
+        want_head="ns/a",
+    ),
+    Case(
+        id="unreachable-never-seen-says-unreachable",
+        pending=(gpu_job("ns/a", 4),),
+        clusters=(gpu_cluster("east", used=2), cluster("west", reachable=False)),
+        want_waits={
+            "ns/a": "no cluster fits: east: needs nvidia.com/gpu 4, free 2 of 4; west: unreachable"
+        },
+        want_head="ns/a",
+    ),
+    Case(
         id="single-unreachable-cluster",
         pending=(gpu_job("ns/a", 4),),
         clusters=(gpu_cluster("c", reachable=False),),

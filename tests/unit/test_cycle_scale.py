@@ -357,7 +357,12 @@ def plain_schedule(
         reasons, fitting = [], []
         for cluster in usable:
             if not cluster.reachable:
-                reasons.append((cluster.name, "unreachable"))
+                # Unreachable only where it would fit the cluster as last seen.
+                tried = try_place(state(cluster), workload.pod_sets) if cluster.nodes else None
+                if tried is not None and tried.ok:
+                    tried.undo()
+                fits = tried is None or tried.ok
+                reasons.append((cluster.name, "unreachable" if fits else tried.reason))
             elif cluster.name in held:
                 short = state(cluster).short_in_total(Gang.of(workload.pod_sets))
                 reasons.append((cluster.name, short.text if short else held[cluster.name]))

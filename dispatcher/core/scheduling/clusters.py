@@ -203,6 +203,9 @@ class CycleState:
         return Refusal("no cluster fits: " + "; ".join(parts), pod_set)
 
 
+UNREACHABLE = Refusal("unreachable")
+
+
 def best_fit(
     cycle: CycleState, gang: Gang, usable: Sequence[ClusterSnapshot]
 ) -> tuple[ClusterState, Placed] | Reasons:
@@ -217,7 +220,7 @@ def best_fit(
     candidates: list[ClusterState] = []
     for cluster in usable:
         if not cluster.reachable:
-            why[cluster.name] = Refusal("unreachable")
+            why[cluster.name] = _unreachable(cycle, gang, cluster)
             continue
         state = cycle.state(cluster)
         refused: Refusal | None
@@ -256,6 +259,21 @@ def best_fit(
         if state is not chosen[0]:
             placed.undo()
     return chosen
+
+
+def _unreachable(cycle: CycleState, gang: Gang, cluster: ClusterSnapshot) -> Refusal:
+    """Why the gang waits for an unreachable cluster: unreachable only where it would fit the
+    cluster as last seen; where it would not, its own shortfall, as while the cluster
+    answered. A member that answers slowly under load (the probe gives it a few seconds)
+    then rewrites no waiting status, only that of work it would take. Never synced (no
+    nodes seen): unreachable."""
+    if not cluster.nodes:
+        return UNREACHABLE
+    placed = cycle.state(cluster).place(gang)
+    if isinstance(placed, Refusal):
+        return placed
+    placed.undo()
+    return UNREACHABLE
 
 
 def scarcest_of(gang: Gang, states: Sequence[ClusterState]) -> str | None:
