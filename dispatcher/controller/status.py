@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from dispatcher.api.constants import API_VERSION, FINALIZER, KIND, PLURAL
 from dispatcher.api.models import AppWrapperStatus, Reason, status_to_kube
 from dispatcher.controller.reading import key_of, resource_version, without_bookkeeping
@@ -38,6 +40,7 @@ from dispatcher.kube.events import EventRecorder
 
 Obj = dict[str, Any]
 APPWRAPPERS = ResourceInfo(API_VERSION, KIND, PLURAL, namespaced=True)
+_log = structlog.get_logger("status")
 UPDATE_ATTEMPTS = 5
 """Writes of one update before its Conflict is raised (each after reading the object again)."""
 QUIET_REASONS = frozenset(
@@ -202,6 +205,12 @@ class StatusWriter:
             if self.writes[key] <= 0:
                 del self.writes[key]
             raise
+        _log.debug(
+            "status_written",
+            appwrapper=key,
+            steps=",".join(str(t.reason) for t in transitions if t is not None),
+            message=status.message,
+        )
         happened = [
             t for t in transitions if t is not None and t.reason and t.reason not in QUIET_REASONS
         ]

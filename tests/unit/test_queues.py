@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dispatcher.api.models import Reason
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Reservation, Workload
 from dispatcher.core.queues import QueueManager, Wake, take
 from dispatcher.core.quota.model import Charge
@@ -15,7 +16,7 @@ from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.usage import Usage
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling import CycleResult, LowestPriorityFirst, queue_order_key, schedule
-from tests.unit.builders import cluster, node, pods, workload
+from tests.unit.builders import cluster, node, pods, res, workload
 from tests.unit.quota_builders import cohort, queue, setup
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -223,6 +224,12 @@ def test_parked_work_is_never_left_behind(
                 limit=limit,
             )
             held = result.held
+            # A head is its line's first pending workload, however little the cycle took.
+            assert result.heads == {
+                w.key
+                for w in result.waits
+                if manager.is_first(w.key) and w.reason is not Reason.QUEUE_NOT_READY
+            }
             for line in LINES:
                 strict = [a.key for a in result.admits if a.queue == line]
                 if _strict_line(line, mode, quotas):
@@ -292,3 +299,32 @@ def test_a_cycle_decides_at_most_its_limit_and_says_there_is_more() -> None:
     # In order, two a cycle, the last one alone; then nothing is active.
     assert decided == [["ns/w0", "ns/w1"], ["ns/w2", "ns/w3"], ["ns/w4"]]
     assert manager.active() == []
+
+
+def test_the_head_is_the_first_of_its_line_not_the_first_a_cycle_took() -> None:
+    """A cycle over newly arrived work behind a parked head reports no head: the parked one
+    still is (and a new one ahead of it, by priority, is)."""
+    manager = QueueManager()
+    full = ClusterSnapshot(name="c", nodes=(node("n1", cpu=2, used=res(cpu=2)),))
+
+    def cycle() -> CycleResult:
+        return take(
+            manager,
+            [full],
+            mode=QueueMode.BEST_EFFORT_FIFO,
+            now=10.0,
+            starvation_after=1e9,
+            preemption=None,
+        )
+
+    manager.upsert(workload("ns/old", pods(1, cpu=1), created_at=1.0), "")
+    first = cycle()
+    assert (first.heads, first.head_key) == ({"ns/old"}, "ns/old")
+    assert manager.is_parked("ns/old")
+    manager.upsert(workload("ns/new", pods(1, cpu=1), created_at=2.0), "")
+    second = cycle()
+    assert [w.key for w in second.waits] == ["ns/new"]
+    assert (second.heads, second.head_key) == (frozenset(), None)
+    manager.upsert(workload("ns/urgent", pods(1, cpu=1), priority=5, created_at=3.0), "")
+    third = cycle()
+    assert (third.heads, third.head_key) == ({"ns/urgent"}, "ns/urgent")

@@ -269,6 +269,12 @@ class QueueManager:
     def lines(self) -> list[str]:
         return list(self._lines)
 
+    def is_first(self, key: str) -> bool:
+        """Whether `key` is the first of its line: no pending workload, active or parked,
+        goes before it (the head of its queue)."""
+        name = self._line_of.get(key)
+        return name is not None and self._lines[name].keys[0][2] == key
+
     def is_parked(self, key: str) -> bool:
         return key in self._parked
 
