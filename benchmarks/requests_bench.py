@@ -12,7 +12,8 @@ SubjectAccessReviews, are counted with the rest).
 - `lives`: N AppWrappers, each one Job of one 1-CPU pod, applied at once onto one 4-CPU
   node, so that most queue first; each runs to Completed (KWOK ends Job pods at once), then
   is deleted. Printed: the dispatcher's requests per AppWrapper life, by verb and resource,
-  up to Completed and for the deletion apart.
+  up to Completed and for the deletion apart; and its status writes by the step each
+  recorded (the furthest condition it turned True) and its Events by reason.
 - `backlog`: N AppWrappers (a Deployment of one 4-CPU pod each) queued behind one that
   holds the node, all initialised; then one change (the holder is deleted: the head is
   dispatched and a new head follows) and the dispatcher's writes in the `window` seconds
@@ -68,6 +69,37 @@ def count(events: list[dict[str, Any]], since: float = 0.0) -> Counter[str]:
             continue
         counted[_key(event)] += 1
     return counted
+
+
+STEPS = ("Failed", "Completed", "Running", "Dispatched", "HeadOfLine", "Queueing", "Init")
+"""The conditions a status write may turn True, furthest first: a write is named for the
+furthest it turned True ("Dispatched" also carries Init, Queueing and HeadOfLine when it
+is the first), or "message" when it turned none True (a new reason or message)."""
+
+
+def steps(events: list[dict[str, Any]], since: float, until: float) -> dict[str, Counter[str]]:
+    """The dispatcher's status writes by the step each recorded, and its Events by reason,
+    between `since` and `until` (the audit policy keeps their bodies)."""
+    true_before: dict[str, set[str]] = {}
+    writes: Counter[str] = Counter()
+    notices: Counter[str] = Counter()
+    for event in events:
+        if not str(event.get("userAgent", "")).startswith(AGENT):
+            continue
+        if event.get("stage") != "ResponseComplete" or event.get("verb") not in WRITES:
+            continue
+        if not since <= _seconds(event.get("requestReceivedTimestamp", "")) < until:
+            continue
+        ref, body = event.get("objectRef") or {}, event.get("requestObject") or {}
+        if ref.get("resource") == "events":
+            notices[str(body.get("reason", "?"))] += 1
+        elif ref.get("subresource") == "status":
+            conditions = (body.get("status") or {}).get("conditions") or []
+            now_true = {c.get("type") for c in conditions if c.get("status") == "True"}
+            turned = now_true - true_before.get(str(ref.get("name")), set())
+            true_before[str(ref.get("name"))] = now_true
+            writes[next((s for s in STEPS if s in turned), "message")] += 1
+    return {"status_writes": writes, "events": notices}
 
 
 def _seconds(stamp: str) -> float:
@@ -137,7 +169,16 @@ async def lives(cluster: LocalCluster, client: KubeClient, audit: AuditTail, n: 
     audit.read()
     life = count(audit.events, since=started) - count(audit.events, since=deleting)
     deletion = count(audit.events, since=deleting)
-    return {"n": n, "life": _per_life(life, n), "deletion": _per_life(deletion, n)}
+    by_step = steps(audit.events, since=started, until=deleting)
+    return {
+        "n": n,
+        "life": _per_life(life, n),
+        "deletion": _per_life(deletion, n),
+        "life_by_step": {
+            what: {k: round(v / n, 3) for k, v in sorted(c.items())} | {"total": c.total() / n}
+            for what, c in by_step.items()
+        },
+    }
 
 
 async def backlog(

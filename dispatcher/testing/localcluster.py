@@ -83,9 +83,21 @@ AUDIT_POLICY_WITH_READS: dict[str, Any] = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     "omitStages": ["RequestReceived"],
-    "rules": [{"level": "None", "verbs": ["watch"]}, {"level": "Metadata"}],
+    "rules": [
+        {"level": "None", "verbs": ["watch"]},
+        {  # with what was written: which step each status write and Event records
+            "level": "Request",
+            "verbs": ["create", "update", "patch"],
+            "resources": [
+                {"group": "workload.codeflare.dev", "resources": ["appwrappers/status"]},
+                {"group": "", "resources": ["events"]},
+            ],
+        },
+        {"level": "Metadata"},
+    ],
 }
-"""Every request but watches (benchmarks that count a controller's GETs and LISTs too)."""
+"""Every request but watches (benchmarks that count a controller's GETs and LISTs too), and
+the bodies of AppWrapper status writes and of Events."""
 
 
 @dataclass
