@@ -11,8 +11,8 @@ process, and the benchmark records:
 2. how long until every AppWrapper has been decided once (`Queueing` True), the rate, its
    RSS and CPU then, and its requests so far by verb, resource and HTTP code;
 3. the requests it makes over `--window` seconds at rest (nothing changes);
-4. the requests one change costs: a running AppWrapper deleted, so the next in line is
-   dispatched, counted until the counts stop moving.
+4. the requests one change costs: an AppWrapper running now deleted (not one requeued
+   since), so the next in line is dispatched, counted until the counts stop moving.
 
 `--until ready` stops after step 1 (the memory a backlog of `--count` costs once read).
 
@@ -104,6 +104,20 @@ async def _measure(
         if args.until == "ready":
             return result
         watcher = Watcher(client)
+        holding: set[str] = set()  # running now (a requeued one holds nothing to free)
+
+        def follow(kind: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+            if new is None:
+                return
+            conditions = (new.get("status") or {}).get("conditions") or []
+            now = {c.get("type") for c in conditions if c.get("status") == "True"}
+            name = new["metadata"]["name"]
+            if {"Dispatched", "Running"} <= now:
+                holding.add(name)
+            else:
+                holding.discard(name)
+
+        watcher.informer.add_handler(follow)
         watch = asyncio.create_task(watcher.informer.run())
         names = set(_names(args.count))
         await watcher.wait("Queueing", names, timeout=args.timeout)
@@ -131,7 +145,9 @@ async def _measure(
             "cpu_seconds": proc_stats(process.pid)["cpu_seconds"] - cpu_at_rest,
         }
         print(f"at rest over {args.window}s: {result['at_rest']}", flush=True)
-        running = sorted(n for n in names if "Dispatched" in watcher.first.get(n, {}))
+        running = sorted(holding) or sorted(
+            n for n in names if "Dispatched" in watcher.first.get(n, {})
+        )
         before = scrape(port)
         await client.delete(APPWRAPPERS, NAMESPACE, running[0])
         after = await settled_counts(port, quiet=5.0, timeout=300)
