@@ -328,3 +328,25 @@ def test_the_head_is_the_first_of_its_line_not_the_first_a_cycle_took() -> None:
     manager.upsert(workload("ns/urgent", pods(1, cpu=1), priority=5, created_at=3.0), "")
     third = cycle()
     assert (third.heads, third.head_key) == ({"ns/urgent"}, "ns/urgent")
+
+
+def test_the_next_of_a_line_is_woken_when_its_head_goes() -> None:
+    """Whatever its question: it is the head now, and a cycle must say so."""
+    manager = QueueManager()
+    manager.upsert(workload("ns/head", pods(1, cpu=1), created_at=1.0), "q0")
+    manager.upsert(workload("ns/large", pods(4, cpu=1), created_at=2.0), "q0")
+    manager.upsert(workload("ns/larger", pods(6, cpu=1), created_at=3.0), "q0")
+    for key in ("ns/head", "ns/large", "ns/larger"):
+        manager.park(key, Wake.CAPACITY)
+    manager.capacity_freed()
+    assert [w.key for w in manager.active()] == ["ns/head", "ns/large", "ns/larger"]
+    for key in ("ns/large", "ns/larger"):
+        manager.park(key, Wake.CAPACITY)
+    manager.admitted("ns/head")
+    assert [w.key for w in manager.active()] == ["ns/large"]
+    manager.park("ns/large", Wake.CAPACITY)
+    manager.upsert(workload("ns/large", pods(4, cpu=1), created_at=2.0), "q0")  # changed
+    assert [w.key for w in manager.active()] == ["ns/large"]  # itself, not the next
+    manager.park("ns/large", Wake.CAPACITY)
+    manager.remove("ns/large")  # deleted: the next is the head now
+    assert [w.key for w in manager.active()] == ["ns/larger"]

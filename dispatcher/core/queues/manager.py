@@ -14,7 +14,9 @@ wakes it again:
 - quota released in a cohort tree (`quota_released`, by the tree's root);
 - its line changed (`line_changed`: a queue's spec, or the setup, changed);
 - time: one that waits longer than the starvation guard's limit holds clusters every
-  cycle, so it is woken when it crosses it (`wake_starving`).
+  cycle, so it is woken when it crosses it (`wake_starving`);
+- its line's head gone (admitted, deleted): the next of the line is the head now, which a
+  cycle says (`remove`).
 
 Parked work is kept in *buckets* of one line and one gang shape (and placement): workloads
 that ask the same question get the same answer, so an event wakes the first of each bucket
@@ -97,7 +99,7 @@ class QueueManager:
     def upsert(self, workload: Workload, line: str) -> None:
         """A workload is pending (new, or changed: its answer may change, so it is active)."""
         if workload.key in self._workloads:
-            self.remove(workload.key)
+            self.remove(workload.key, changing=True)
         self._workloads[workload.key] = workload
         self.changes += 1
         self._line_of[workload.key] = line
@@ -112,8 +114,11 @@ class QueueManager:
         else:
             self._active.add(key)
 
-    def remove(self, key: str) -> Workload | None:
-        """A workload is no longer pending (admitted, deleted, no longer queued)."""
+    def remove(self, key: str, *, changing: bool = False) -> Workload | None:
+        """A workload is no longer pending (admitted, deleted, no longer queued). When it
+        was its line's head, the next of the line is woken, whatever its question: it is
+        the head now, which a cycle says (`HeadOfLine`). `changing`: it comes back at once
+        (`upsert`), so nothing is woken."""
         workload = self._workloads.pop(key, None)
         if workload is None:
             return None
@@ -121,6 +126,7 @@ class QueueManager:
         name = self._line_of.pop(key)
         line = self._lines[name]
         okey = order_key(workload)
+        was_first = line.keys[0] == okey
         line.keys.discard(okey)
         parked = self._parked.pop(key, None)
         if parked is None:
@@ -133,6 +139,10 @@ class QueueManager:
             self._unblock(line)
         if not line.keys:
             del self._lines[name]
+        elif was_first and not changing:
+            parked = self._parked.get(line.keys[0][2])
+            if parked is not None and parked.bucket:
+                self._wake_key(line.keys[0][2])
         return workload
 
     def park(self, key: str, wake: Wake, *, root: str = "", starving: bool = False) -> None:
