@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,19 +57,25 @@ def _key(event: dict[str, Any]) -> str:
     return f"{event.get('verb')} {resource}"
 
 
-def count(events: list[dict[str, Any]], since: float = 0.0) -> Counter[str]:
-    """The dispatcher's requests among audit `events` (received at or after `since`)."""
-    counted: Counter[str] = Counter()
+def _ours(
+    events: list[dict[str, Any]], since: float = 0.0, until: float = float("inf")
+) -> Iterator[dict[str, Any]]:
+    """The dispatcher's answered requests among audit `events`, watches left out, received
+    at or after `since` and before `until`."""
     for event in events:
         if not str(event.get("userAgent", "")).startswith(AGENT):
             continue
-        if event.get("verb") in ("watch",) or event.get("stage") != "ResponseComplete":
+        if event.get("verb") == "watch" or event.get("stage") != "ResponseComplete":
             continue
         stamp = event.get("requestReceivedTimestamp", "")
-        if since and _seconds(stamp) < since:
+        if (since or until != float("inf")) and not since <= _seconds(stamp) < until:
             continue
-        counted[_key(event)] += 1
-    return counted
+        yield event
+
+
+def count(events: list[dict[str, Any]], since: float = 0.0) -> Counter[str]:
+    """The dispatcher's requests among audit `events` (received at or after `since`)."""
+    return Counter(_key(event) for event in _ours(events, since))
 
 
 STEPS = ("Failed", "Completed", "Running", "Dispatched", "HeadOfLine", "Queueing", "Init")
@@ -83,12 +90,8 @@ def steps(events: list[dict[str, Any]], since: float, until: float) -> dict[str,
     true_before: dict[str, set[str]] = {}
     writes: Counter[str] = Counter()
     notices: Counter[str] = Counter()
-    for event in events:
-        if not str(event.get("userAgent", "")).startswith(AGENT):
-            continue
-        if event.get("stage") != "ResponseComplete" or event.get("verb") not in WRITES:
-            continue
-        if not since <= _seconds(event.get("requestReceivedTimestamp", "")) < until:
+    for event in _ours(events, since, until):
+        if event.get("verb") not in WRITES:
             continue
         ref, body = event.get("objectRef") or {}, event.get("requestObject") or {}
         if ref.get("resource") == "events":

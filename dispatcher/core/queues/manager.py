@@ -140,9 +140,7 @@ class QueueManager:
         if not line.keys:
             del self._lines[name]
         elif was_first and not changing:
-            parked = self._parked.get(line.keys[0][2])
-            if parked is not None and parked.bucket:
-                self._wake_key(line.keys[0][2])
+            self._wake_if_asking(line.keys[0][2])
         return workload
 
     def park(self, key: str, wake: Wake, *, root: str = "", starving: bool = False) -> None:
@@ -229,9 +227,7 @@ class QueueManager:
         heap = self._starving
         while heap and heap[0][0] < before:
             _, key = heapq.heappop(heap)
-            parked = self._parked.get(key)
-            if parked is not None and parked.bucket:
-                self._wake_key(key)
+            self._wake_if_asking(key)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -307,6 +303,13 @@ class QueueManager:
     def _wake_first(self, line: Line, bucket: tuple[object, ...]) -> None:
         keys = line.buckets[bucket]
         self._wake_key(keys[0][2])
+
+    def _wake_if_asking(self, key: str) -> None:
+        """Wake `key` if it is parked by its own question (one parked behind a StrictFIFO
+        head waits for that head to go)."""
+        parked = self._parked.get(key)
+        if parked is not None and parked.bucket:
+            self._wake_key(key)
 
     def _wake_key(self, key: str) -> None:
         parked = self._parked.pop(key)
