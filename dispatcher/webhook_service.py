@@ -157,8 +157,12 @@ class WebhookService:
             mutate=registered_only(registration, admission.mutate),
             validate=admission.validate,
             client_auth=client_auth,
-            max_in_flight=settings.max_in_flight,
-            queue_seconds=settings.queue_seconds,
+            limits=webhook.Limits(
+                max_in_flight=settings.max_in_flight,
+                conversion_max_in_flight=settings.conversion_max_in_flight,
+                queue_seconds=settings.queue_seconds,
+                read_seconds=settings.read_seconds,
+            ),
         )
         tasks = [self._task(certs.run(), "webhook-certs")]
         try:

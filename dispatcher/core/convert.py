@@ -14,9 +14,12 @@ What each generation expresses natively:
 - v1beta1 only: everything else in `spec` (priority, schedulingSpec, custompodresources,
   completionstatus, MCAD's legacy fields...). In v1beta2 it is kept, as JSON, in the
   annotation `V1BETA1_FIELDS`, and restored from it;
-- v1beta2 only: `spec.managedBy`, and a status written in v1beta2 by someone else than the
-  dispatcher. In v1beta1 they are kept in the annotation `V1BETA2_FIELDS`;
-- status: the dispatcher writes status in v1beta1 only. The v1beta2 status is the v1beta1
+- v1beta2 only: `spec.managedBy` and spec fields this dispatcher does not know. In v1beta1
+  they are kept in the annotation `V1BETA2_FIELDS`;
+- status: the dispatcher writes status in v1beta1 only, and it is never taken from anywhere
+  but the stored status (the status subresource): not from an annotation, not from a status
+  written in v1beta2 (a v1beta2 status with nothing of v1beta1's in it is dropped on the way
+  to storage). The v1beta2 status is the v1beta1
   one, every field of it, plus what v1beta2 adds (`phase`, `resettingCount`,
   `componentStatus` once the objects are made, and the
   conditions QuotaReserved, ResourcesDeployed, PodsReady, Unhealthy, DeletingResources
@@ -27,6 +30,22 @@ What each generation expresses natively:
   converted* and converts it back, nothing of the v1beta1 status is lost. The derived
   fields are dropped on the way back (they are derived again).
 
+The reserved annotations are the conversion's alone (`RESERVED_ANNOTATIONS`): each direction
+reads the one it wrote for the other (`V1BETA2_FIELDS` in v1beta1, `V1BETA1_FIELDS` in
+v1beta2) and drops every reserved annotation it finds, so a value a user wrote there is never
+a source of anything (the admission webhook refuses one set or changed in v1beta1:
+`reserved_annotation_problems`). A value that is not JSON, not an object, or nested past
+`jsontext.DEEP_DECODE_LIMIT` is dropped, not fatal.
+
+Reading (v1beta1 to v1beta2: every get, list and watch in the preferred version) never fails:
+a stored object v1beta2 cannot express (say a spec that is not an object, stored under an
+older schema) is shown in a marked form, `spec.components` empty, its whole v1beta1 spec
+kept in `V1BETA1_FIELDS` and the reason in `UNREADABLE` (see `unreadable_v1beta2`), which
+converts back to the same object; one such object never fails a list. Writing (v1beta2 to
+v1beta1) fails with a ConversionError naming the field, which the API server shows the
+writer; it is never an exception of another kind (the webhook turns any into a Failure
+naming the object).
+
 A template stash whose item no longer matches (a v1beta2 edit removed or reordered
 components) is matched by the wrapped object's kind and name, never by position alone, so
 one item's MCAD fields never land on another object.
@@ -34,10 +53,10 @@ one item's MCAD fields never land on another object.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Final
 
+from dispatcher.core import jsontext
 from dispatcher.core.v1beta2status import (
     V1BETA2_CONDITION_TYPES,
     component_status,
@@ -51,7 +70,13 @@ V1BETA1_FIELDS: Final = f"{GROUP}/v1beta1-fields"
 """Annotation on a v1beta2 object: the v1beta1 fields v1beta2 cannot express (JSON)."""
 V1BETA2_FIELDS: Final = f"{GROUP}/v1beta2-fields"
 """Annotation on a v1beta1 object: the v1beta2 fields v1beta1 cannot express (JSON)."""
-RESERVED_ANNOTATIONS: Final = (V1BETA1_FIELDS, V1BETA2_FIELDS)
+UNREADABLE: Final = f"{GROUP}/v1beta2-unreadable"
+"""Annotation on a v1beta2 view: why this AppWrapper is shown without its components (a
+stored object v1beta2 cannot express); read or change it as v1beta1."""
+RESERVED_ANNOTATIONS: Final = (V1BETA1_FIELDS, V1BETA2_FIELDS, UNREADABLE)
+RAW_SPEC: Final = "$spec"
+"""Key, in a `V1BETA1_FIELDS` stash, of a whole v1beta1 spec kept as it is
+(`unreadable_v1beta2`)."""
 V1BETA2_STATUS_FIELDS: Final = frozenset(
     {"phase", "resettingCount", "retryCount", "componentStatus"}
 )
@@ -66,6 +91,9 @@ OMITTED: Final = "$omitted"
 
 # Fields of a wrapped object both generations carry under the same name.
 SHARED_ITEM_FIELDS: Final = ("podSets", "podSetInfos", "annotations")
+STASH_KEYS: Final = frozenset({"spec", "items", "resources", "GenericItems", OMITTED, RAW_SPEC})
+"""What a stash names itself: a stored spec field of one of these names is kept whole
+(`unreadable_v1beta2`), not mixed in among them."""
 ABSENT: Final = "absent"
 """Marks, in a stash, a v1beta1 field that was absent where v1beta2 requires one
 (`resources`, an item's `generictemplate`)."""
@@ -112,7 +140,29 @@ def convert(obj: Mapping[str, Any], desired: str) -> Obj:
     if source == desired:
         same: Obj = copy_json(dict(obj))
         return same
-    return to_v1beta2(obj) if desired == V1BETA2 else to_v1beta1(obj)
+    if desired == V1BETA1:
+        return to_v1beta1(obj)
+    try:
+        return to_v1beta2(obj)
+    except Exception as exc:  # a read must never fail: see the module docstring
+        return unreadable_v1beta2(obj, exc)
+
+
+def reserved_annotation_problems(
+    obj: Mapping[str, Any], old: Mapping[str, Any] | None, *, in_v1beta2: bool
+) -> list[str]:
+    """What the admission webhook refuses of a request's reserved annotations: set, changed or
+    removed by the user. A request made in v1beta2 reaches the webhook as v1beta1, converted:
+    its reserved annotations are the conversion's writing, not the user's, and pass."""
+    if in_v1beta2:
+        return []
+    now, before = _annotations(dict(obj)), _annotations(dict(old or {}))
+    return [
+        f"metadata.annotations[{key}] is written by the dispatcher's conversion between "
+        "v1beta1 and v1beta2; it cannot be set, changed or removed"
+        for key in RESERVED_ANNOTATIONS
+        if now.get(key) != before.get(key)
+    ]
 
 
 # -- v1beta1 -> v1beta2 ----------------------------------------------------------------------
@@ -122,25 +172,29 @@ def to_v1beta2(obj: Mapping[str, Any]) -> Obj:
     """A v1beta1 AppWrapper as v1beta2 (see the module docstring for what goes where)."""
     out = _copy_top(obj, V1BETA2)
     annotations = _annotations(out)
-    carried = _pop_json(annotations, V1BETA2_FIELDS)
-    spec = copy_json(_mapping(obj.get("spec"), "spec"))
+    carried = _take_reserved(annotations, V1BETA2_FIELDS)
+    spec = copy_json(_stored_mapping(obj, "spec", "spec"))
     stash: Obj = {} if "spec" in obj else {"spec": ABSENT}
     new_spec: Obj = {}
+    if isinstance(carried.get("spec"), Mapping):
+        # v1beta2 fields this dispatcher does not know; never those v1beta1 holds itself.
+        new_spec.update(
+            (k, v) for k, v in carried["spec"].items() if k not in ("components", "suspend")
+        )
+    new_spec.pop("managedBy", None)
     if "suspend" in spec:
         new_spec["suspend"] = spec.pop("suspend")
     if "managedBy" in carried:
         new_spec["managedBy"] = carried["managedBy"]
-    if isinstance(carried.get("spec"), Mapping):
-        new_spec.update(carried["spec"])
     if "resources" not in spec:
         stash["resources"] = ABSENT
         new_spec["components"] = []
     else:
-        resources = _mapping(spec.pop("resources"), "spec.resources")
-        items = resources.pop("GenericItems", None)
-        if items is None:
+        resources = _stored_mapping(spec, "resources", "spec.resources")
+        del spec["resources"]
+        if "GenericItems" not in resources:
             stash["GenericItems"] = ABSENT
-            items = []
+        items = resources.pop("GenericItems", [])
         if not isinstance(items, list):
             raise ConversionError("spec.resources.GenericItems: not a list")
         components, item_stash = _components(items)
@@ -149,25 +203,54 @@ def to_v1beta2(obj: Mapping[str, Any]) -> Obj:
             stash["items"] = item_stash
         if resources:
             stash["resources"] = resources
+    taken = STASH_KEYS & set(spec)
+    if taken:
+        raise ConversionError(f"spec.{sorted(taken)[0]}: a field name the conversion reserves")
     stash.update(spec)  # what is left of spec is v1beta1's alone
     if stash:
-        text = _dump(stash)
-        if _annotations_size(annotations) + len(V1BETA1_FIELDS) + _size(text) > ANNOTATIONS_LIMIT:
-            text = _dump({OMITTED: _size(text)})
-        annotations[V1BETA1_FIELDS] = text
+        _stash(annotations, stash)
     _set_annotations(out, annotations)
     out["spec"] = new_spec
+    # The stored status alone (never `carried`): see the module docstring.
     status = obj.get("status")
     if isinstance(status, Mapping) and status:
         out["status"] = _v1beta2_status(status, obj.get("spec"))
         made = component_status(new_spec["components"], status, seed=_seed(obj))
         if made:
             out["status"]["componentStatus"] = made
-    elif "status" in carried:
-        out["status"] = carried["status"]
     elif "status" in obj:
         out["status"] = copy_json(status)
     return out
+
+
+def unreadable_v1beta2(obj: Mapping[str, Any], cause: Exception) -> Obj:
+    """The marked v1beta2 view of a stored v1beta1 object `to_v1beta2` could not express:
+    listable and readable (metadata, status), no components, the whole v1beta1 spec kept as it
+    is in `V1BETA1_FIELDS` (so `to_v1beta1` gives back the same object: a deletion or a label
+    made in v1beta2 loses nothing), and why in `UNREADABLE`."""
+    out = _copy_top(obj, V1BETA2)
+    annotations = _annotations(out)
+    _take_reserved(annotations, V1BETA2_FIELDS)
+    _stash(annotations, {RAW_SPEC: copy_json(obj["spec"])} if "spec" in obj else {"spec": ABSENT})
+    annotations[UNREADABLE] = (
+        f"this AppWrapper cannot be shown in v1beta2 ({str(cause)[:200]}); read or change it "
+        "as v1beta1 (appwrappers.v1beta1.workload.codeflare.dev)"
+    )
+    _set_annotations(out, annotations)
+    out["spec"] = {"components": []}
+    status = obj.get("status")
+    if isinstance(status, Mapping):
+        out["status"] = copy_json(dict(status))
+    return out
+
+
+def _stash(annotations: dict[str, str], stash: Obj) -> None:
+    """Write `stash` into `V1BETA1_FIELDS`, or where the annotations could not hold it, its
+    size under `OMITTED`."""
+    text = _dump(stash)
+    if _annotations_size(annotations) + len(V1BETA1_FIELDS) + _size(text) > ANNOTATIONS_LIMIT:
+        text = _dump({OMITTED: _size(text)})
+    annotations[V1BETA1_FIELDS] = text
 
 
 def _seed(obj: Mapping[str, Any]) -> str:
@@ -181,7 +264,11 @@ def _components(items: list[Any]) -> tuple[list[Obj], list[Obj]]:
     components: list[Obj] = []
     stashes: list[Obj] = []
     for index, raw in enumerate(items):
-        item = dict(_mapping(raw, f"spec.resources.GenericItems[{index}]"))
+        if not isinstance(raw, Mapping) or "$ref" in raw:
+            raise ConversionError(
+                f"spec.resources.GenericItems[{index}]: not an object without a field $ref"
+            )
+        item = dict(raw)
         component: Obj = {}
         if "generictemplate" in item:
             component["template"] = item.pop("generictemplate")
@@ -205,7 +292,7 @@ def to_v1beta1(obj: Mapping[str, Any]) -> Obj:
     """A v1beta2 AppWrapper as v1beta1 (see the module docstring for what goes where)."""
     out = _copy_top(obj, V1BETA1)
     annotations = _annotations(out)
-    stash = _pop_json(annotations, V1BETA1_FIELDS)
+    stash = _take_reserved(annotations, V1BETA1_FIELDS)
     if OMITTED in stash:
         raise ConversionError(
             f"metadata.annotations[{V1BETA1_FIELDS}]: this AppWrapper's v1beta1 fields "
@@ -214,6 +301,8 @@ def to_v1beta1(obj: Mapping[str, Any]) -> Obj:
             "v1beta1 (appwrappers.v1beta1.workload.codeflare.dev)"
         )
     spec = copy_json(_mapping(obj.get("spec"), "spec"))
+    if RAW_SPEC in stash:
+        return _from_unreadable(obj, out, annotations, stash[RAW_SPEC])
     carried: Obj = {}
     if "managedBy" in spec:
         carried["managedBy"] = spec.pop("managedBy")
@@ -240,18 +329,37 @@ def to_v1beta1(obj: Mapping[str, Any]) -> Obj:
         new_spec["resources"] = resources
     if new_spec or not spec_absent:
         out["spec"] = new_spec
+    _set_v1beta1_status(out, obj)
+    if carried:
+        annotations[V1BETA2_FIELDS] = _dump(carried)
+    _set_annotations(out, annotations)
+    return out
+
+
+def _set_v1beta1_status(out: Obj, obj: Mapping[str, Any]) -> None:
+    """The v1beta1 part of `obj`'s status (what the dispatcher wrote), nothing else: a status
+    with nothing of v1beta1's in it is dropped, never kept for later (see the docstring)."""
     status = obj.get("status")
     own = _v1beta1_status(status) if isinstance(status, Mapping) else {}
     if own:
         out["status"] = own
-    elif isinstance(status, Mapping) and status:
-        # Written in v1beta2 by another writer than the dispatcher: kept until the
-        # dispatcher writes a status of its own.
-        carried["status"] = copy_json(dict(status))
-    elif "status" in obj:
-        out["status"] = copy_json(status)
-    if carried:
-        annotations[V1BETA2_FIELDS] = _dump(carried)
+    elif "status" in obj and not (isinstance(status, Mapping) and status):
+        out["status"] = copy_json(status)  # empty, or not an object: as it is
+
+
+def _from_unreadable(
+    obj: Mapping[str, Any], out: Obj, annotations: dict[str, str], spec: Any
+) -> Obj:
+    """The v1beta1 object an `unreadable_v1beta2` view was made of: its spec as kept. A change
+    of the components made in v1beta2 cannot be applied to it."""
+    if (_mapping(obj.get("spec"), "spec")).get("components"):
+        raise ConversionError(
+            f"metadata.annotations[{UNREADABLE}]: this AppWrapper cannot be shown in v1beta2, "
+            "so its components cannot be changed there: change it as v1beta1 "
+            "(appwrappers.v1beta1.workload.codeflare.dev)"
+        )
+    out["spec"] = copy_json(spec)
+    _set_v1beta1_status(out, obj)
     _set_annotations(out, annotations)
     return out
 
@@ -344,21 +452,21 @@ def _set_annotations(obj: Obj, annotations: dict[str, str]) -> None:
         del metadata["annotations"]
 
 
-def _pop_json(annotations: dict[str, str], key: str) -> Obj:
-    """The JSON object a conversion wrote under `key`, taken out of `annotations`. Anything
-    else found there (written by hand) is left where it is, as any annotation: a conversion
-    that failed on it would make every list of the namespace fail in the other version."""
+def _take_reserved(annotations: dict[str, str], key: str) -> Obj:
+    """The JSON object a conversion wrote under `key` (one of the reserved annotations), and
+    every reserved annotation taken out of `annotations`. A value that is not a JSON object
+    (written by hand; or past any depth `jsontext` reads) is dropped: a conversion that
+    failed on it would make every list of the namespace fail in the other version."""
     text = annotations.get(key)
+    for reserved in RESERVED_ANNOTATIONS:
+        annotations.pop(reserved, None)
     if text is None:
         return {}
     try:
-        value = json.loads(text)
+        value = jsontext.loads(text)
     except ValueError:
         return {}
-    if not isinstance(value, dict):
-        return {}
-    del annotations[key]
-    return value
+    return value if isinstance(value, dict) else {}
 
 
 def _size(text: str) -> int:
@@ -370,7 +478,19 @@ def _annotations_size(annotations: Mapping[str, str]) -> int:
 
 
 def _dump(value: Obj) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return jsontext.dumps(value, sort_keys=True)
+
+
+def _stored_mapping(parent: Mapping[str, Any], key: str, where: str) -> Obj:
+    """`parent[key]`, which must be an object where present: a stored null or other value
+    cannot be told apart from an absent one in v1beta2, so it is not converted but kept
+    (`unreadable_v1beta2`)."""
+    if key not in parent:
+        return {}
+    value = parent[key]
+    if not isinstance(value, Mapping):
+        raise ConversionError(f"{where}: not an object")
+    return dict(value)
 
 
 def _mapping(value: Any, where: str) -> Obj:

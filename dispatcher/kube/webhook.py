@@ -6,9 +6,15 @@ What to answer is decided by the handlers it is given (dispatcher.controller.gat
 module only speaks the protocol, checks who calls (`ClientAuth`: the API server's client
 certificate) and bounds how many requests are handled at once. Conversions are answered
 by dispatcher.core.convert, pure functions of the objects sent, to any caller: the API
-server presents no client certificate to conversion webhooks (only admission webhooks get
-one, from the AdmissionConfiguration), and a conversion reads nothing and signs nothing.
-Every replica serves it, leader or not: the API server may call any of them.
+server presents no client certificate to conversion webhooks (its conversion client is made
+with no kubeconfig: only admission webhooks get one, from the AdmissionConfiguration;
+tests/e2e/test_conversion_boundary.py shows it), and a conversion reads nothing, signs
+nothing and never takes a status from what it is sent. Every replica serves it, leader or
+not: the API server may call any of them.
+
+Admission and conversion each have turns of their own (`Limits`), so a flood of one never
+refuses the other; and a body is read, within `Limits.read_seconds` and MAX_BODY_BYTES,
+before any turn is taken, so a slow sender holds no turn.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import asyncio
 import os
 import ssl
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -28,7 +35,7 @@ from cryptography.x509.oid import NameOID
 
 from dispatcher.core import crdcheck
 from dispatcher.core.convert import ConversionError, convert
-from dispatcher.kube.jsoncodec import decode
+from dispatcher.kube.jsoncodec import decode, encode
 
 MUTATE_PATH = "/mutate-appwrapper"
 VALIDATE_PATH = "/validate-appwrapper"
@@ -38,6 +45,20 @@ MAX_BODY_BYTES = 8 * 2**20
 oldObject) plus JSON overhead."""
 
 Handler = Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one replica's webhook takes on at once (webhook settings of the same names)."""
+
+    max_in_flight: int = 32
+    """Admission reviews handled at once."""
+    conversion_max_in_flight: int = 16
+    """Conversion reviews handled at once, apart from the admission reviews' turns."""
+    queue_seconds: float = 2.0
+    """How long a review waits for a turn (or to be read) before it is refused (429)."""
+    read_seconds: float = 5.0
+    """How long reading one body may take; a slower sender gets 408."""
 
 
 def certificate_names(cert: x509.Certificate) -> set[str]:
@@ -140,57 +161,124 @@ def review_answer(request: Mapping[str, Any], response: dict[str, Any]) -> dict[
     }
 
 
-class _Reviews:
-    """The endpoints' answers: the caller checked (with `client_auth`), at most
-    `max_in_flight` reviews read and handled at once, one that waited `queue_seconds` for its
-    turn refused (429), and an answer whatever happens."""
+class _Turns:
+    """At most `size` holders at once; one that waited `seconds` for its turn is refused."""
 
-    def __init__(
-        self, *, client_auth: ClientAuth | None, max_in_flight: int, queue_seconds: float
-    ) -> None:
-        self._client_auth = client_auth
-        self._max_in_flight = max_in_flight
-        self._queue_seconds = queue_seconds
-        self._turns = asyncio.Semaphore(max_in_flight)
-        self._log = structlog.get_logger("webhook")
+    def __init__(self, size: int, seconds: float) -> None:
+        self.size = size
+        self._seconds = seconds
+        self._free = asyncio.Semaphore(size)
 
-    async def _in_turn(
-        self, path: str, busy: str, answer: Callable[[], Awaitable[web.Response]]
-    ) -> web.Response:
+    async def take(self) -> bool:
         try:
             # Not wait_for: on Python 3.11 it can lose a cancellation or a turn taken as
             # the time runs out.
-            async with asyncio.timeout(self._queue_seconds):
-                await self._turns.acquire()
+            async with asyncio.timeout(self._seconds):
+                await self._free.acquire()
         except TimeoutError:
-            self._log.warning("webhook_busy", path=path, in_flight=self._max_in_flight)
-            return status_response(429, "TooManyRequests", busy)
+            return False
+        return True
+
+    def give_back(self) -> None:
+        self._free.release()
+
+
+class _Endpoint:
+    """One kind of review (admission or conversion): its bodies read at most `2 * size` at
+    once, each within `read_seconds`, before one of its `size` turns to be answered is taken."""
+
+    def __init__(self, name: str, size: int, limits: Limits, busy: str) -> None:
+        self.name = name
+        self._reading = _Turns(2 * size, limits.queue_seconds)
+        self._answering = _Turns(size, limits.queue_seconds)
+        self._read_seconds = limits.read_seconds
+        self._busy = busy
+        self._log = structlog.get_logger("webhook")
+
+    async def answer(
+        self, request: web.Request, respond: Callable[[bytes], Awaitable[web.Response]]
+    ) -> web.Response:
+        if not await self._reading.take():
+            return self._refused(request.path, self._reading.size)
         try:
-            return await answer()
+            body = await self._read(request)
         finally:
-            self._turns.release()
+            self._reading.give_back()
+        if isinstance(body, web.Response):
+            return body
+        if not await self._answering.take():
+            return self._refused(request.path, self._answering.size)
+        try:
+            return await respond(body)
+        finally:
+            self._answering.give_back()
+
+    async def _read(self, request: web.Request) -> bytes | web.Response:
+        if (request.content_length or 0) > MAX_BODY_BYTES:
+            return _too_large()
+        try:
+            async with asyncio.timeout(self._read_seconds):
+                return await request.read()
+        except TimeoutError:
+            self._log.warning("webhook_slow_body", path=request.path, seconds=self._read_seconds)
+            return status_response(
+                408, "Timeout", f"the request body took longer than {self._read_seconds} s"
+            )
+        except web.HTTPRequestEntityTooLarge:
+            return _too_large()
+
+    def _refused(self, path: str, in_flight: int) -> web.Response:
+        self._log.warning("webhook_busy", path=path, endpoint=self.name, in_flight=in_flight)
+        return status_response(429, "TooManyRequests", self._busy)
+
+
+def _too_large() -> web.Response:
+    return status_response(
+        413, "RequestEntityTooLarge", f"the body is larger than {MAX_BODY_BYTES} bytes"
+    )
+
+
+class _Reviews:
+    """The endpoints' answers: the caller checked (with `client_auth`, admission only: the API
+    server presents no certificate for conversions), each endpoint within its own `Limits`,
+    and an answer whatever happens."""
+
+    def __init__(self, *, client_auth: ClientAuth | None, limits: Limits) -> None:
+        self._client_auth = client_auth
+        self._admission = _Endpoint(
+            "admission",
+            limits.max_in_flight,
+            limits,
+            f"the dispatcher is answering {limits.max_in_flight} admission requests at once "
+            "(webhook.max_in_flight); try again",
+        )
+        self._conversion = _Endpoint(
+            "conversion",
+            limits.conversion_max_in_flight,
+            limits,
+            f"the dispatcher is answering {limits.conversion_max_in_flight} conversion "
+            "requests at once (webhook.conversion_max_in_flight); try again",
+        )
+        self._log = structlog.get_logger("webhook")
 
     def admission(
         self, handler: Handler, path: str
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
-        busy = (
-            f"the dispatcher is answering {self._max_in_flight} admission requests at once "
-            "(webhook.max_in_flight); try again"
-        )
-
         async def answer(request: web.Request) -> web.Response:
             if self._client_auth is not None:
                 refused = self._client_auth.problem(peer_certificate(request))
                 if refused:
                     self._log.warning("webhook_caller_refused", path=path, reason=refused)
                     return status_response(403, "Forbidden", refused)
-            return await self._in_turn(path, busy, lambda: self._review(request, handler, path))
+            return await self._admission.answer(
+                request, lambda body: self._review(body, handler, path)
+            )
 
         return answer
 
-    async def _review(self, request: web.Request, handler: Handler, path: str) -> web.Response:
+    async def _review(self, body: bytes, handler: Handler, path: str) -> web.Response:
         try:
-            review, inner = _read_review(await request.read())
+            review, inner = _read_review(body)
         except (ValueError, KeyError, TypeError) as exc:
             return web.Response(status=400, text=f"not an AdmissionReview: {exc}\n")
         try:
@@ -209,21 +297,20 @@ class _Reviews:
 
     async def conversion(self, request: web.Request) -> web.Response:
         # No client certificate: the API server presents none to conversion webhooks.
-        busy = "the dispatcher is busy; try again"
-        return await self._in_turn(CONVERT_PATH, busy, lambda: self._convert(request))
+        return await self._conversion.answer(request, self._convert)
 
-    async def _convert(self, request: web.Request) -> web.Response:
+    async def _convert(self, body: bytes) -> web.Response:
         try:
-            review, inner = _read_review(await request.read())
+            review, inner = _read_review(body)
         except (ValueError, KeyError, TypeError) as exc:
             return web.Response(status=400, text=f"not a ConversionReview: {exc}\n")
-        return web.json_response(
-            {
-                "apiVersion": str(review.get("apiVersion") or "apiextensions.k8s.io/v1"),
-                "kind": "ConversionReview",
-                "response": conversion_response(inner),
-            }
-        )
+        answer = {
+            "apiVersion": str(review.get("apiVersion") or "apiextensions.k8s.io/v1"),
+            "kind": "ConversionReview",
+            "response": conversion_response(inner),
+        }
+        # encode, not json_response: an object may be nested past the json module's reach.
+        return web.Response(body=encode(answer), content_type="application/json")
 
 
 def _read_review(body: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -244,16 +331,12 @@ async def serve(
     mutate: Handler,
     validate: Handler,
     client_auth: ClientAuth | None = None,
-    max_in_flight: int = 32,
-    queue_seconds: float = 2.0,
+    limits: Limits = Limits(),
 ) -> tuple[web.AppRunner, int]:
     """Start serving; returns the runner (call `cleanup()` to stop) and the port bound
-    (`port` 0 picks a free one). With `client_auth`, only callers it accepts are answered.
-    At most `max_in_flight` reviews are read and handled at once; one that waited
-    `queue_seconds` for its turn is refused (429)."""
-    reviews = _Reviews(
-        client_auth=client_auth, max_in_flight=max_in_flight, queue_seconds=queue_seconds
-    )
+    (`port` 0 picks a free one). With `client_auth`, only callers it accepts get an
+    admission answer. What is handled at once, and how long a body may take: `limits`."""
+    reviews = _Reviews(client_auth=client_auth, limits=limits)
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -287,15 +370,17 @@ def conversion_response(request: Mapping[str, Any]) -> dict[str, Any]:
             if not isinstance(obj, dict):
                 raise ConversionError("not an object")
             converted.append(convert(obj, desired))
-        except ConversionError as exc:
+        except Exception as exc:  # a Failure naming the object, whatever it was: never a 500
             metadata = obj.get("metadata") if isinstance(obj, dict) else None
-            name = f"{(metadata or {}).get('namespace')}/{(metadata or {}).get('name')}"
+            metadata = metadata if isinstance(metadata, dict) else {}
+            name = f"{metadata.get('namespace')}/{metadata.get('name')}"
+            why = str(exc) if isinstance(exc, ConversionError) else f"cannot be converted ({exc!r})"
             structlog.get_logger("webhook").warning(
-                "conversion_refused", appwrapper=name, desired=desired, error=str(exc)
+                "conversion_refused", appwrapper=name, desired=desired, error=why[:500]
             )
             return {
                 "uid": request.get("uid", ""),
-                "result": {"status": "Failure", "message": f"AppWrapper {name}: {exc}"},
+                "result": {"status": "Failure", "message": f"AppWrapper {name}: {why[:2000]}"},
             }
     return {
         "uid": request.get("uid", ""),

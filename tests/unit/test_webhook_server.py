@@ -260,8 +260,7 @@ async def test_requests_beyond_the_cap_wait_then_are_refused() -> None:
         ssl_context=server,
         mutate=slow,
         validate=slow,
-        max_in_flight=1,
-        queue_seconds=0.2,
+        limits=webhook.Limits(max_in_flight=1, queue_seconds=0.2),
     )
     base = f"https://127.0.0.1:{port}"
     try:
