@@ -21,6 +21,11 @@ by `core.admissionchecks.verdict`; this module reads and writes:
 - the requests are read from that watch's cache (indexed by the AppWrapper's uid), not by a
   GET per reconcile; until it has synced, by a list. One just created and not in the cache
   yet is remembered (`_made`) so that the next reconcile does not make it again;
+- a request counts for an AppWrapper only if it is in its namespace, has the name its uid,
+  check and attempt fix, and a controller reference to its uid (`core.admissionchecks.
+  foreign`): the labels are anyone's to write, so one a tenant made, in any namespace,
+  with a victim's uid label is ignored (logged at debug), never followed; one squatting the
+  name of the next attempt is named in the check's message;
 - an AppWrapper whose checks all passed but which is not placed within
   `provisioning.fit_timeout_seconds` (other work took the nodes made for it) gives its
   booking up as for an expired one, and asks again; that is never a refusal, so it never
@@ -156,6 +161,26 @@ class Provisioning:
         running (a restart, a new leader) gave the gang no chance to be placed."""
         self._log = structlog.get_logger("provisioning")
 
+    def _foreign(self, obj: Obj, namespace: str, uid: str) -> str:
+        """Why `obj` is no request of the AppWrapper `uid` of `namespace` ("" = it is one);
+        logged at debug, as anyone may make such objects."""
+        why = checks.foreign(obj, namespace=namespace, uid=uid)
+        if why:
+            meta = obj.get("metadata") or {}
+            self._log.debug(
+                "provisioning_request_ignored",
+                request=f"{meta.get('namespace')}/{meta.get('name')}",
+                appwrapper_uid=uid,
+                reason=why,
+            )
+        return why
+
+    def _unindex(self, uid: str, key: str) -> None:
+        keys = self._by_uid.get(uid, set())
+        keys.discard(key)
+        if not keys:
+            self._by_uid.pop(uid, None)
+
     def _on_request(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         obj = new if new is not None else old
         if obj is None:
@@ -163,16 +188,18 @@ class Provisioning:
         meta = obj.get("metadata") or {}
         uid = _uid_of(obj)
         key = f"{meta.get('namespace')}/{meta.get('name')}"
-        if uid and new is not None:
+        if old is not None and _uid_of(old) != uid:
+            self._unindex(_uid_of(old), key)  # relabelled
+        if self._foreign(obj, str(meta.get("namespace")), uid):
+            self._unindex(uid, key)
+            return  # not the dispatcher's: it wakes and settles nothing
+        if new is None:
+            self._unindex(uid, key)
+        else:
             self._by_uid.setdefault(uid, set()).add(key)
-        elif uid:
-            keys = self._by_uid.get(uid, set())
-            keys.discard(key)
-            if not keys:
-                self._by_uid.pop(uid, None)
         made = self._made.get(uid)
         if made is not None:
-            made.pop(str(meta.get("name")), None)
+            made.pop(str(meta.get("name")), None)  # same name and owner uid: same namespace
             if not made:
                 del self._made[uid]
         for owner in meta.get("ownerReferences") or []:
@@ -181,14 +208,19 @@ class Provisioning:
 
     async def _requests_of(self, namespace: str, uid: str) -> list[Obj]:
         """The AppWrapper's requests: from the watch's cache once it has synced (with those
-        made here that it has not shown yet), else by a list."""
+        made here that it has not shown yet), else by a list. Only its own count."""
         if not self.requests.synced.is_set():
             listed = await self._hub.list(
                 REQUESTS, namespace, query={"labelSelector": f"{checks.UID_LABEL}={uid}"}
             )
-            return list(listed.get("items") or [])
+            items = listed.get("items") or []
+            return [r for r in items if not self._foreign(r, namespace, uid)]
         store = self.requests.store
-        found = [store[k] for k in self._by_uid.get(uid, ()) if k in store]
+        found = [
+            store[k]
+            for k in self._by_uid.get(uid, ())
+            if k in store and not self._foreign(store[k], namespace, uid)
+        ]
         made = self._made.get(uid)
         if made:
             known = {r["metadata"]["name"] for r in found}
@@ -287,15 +319,10 @@ class Provisioning:
         if current is None:
             if not reserved:
                 return None  # ready, then given back: a later reservation makes the next one
-            await self._create(
+            said = await self._create(
                 aw, name, attempt + 1, setting.provisioning_class, setting.parameters, reservation
             )
-            await self._mark(
-                aw,
-                name,
-                Reason.CHECK_PENDING,
-                f"attempt {attempt + 1} created, waiting for the provisioner",
-            )
+            await self._mark(aw, name, Reason.CHECK_PENDING, said)
             return self._config.poll_seconds
         verdict = checks.verdict(
             current,
@@ -345,13 +372,8 @@ class Provisioning:
             if verdict.after > 0:
                 await self._mark(aw, name, Reason.CHECK_RETRY, verdict.message)
                 return min(verdict.after, 60.0)
-            await self._create(aw, name, attempt + 1, klass, parameters, reservation)
-            await self._mark(
-                aw,
-                name,
-                Reason.CHECK_PENDING,
-                f"attempt {attempt + 1} created, waiting for the provisioner",
-            )
+            said = await self._create(aw, name, attempt + 1, klass, parameters, reservation)
+            await self._mark(aw, name, Reason.CHECK_PENDING, said)
             return poll
         if verdict.step is Step.FAIL:
             await self._write(
@@ -389,12 +411,14 @@ class Provisioning:
         klass: str,
         parameters: Mapping[str, str],
         reservation: str,
-    ) -> None:
+    ) -> str:
+        """Make attempt `attempt`'s templates and request; what its check should say."""
         namespace = aw.metadata.namespace or ""
+        said = f"attempt {attempt} created, waiting for the provisioner"
         moment = datetime.fromtimestamp(self._clock.time(), UTC)
         workload = self._reader.workload(aw, priority=0, now=moment)
         if not isinstance(workload, Workload):
-            return  # its spec is the reconciler's to report
+            return said  # its spec is the reconciler's to report
         admission = aw.status.admission if aw.status is not None else None
         if admission is not None:
             # The nodes asked for must be those its flavors' node labels and taints select.
@@ -435,7 +459,33 @@ class Provisioning:
                 request=request["metadata"]["name"],
             )
         except AlreadyExists:
-            pass
+            return await self._taken(aw, request["metadata"]["name"]) or said
+        return said
+
+    async def _taken(self, aw: AppWrapper, name: str) -> str:
+        """Why the request `name` that exists is not the AppWrapper's ("" = it is: made
+        before a crash, or its create's answer was lost). Another's of that name (made by
+        someone who may create requests in this namespace) holds the attempt back: said,
+        never followed; the AppWrapper waits until it is gone."""
+        namespace = aw.metadata.namespace or ""
+        uid = aw.metadata.uid or ""
+        try:
+            found = await self._hub.get(REQUESTS, namespace, name)
+        except KubeError:
+            return ""  # gone again, or unreadable: the next look decides
+        why = self._foreign(found, namespace, uid)
+        if not why:
+            return ""
+        self._log.warning(
+            "provisioning_request_name_taken",
+            appwrapper=f"{namespace}/{aw.metadata.name}",
+            request=name,
+            reason=why,
+        )
+        return (
+            f"ProvisioningRequest {name} exists but was not made by the dispatcher for this"
+            f" AppWrapper ({why}): delete it to let the check go on"
+        )
 
     async def _mark(self, aw: AppWrapper, name: str, reason: Reason, message: str) -> None:
         await self._write(

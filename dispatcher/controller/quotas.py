@@ -107,6 +107,7 @@ class Quotas:
             hub=hub, mode=config.kueue_quotas, namespace=config.kueue_namespace, clock=clock
         )
         self._noted: set[str] = set()
+        """The notes on Kueue's objects as they now stand (each logged once while it holds)."""
         self._tree: QuotaTree | None = None
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
@@ -222,8 +223,10 @@ class Quotas:
         setup, notes = with_kueue(setup, self.kueue.objects(), mode)
         for note in notes:
             if note not in self._noted:  # each once: the tree is rebuilt on every change
-                self._noted.add(note)
                 self._log.warning("kueue_quota_note", note=note)
+        # Only what the objects say now is kept: a note goes with its object, so that queues
+        # made and deleted under new names do not grow this without bound.
+        self._noted = set(notes)
         return setup
 
     async def run(self) -> None:

@@ -88,6 +88,48 @@ def template_name(uid: str, check: str, attempt: int, index: int) -> str:
     return f"aw-{uid}-{check}-{attempt}-ps{index}"
 
 
+OWNER_GROUP = "workload.codeflare.dev/"
+"""The apiVersion prefix of the AppWrapper a request's controller reference names."""
+
+
+def foreign(request: Mapping[str, Any], *, namespace: str, uid: str) -> str:
+    """Why `request` is not one the dispatcher made for the AppWrapper `uid` of `namespace`
+    ("" = it is one of its requests).
+
+    Anyone allowed to create ProvisioningRequests may give one any labels, in any namespace
+    they may write to; the uid label alone would let a tenant's request count for another
+    team's AppWrapper (make it abandon its own and ask again, without end). So a request
+    counts only where all of these hold, as the dispatcher writes them (`request_objects`):
+    it is in the AppWrapper's namespace, its labels name the AppWrapper's uid, a check and
+    an attempt, its name is the one those fix, and a controller reference names the
+    AppWrapper's uid."""
+    meta = request.get("metadata") or {}
+    where = meta.get("namespace")
+    if where != namespace:
+        return f"in namespace {where}, not the AppWrapper's ({namespace})"
+    labels = meta.get("labels") or {}
+    if not uid or labels.get(UID_LABEL) != uid:
+        return f"its {UID_LABEL} label is not the AppWrapper's uid"
+    check = labels.get(CHECK_LABEL)
+    attempt = labels.get(ATTEMPT_LABEL)
+    if not isinstance(check, str) or not check:
+        return f"no {CHECK_LABEL} label"
+    if not isinstance(attempt, str) or not attempt.isdigit() or str(int(attempt)) != attempt:
+        return f"its {ATTEMPT_LABEL} label is not a number"
+    wanted = request_name(uid, check, int(attempt))
+    if meta.get("name") != wanted:
+        return f"named {meta.get('name')}, not {wanted}"
+    for owner in meta.get("ownerReferences") or []:
+        if (
+            owner.get("uid") == uid
+            and owner.get("controller") is True
+            and owner.get("kind") == "AppWrapper"
+            and str(owner.get("apiVersion") or "").startswith(OWNER_GROUP)
+        ):
+            return ""
+    return "no controller reference to the AppWrapper"
+
+
 def latest_attempt(requests: Iterable[Mapping[str, Any]], check: str) -> int:
     """The highest attempt of `check` among the AppWrapper's requests (0: none yet)."""
     best = 0

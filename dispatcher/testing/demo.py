@@ -313,6 +313,7 @@ async def _queues_act(cluster: LocalCluster) -> bool:
     RayClusters of 2 CPU each, one at a time; prod preempts the running dev one."""
     _say("Quotas: a queue of 2 CPU, 8G and 1 GPU; prod-priority preempts dev-priority")
     cluster.kubectl("create", "namespace", TEAM)
+    await _show(cluster, "label", "namespace", TEAM, "team=ml")  # the queue admits it
     await _show(cluster, "apply", "-n", TEAM, "-f", str(QUEUES / "setup.yaml"))
     active = "jsonpath={.status.conditions[?(@.type=='Active')].status}"
     ok = await _wait_value(cluster, "True", "clusterappqueue", CLUSTER_QUEUE, "-o", active)
@@ -353,6 +354,7 @@ async def _autoscaling_act(cluster: LocalCluster, provisioner: TestProvisioner) 
     the provisioner (3 s, then KWOK nodes) says Provisioned, and it is dispatched there."""
     _say("Autoscaling: a RayCluster whose workers need 4 GPUs each; no node has more than 2")
     cluster.kubectl("create", "namespace", GROW)
+    await _show(cluster, "label", "namespace", GROW, "team=ml")  # the queue admits it
     await _show(cluster, "apply", "-n", GROW, "-f", str(AUTOSCALING / "setup.yaml"))
     started = time.monotonic()
     await _show(cluster, "apply", "-n", GROW, "-f", str(AUTOSCALING / "ray-big.yaml"))

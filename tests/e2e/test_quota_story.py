@@ -244,6 +244,7 @@ async def test_prod_preempts_dev_in_a_full_queue_and_the_dev_ones_resume_one_at_
     run_dispatcher: StartDispatcher,
 ) -> None:
     fake_nodes.add("big", cpu="16", memory="64Gi", gpu=4)
+    await cluster.akubectl("label", "namespace", namespace, "team=ml")  # the sample's selector
     await cluster.akubectl("apply", "-n", namespace, "-f", str(SETUP))
     assert priority_classes == ["prod-priority", "dev-priority"]
     async with QueueHolders(cluster, namespace) as holders:
