@@ -207,6 +207,7 @@ class SchedulerCache:
         """Keys that hold room in a member (dispatched, or a dispatch assumed), in order."""
         self._evicted: set[str] = set()
         """Keys whose status records an eviction (their preemptor's claim)."""
+        self._by_uid: dict[str, str] = {}  # uid -> key (for `preemptedBy`: `_claims`)
         self._seen: tuple[dict[str, ClusterSnapshot], dict[str, Claim]] = ({}, {})
         """The last cycle's member snapshots and claims: capacity-parked work is woken
         when room may have been freed since (`_freed`)."""
@@ -218,9 +219,10 @@ class SchedulerCache:
         if obj is None:
             self._queued.discard(key)
             self._evicted.discard(key)
-            gone = self._entries.pop(key, None) is not None
+            left = self._entries.pop(key, None)
+            self._by_uid.pop(left.uid if left is not None else "", None)
             self._dirty.add(key)
-            return Update(decision=gone)
+            return Update(decision=left is not None)
         version = resource_version(obj)
         entry = self._entries.get(key)
         if entry is not None and version < entry.version:
@@ -233,6 +235,8 @@ class SchedulerCache:
         else:
             self._queued.discard(key)
         uid = str(obj["metadata"].get("uid") or "")
+        if uid:
+            self._by_uid[uid] = key
         queue = queue_name_of(obj["metadata"].get("labels"), obj["metadata"].get("annotations"))
         self._dirty.add(key)
         if entry is None:
@@ -581,13 +585,13 @@ class SchedulerCache:
             where = eviction.cluster or self._holding_pods(key, entry.uid) or self._only_member()
             if not where:
                 continue
-            claim = claims.get(eviction.preemptor)
+            # One of another namespace is recorded by uid (`core.mentions.recorded_preemptor`).
+            preemptor = self._by_uid.get(eviction.preemptor, eviction.preemptor)
+            claim = claims.get(preemptor)
             if claim is None:
-                claims[eviction.preemptor] = Claim(where, (key,), eviction.at)
+                claims[preemptor] = Claim(where, (key,), eviction.at)
             elif claim.cluster == where:
-                claims[eviction.preemptor] = Claim(
-                    where, (*claim.victims, key), min(claim.at, eviction.at)
-                )
+                claims[preemptor] = Claim(where, (*claim.victims, key), min(claim.at, eviction.at))
         return claims
 
     def _holding_pods(self, key: str, uid: str) -> str:

@@ -45,6 +45,7 @@ from dispatcher.controller.waiting import WaitingWriter
 from dispatcher.core import checkstatus
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
+from dispatcher.core.mentions import recorded_preemptor
 from dispatcher.core.model import Workload
 from dispatcher.core.phase import Phase
 from dispatcher.core.queues import take
@@ -56,12 +57,12 @@ from dispatcher.core.scheduling import (
     CycleResult,
     HonourClaims,
     LowestPriorityFirst,
-    Preempt,
     PreemptionPolicy,
     Wait,
 )
 from dispatcher.core.scheduling.kept import KeptStates
 from dispatcher.core.scheduling.pooled import anywhere, pooled
+from dispatcher.core.scheduling.preemption import Charged, evicting, why_evicted
 from dispatcher.kube.errors import Conflict, KubeError
 from dispatcher.metrics.recorder import Recorder
 
@@ -294,31 +295,26 @@ class Scheduler:
                 self._status.record(
                     obj,
                     reason="Preempting",
-                    message=f"evicting {', '.join(victims)} in cluster {preempt.cluster}",
+                    message=evicting(preempt.key, victims, preempt.cluster),
                 )
+            uid = str((obj or {}).get("metadata", {}).get("uid") or "")
             for victim in victims:
                 self._cache.start(victim)
-                reason, message = self._why_evicted(victim, preempt, preemptor)
+                held = self._cache.charge_of(victim)
+                reason, message = why_evicted(
+                    victim,
+                    None if held is None else Charged(held.queue, held.priority),
+                    preemptor=preempt.key,
+                    preemptor_uid=uid,
+                    priority=preemptor.priority,
+                    queue=preempt.queue,
+                )
                 self._recorder.preempted(preempt.queue, reason.value)
-                self._spawn(self._evict(victim, preempt.key, message, reason), f"evict-{victim}")
-
-    def _why_evicted(
-        self, victim: str, preempt: Preempt, preemptor: Workload
-    ) -> tuple[Reason, str]:
-        charge = self._cache.charge_of(victim)
-        if charge is not None and preempt.queue and charge.queue != preempt.queue:
-            return Reason.RECLAIMED_WITHIN_COHORT, (
-                f"reclaimed by {preempt.key} for cluster queue {preempt.queue}: cluster queue"
-                f" {charge.queue} was borrowing from the cohort"
-            )
-        if charge is not None and charge.priority >= preemptor.priority:
-            return Reason.PREEMPTED_WITHIN_QUEUE, (
-                f"preempted by {preempt.key}, priority {preemptor.priority}, within cluster"
-                f" queue {charge.queue} (admitted later at the same priority)"
-            )
-        return Reason.PREEMPTED_BY_HIGHER_PRIORITY, (
-            f"preempted by {preempt.key}, priority {preemptor.priority}"
-        )
+                by = recorded_preemptor(preempt.key, uid=uid, victim=victim)
+                self._spawn(
+                    self._evict(victim, preempt.key, message, reason, recorded=by),
+                    f"evict-{victim}",
+                )
 
     def _evictable(self, key: str) -> bool:
         return self._cache.phase(key) is Phase.DISPATCHED and not self._cache.busy(key)
@@ -400,8 +396,11 @@ class Scheduler:
             self._cache.finish(key)
             self.kick()
 
-    async def _evict(self, key: str, preemptor: str, message: str, reason: Reason) -> None:
-        """The eviction is one status write on the victim: Preempted, by whom.
+    async def _evict(
+        self, key: str, preemptor: str, message: str, reason: Reason, *, recorded: str
+    ) -> None:
+        """The eviction is one status write on the victim: Preempted, by whom (`recorded`:
+        `preemptor` as the victim's status may name it, `core.mentions.recorded_preemptor`).
 
         A Conflict means only that something else wrote the victim meanwhile (its pod
         counts, most often): the update is made again on the newest object, as long as the
@@ -415,7 +414,7 @@ class Scheduler:
                 return None
             moment = datetime.fromtimestamp(self._clock.time(), UTC)
             transition = cond.mark_preempting(
-                status, by=preemptor, message=message, now=moment, reason=reason
+                status, by=recorded, message=message, now=moment, reason=reason
             )
             return Change(status, [transition])
 

@@ -31,12 +31,14 @@ import re
 from dataclasses import dataclass
 
 from dispatcher.api.models import Reason
+from dispatcher.core.mentions import OTHER
 
 REWRITE_SECONDS = 10.0
 HEAD_REFRESH_SECONDS = 10.0
 """The head's live message, when only its numbers moved, is rewritten at most this often."""
 
-_NAME = r"[a-z0-9][-a-z0-9.]*/[a-z0-9][-a-z0-9.]*"
+_NAME = rf"(?:[a-z0-9][-a-z0-9.]*/[a-z0-9][-a-z0-9.]*|{re.escape(OTHER)})"
+"""Another AppWrapper as the cycle's messages name it (`core.mentions`)."""
 # (pattern, replacement): the parts of the cycle's messages that name other AppWrappers or
 # carry amounts that move with others' work, and what each says in its owner's terms.
 # The cycle's wording is checked against these by tests/unit/test_waiting.py, which runs

@@ -212,3 +212,48 @@ async def test_highest_priority_waits_only_for_the_eviction(
     assert dispatcher.preemptions == 4
     # Priority 2 was never needed: two CPUs per node can always come from priorities 0 and 1.
     assert not [name for name in preempted if int(name.split("-")[1]) % 3 == 2]
+
+
+async def test_a_victim_of_another_namespace_is_not_told_the_preemptors_name(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
+    """Team B's high-priority AppWrapper preempts team A's: A's owner reads, in `kubectl
+    describe` (conditions, preemptedBy, Events), that another namespace's AppWrapper took
+    the room, with its uid for an administrator, never its name or namespace; B's owner
+    is told one AppWrapper of another namespace was evicted, not which."""
+    other = f"{namespace}-b"
+    cluster.kubectl("delete", "namespace", other, "--ignore-not-found", "--wait=true", timeout=120)
+    cluster.kubectl("create", "namespace", other)
+    try:
+        fake_nodes.add("gpu", cpu="8", memory="32Gi", gpu=1)
+        await run_dispatcher()
+        await apply(
+            cluster,
+            namespace,
+            appwrapper("low", deployment("low", 1, {"cpu": "1", "nvidia.com/gpu": "1"})),
+        )
+        await wait_condition(cluster, namespace, "low", "Running")
+        intruder = appwrapper(
+            "intruder-x7", deployment("intruder-x7", 1, {"cpu": "1", "nvidia.com/gpu": "1"})
+        )
+        intruder["spec"]["priority"] = 1000
+        await apply(cluster, other, intruder)
+        await wait_condition(cluster, namespace, "low", "Preempted", timeout=60)
+        uid = (await get_aw(cluster, other, "intruder-x7"))["metadata"]["uid"]
+
+        async def described() -> str | None:
+            out = (await cluster.akubectl("describe", "aw", "low", "-n", namespace)).stdout
+            return out if "Requeued" in out else None
+
+        text = await async_wait_until(described, timeout=60, what="the victim requeued")
+        assert f"preempted by another namespace's AppWrapper (UID: {uid}), priority 1000" in text
+        assert "intruder" not in text
+        assert f"{other}/" not in text
+        status = (await get_aw(cluster, namespace, "low"))["status"]
+        assert status.get("preemptedBy") in (uid, None)  # None once dispatched again
+        await wait_condition(cluster, other, "intruder-x7", "Running", timeout=60)
+        mine = (await cluster.akubectl("describe", "aw", "intruder-x7", "-n", other)).stdout
+        assert "evicting another namespace's AppWrapper in cluster" in mine
+        assert f"{namespace}/low" not in mine
+    finally:
+        cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)

@@ -27,6 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatcher.api.resources import Resources
+from dispatcher.core.mentions import mention, mention_all
 from dispatcher.core.model import (
     ONE_POD,
     PODS,
@@ -328,7 +329,7 @@ def plain_schedule(
     single = len(clusters) == 1
     states: dict[str, ClusterState] = {}
     ever: dict[tuple[str, str], bool] = {}
-    held: dict[str, str] = {}
+    held: dict[str, tuple[str, str]] = {}  # cluster -> (holder, why), named per reader
     admitted: dict[str, list[Reservation]] = {}
     no_victims: dict[tuple[str, object], int] = {}
     admits, waits, preemptions = [], [], []
@@ -350,7 +351,8 @@ def plain_schedule(
 
     for workload in ordered:
         if blocked is not None:
-            waits.append(Wait(workload.key, f"waiting behind {blocked} (head of line)"))
+            behind = mention(blocked, to=workload.key)
+            waits.append(Wait(workload.key, f"waiting behind {behind} (head of line)"))
             continue
         usable = [c for c in clusters if workload.placement.allows(c)]
         gang = Gang.of(workload.pod_sets)
@@ -365,7 +367,9 @@ def plain_schedule(
                 reasons.append((cluster.name, "unreachable" if fits else tried.reason))
             elif cluster.name in held:
                 short = state(cluster).short_in_total(Gang.of(workload.pod_sets))
-                reasons.append((cluster.name, short.text if short else held[cluster.name]))
+                holder, why = held[cluster.name]
+                said = f"held for {mention(holder, to=workload.key)}{why}"
+                reasons.append((cluster.name, short.text if short else said))
             else:
                 result = try_place(state(cluster), workload.pod_sets)
                 if result.ok:
@@ -428,9 +432,10 @@ def plain_schedule(
                     chosen_preempt = Preempt(workload.key, cluster.name, victims)
         if chosen_preempt is not None:
             preemptions.append(chosen_preempt)
-            held[chosen_preempt.cluster] = f"held for {workload.key}, which is preempting"
+            held[chosen_preempt.cluster] = (workload.key, ", which is preempting")
             where = "" if single else f" in {chosen_preempt.cluster}"
-            message += f"; preempting {', '.join(chosen_preempt.victims)}{where}"
+            victims = mention_all(chosen_preempt.victims, to=workload.key)
+            message += f"; preempting {victims}{where}"
         waits.append(Wait(workload.key, message))
         if mode is QueueMode.STRICT_FIFO:
             if any(could_ever_fit(workload, c) for c in usable):
@@ -440,8 +445,10 @@ def plain_schedule(
                 if could_ever_fit(workload, cluster):
                     held.setdefault(
                         cluster.name,
-                        f"held for {workload.key}, queued longer than {starvation_after:g}s"
-                        " (starvation guard)",
+                        (
+                            workload.key,
+                            f", queued longer than {starvation_after:g}s (starvation guard)",
+                        ),
                     )
     return CycleResult(tuple(admits), tuple(waits), tuple(preemptions), head_key)
 

@@ -28,6 +28,7 @@ from functools import partial
 from itertools import chain
 
 from dispatcher.api.models import Reason
+from dispatcher.core.mentions import for_reader, mention_all, namespace_of
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
 from dispatcher.core.quota.fairshare import fair_order, nominal_first
 from dispatcher.core.quota.flavors import Assignment, QuotaRefusal
@@ -368,12 +369,27 @@ class _Decisions:
     blocked_queues: dict[str, Wait] = field(default_factory=dict)  # the same, per cluster queue
     blocking: set[str] = field(default_factory=set)  # the heads that block them
     holders: set[str] = field(default_factory=set)  # starving ones that hold a cluster
+    # The AppWrappers named by texts many read (a held cluster, a StrictFIFO head), and
+    # those texts as each namespace's messages say them (`_wait`).
+    named: set[str] = field(default_factory=set)
+    said: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def _wait(self, key: str, message: str, reason: Reason) -> None:
+        """`key` waits: `message` as its owner may read it (`core.mentions`: no AppWrapper of
+        another namespace named)."""
+        if self.named:
+            where = (message, namespace_of(key))
+            said = self.said.get(where)
+            if said is None:
+                said = self.said[where] = for_reader(message, to=key, named=self.named)
+            message = said
+        self.waits.append(Wait(key, message, reason))
 
     def queue_problem(self, workload: Workload, problem: QueueProblem) -> None:
         """Its queue cannot be used (a broken link, a stopped queue): it waits, holds nothing
         and blocks nothing."""
         message = self.cycle.messages.setdefault(problem.message, problem.message)
-        self.waits.append(Wait(workload.key, message, Reason.QUEUE_NOT_READY))
+        self._wait(workload.key, message, Reason.QUEUE_NOT_READY)
 
     def waits_behind_head(self, workload: Workload, queued: Queued | None) -> bool:
         """Whether a StrictFIFO head before it blocks it (its cluster queue's head, or with
@@ -382,11 +398,11 @@ class _Decisions:
             behind = self.blocked_queues.get(queued.queue)
             if behind is None:
                 return False
-            self.waits.append(replace(behind, key=workload.key))
+            self._wait(workload.key, behind.message, behind.reason)
             return True
         if self.blocked is None:
             return False
-        self.waits.append(Wait(workload.key, self.blocked))
+        self._wait(workload.key, self.blocked, Reason.INSUFFICIENT_RESOURCES)
         return True
 
     def refused_by_quota(
@@ -395,7 +411,7 @@ class _Decisions:
         """Quota, not capacity, keeps it out: it waits and holds no cluster; as a StrictFIFO
         head it blocks its queue, unless waiting cannot help it (`never`)."""
         message = self.cycle.messages.setdefault(refusal.message, refusal.message)
-        self.waits.append(Wait(workload.key, message, Reason.QUOTA_EXCEEDED))
+        self._wait(workload.key, message, Reason.QUOTA_EXCEEDED)
         self.heads.setdefault(queued.queue, workload.key)
         if strict and not refusal.never:
             self._block(workload.key, queued, Reason.QUOTA_EXCEEDED)
@@ -441,12 +457,16 @@ class _Decisions:
         if assignment is not None and assignment.admissible:
             # Capacity refused it in the flavor its quota came from: say which nodes those are.
             message += f" (in flavor {assignment.describe()})"
-        if tried.chosen is not None:
-            message += self._preempt(workload, tried.chosen, queued)
         # Its quota keeps it out when no flavor it may use has quota now (it preempts for it).
         quota_bound = assignment is not None and not assignment.admissible
         reason = Reason.QUOTA_EXCEEDED if quota_bound else Reason.INSUFFICIENT_RESOURCES
-        self.waits.append(Wait(workload.key, message, reason))
+        self._wait(workload.key, message, reason)
+        if tried.chosen is not None:
+            # (After `_wait`: its victims are named for it already, and it holds a cluster.)
+            wait = self.waits[-1]
+            self.waits[-1] = replace(
+                wait, message=wait.message + self._preempt(workload, tried.chosen, queued)
+            )
         gang = cycle.gang(fitted)
         usable = cycle.usable(fitted)
         if strict:
@@ -461,14 +481,16 @@ class _Decisions:
         if queued is not None:
             chosen = replace(chosen, queue=queued.queue)
         self.preemptions.append(chosen)
+        self.named.add(workload.key)
         self.cycle.hold(chosen.cluster, f"held for {workload.key}, which is preempting")
         where = "" if len(self.cycle.clusters) == 1 else f" in {chosen.cluster}"
-        return f"; preempting {', '.join(chosen.victims)}{where}"
+        return f"; preempting {mention_all(chosen.victims, to=workload.key)}{where}"
 
     def _block(self, key: str, queued: Queued | None, reason: Reason) -> None:
         """StrictFIFO: head `key` blocks every later workload of its cluster queue (with no
         queue, every later workload with no queue)."""
         self.blocking.add(key)
+        self.named.add(key)
         if queued is None:
             self.blocked = f"waiting behind {key} (head of line)"
         else:
@@ -484,6 +506,7 @@ class _Decisions:
         for cluster in usable:
             if cluster.name not in self.cycle.held and self.cycle.could_ever_fit(gang, cluster):
                 self.holders.add(workload.key)
+                self.named.add(workload.key)
                 self.cycle.hold(
                     cluster.name,
                     f"held for {workload.key}, queued longer than {self.starvation_after:g}s"

@@ -7,15 +7,64 @@ default policy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from dispatcher.api.models import Reason
+from dispatcher.core.mentions import mention, mention_all
 from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, Workload
 from dispatcher.core.scheduling.evictions import evict, without
 from dispatcher.core.scheduling.placement import ClusterState, Gang
 
-__all__ = ["Claim", "HonourClaims", "LowestPriorityFirst", "PreemptionPolicy", "VictimRules"]
+__all__ = [
+    "Claim",
+    "HonourClaims",
+    "LowestPriorityFirst",
+    "PreemptionPolicy",
+    "VictimRules",
+    "evicting",
+    "why_evicted",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Charged:
+    """The cluster queue a victim is charged to, and at which priority (from its charge)."""
+
+    queue: str
+    priority: int
+
+
+def why_evicted(
+    victim: str,
+    charged: Charged | None,
+    *,
+    preemptor: str,
+    preemptor_uid: str,
+    priority: int,
+    queue: str,
+) -> tuple[Reason, str]:
+    """The victim's reason and message (its Preempted condition and Event) for its eviction
+    by `preemptor` (of `priority`, charged to cluster queue `queue`, "" for none): named
+    only for the victim's own namespace (`core.mentions`)."""
+    by = mention(preemptor, to=victim, uid=preemptor_uid)
+    if charged is not None and queue and charged.queue != queue:
+        return Reason.RECLAIMED_WITHIN_COHORT, (
+            f"reclaimed by {by} for cluster queue {queue}: cluster queue"
+            f" {charged.queue} was borrowing from the cohort"
+        )
+    if charged is not None and charged.priority >= priority:
+        return Reason.PREEMPTED_WITHIN_QUEUE, (
+            f"preempted by {by}, priority {priority}, within cluster"
+            f" queue {charged.queue} (admitted later at the same priority)"
+        )
+    return Reason.PREEMPTED_BY_HIGHER_PRIORITY, f"preempted by {by}, priority {priority}"
+
+
+def evicting(preemptor: str, victims: Sequence[str], cluster: str) -> str:
+    """The preemptor's Event when its victims are evicted, in its own namespace's terms."""
+    return f"evicting {mention_all(victims, to=preemptor)} in cluster {cluster}"
 
 
 class VictimRules(Protocol):
