@@ -116,7 +116,7 @@ async def serve_and_measure(pending: int, repeat: int) -> dict[str, Any]:
         front_proxy=FrontProxy.from_configmap(
             {}, ca_pem=proxy_ca.cert_pem, names=["front-proxy-client"]
         ),
-        reviews=AccessReviews(AllowAll(), keep_seconds=3600),  # type: ignore[arg-type]
+        reviews=AccessReviews(AllowAll(), keep_seconds=3600),
         view=lambda: views[0] if views[0] is not None else build(),
         leading=lambda: True,
         leader=_no_leader,

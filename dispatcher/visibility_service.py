@@ -2,8 +2,11 @@
 
 Side effects: reads ConfigMap kube-system/extension-apiserver-authentication (the front
 proxy's CA and names) and, on a standby's answer, the Lease; listens on a TCP port with TLS
-(a certificate made at start unless `visibility.cert_dir` names one). Every replica serves
-it, from before it waits for the Lease, so that a standby can say who leads.
+(a certificate made at start unless `visibility.cert_dir` names one); opens a connection
+of its own to the hub for its SubjectAccessReviews (`connect`: its own rate limiter and
+pool, with a budget in front, visibility_reviews.py), so that no request to this API
+spends the controller's. Every replica serves it, from before it waits for the Lease, so
+that a standby can say who leads.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import ssl
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -21,9 +25,11 @@ from dispatcher.config import Config
 from dispatcher.controller.gatekeeper import AccessReviews
 from dispatcher.controller.manager import Manager
 from dispatcher.controller.visibility_api import FrontProxy, VisibilityApi
+from dispatcher.controller.visibility_reviews import ReviewBudget
 from dispatcher.controller.webview import QueueRow, Usage
+from dispatcher.core.visibility import audiences
 from dispatcher.kube import certplan
-from dispatcher.kube.client import ResourceInfo
+from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import KubeError
 from dispatcher.kube.leader import LEASES
 
@@ -73,8 +79,10 @@ def _tls(config: Config, proxy: FrontProxy, directory: Path) -> ssl.SSLContext:
 def queue_rows(dispatcher: Manager) -> list[QueueRow]:
     """Each cluster queue's usage against its nominal quota, per flavor and resource."""
     tree = dispatcher.quotas.tree()
-    # Computed now, not the last status write's: the page matches the pending list beside it.
-    summaries, _ = dispatcher.quotas.summarize()
+    # The last status write's (at most a few seconds old): computing them afresh would cost
+    # a pass over all pending work per request, on the controller's loop.
+    summaries = dispatcher.quotas.summaries
+    admits = audiences(tree.setup)
     counts: dict[str, int] = {}
     for pending in dispatcher.visibility.view().items:
         counts[pending.cluster_queue] = counts.get(pending.cluster_queue, 0) + 1
@@ -97,15 +105,25 @@ def queue_rows(dispatcher: Manager) -> list[QueueRow]:
                 admitted=summary.admitted if summary else 0,
                 active=summary.active if summary else True,
                 message=summary.message if summary else "",
+                admits=admits.get(name, ()),
             )
         )
     return rows
 
 
 class VisibilityService:
-    def __init__(self, config: Config, dispatcher: Manager) -> None:
+    def __init__(
+        self,
+        config: Config,
+        dispatcher: Manager,
+        *,
+        connect: Callable[[], Awaitable[KubeClient]],
+    ) -> None:
         self._config = config
         self._dispatcher = dispatcher
+        self._connect = connect
+        self._client: KubeClient | None = None
+        self.budget: ReviewBudget | None = None
         self._runner: web.AppRunner | None = None
         self._directory = tempfile.TemporaryDirectory(prefix="aw-visibility-")
         self.port = 0
@@ -115,9 +133,12 @@ class VisibilityService:
         config, dispatcher = self._config, self._dispatcher
         proxy = await front_proxy(config, dispatcher)
         context = _tls(config, proxy, Path(self._directory.name))
+        settings = config.visibility
+        client = self._client = await self._connect()
+        self.budget = ReviewBudget(client, qps=settings.review_qps, burst=settings.review_burst)
         api = VisibilityApi(
             front_proxy=proxy,
-            reviews=AccessReviews(dispatcher.hub, keep_seconds=config.access_review_cache_seconds),
+            reviews=AccessReviews(self.budget, keep_seconds=config.access_review_cache_seconds),
             view=dispatcher.visibility.view,
             leading=lambda: dispatcher.ready.is_set() and not dispatcher.fenced,
             leader=self._leader,
@@ -127,7 +148,6 @@ class VisibilityService:
         )
         self._runner = web.AppRunner(api.app(), access_log=None)
         await self._runner.setup()
-        settings = config.visibility
         site = web.TCPSite(self._runner, settings.host, settings.port, ssl_context=context)
         await site.start()
         addresses = self._runner.addresses
@@ -148,4 +168,6 @@ class VisibilityService:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._client is not None:
+            await self._client.close()
         self._directory.cleanup()

@@ -10,8 +10,22 @@ request here with its front-proxy client certificate and the user in `X-Remote-U
 signed, naming one of the allowed names, is believed (`FrontProxy`; both are read from
 ConfigMap kube-system/extension-apiserver-authentication, as every aggregated API server
 does). Then each AppWrapper is shown only if the user may list AppWrappers in its namespace
-(a SubjectAccessReview per namespace, answers kept briefly). Only the leader has the order:
+(a SubjectAccessReview per namespace, answers kept briefly, on a budget of their own:
+visibility_reviews.py; beyond it a request is answered 429). Only the leader has the order:
 a standby answers 503 naming the leader.
+
+What a user may see (docs/operations.md#see-the-queue): a user who may list AppWrappers in
+every namespace (cluster-wide) sees everything. Anyone else sees
+- the pending AppWrappers of the namespaces where they may list AppWrappers (positions
+  count every AppWrapper ahead, theirs or not);
+- in a start estimate or a wait message, every AppWrapper of a namespace they may not see
+  as "another namespace's AppWrapper" (how many stays, the names go: `core.visibility.
+  redacted`);
+- in `views/queues`, the ClusterAppQueues that admit one of their namespaces: a queue is
+  shown when an AppQueue in a namespace where they may list AppWrappers points at it and
+  its namespaceSelector admits that namespace (work reaches a cluster queue only through
+  an AppQueue, so these are exactly the queues their work can wait in). Its usage and
+  counts are the whole queue's.
 
 Paths (under /apis/visibility.workload.codeflare.dev/v1alpha1):
   pendingappwrappers                                   every namespace the user may list
@@ -37,7 +51,14 @@ from dispatcher.api.constants import GROUP as APPWRAPPER_GROUP
 from dispatcher.controller.gatekeeper import AccessReviews
 from dispatcher.controller.webview import QueueRow, appwrapper_page, queues_page
 from dispatcher.core.gatekeeping import Access, Creator
-from dispatcher.core.visibility import Pending, PendingView, rfc3339
+from dispatcher.core.visibility import (
+    Pending,
+    PendingView,
+    named_namespaces,
+    redacted,
+    rfc3339,
+)
+from dispatcher.kube.errors import TooManyRequests
 from dispatcher.kube.webhook import (
     certificate_names,
     issued_by,
@@ -246,7 +267,13 @@ class VisibilityApi:
                 f"this replica is not the leader; the leader ({leader or 'unknown'}) holds the"
                 " queue's order: ask again",
             )
-        return await handler(request)
+        try:
+            return await handler(request)
+        except TooManyRequests as exc:  # the access checks' budget (visibility_reviews.py)
+            self._log.debug("visibility_reviews_spent", user=user.username)
+            answer = status_response(429, "TooManyRequests", str(exc))
+            answer.headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+            return answer
 
     async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -265,9 +292,15 @@ class VisibilityApi:
     async def discovery(self, _: web.Request) -> web.Response:
         return _json(discovery())
 
+    async def everywhere(self, user: Creator) -> bool:
+        """Whether `user` may list AppWrappers in every namespace."""
+        return await self._reviews.allowed(
+            user, Access("list", APPWRAPPER_GROUP, "appwrappers", "")
+        )
+
     async def visible(self, user: Creator, namespaces: Iterable[str]) -> set[str]:
         """The namespaces among `namespaces` where `user` may list AppWrappers."""
-        if await self._reviews.allowed(user, Access("list", APPWRAPPER_GROUP, "appwrappers", "")):
+        if await self.everywhere(user):
             return set(namespaces)
         allowed = set()
         for namespace in namespaces:
@@ -275,6 +308,20 @@ class VisibilityApi:
             if await self._reviews.allowed(user, access):
                 allowed.add(namespace)
         return allowed
+
+    async def _redacted(
+        self, user: Creator, view: PendingView, items: Sequence[Pending], seen: set[str]
+    ) -> list[Pending]:
+        """`items` (all in `seen`) as `user` may read them: the AppWrappers their estimates
+        and messages name in other namespaces are hidden unless `user` may see those too."""
+
+        def known(key: str) -> bool:
+            return key in view.by_key or key in view.active
+
+        named = set().union(*(named_namespaces(p, known) for p in items)) - seen
+        if named:
+            seen = seen | await self.visible(user, named)
+        return [redacted(p, known, seen) for p in items]
 
     def _encoded(self, view: PendingView, pending: Pending) -> bytes:
         """One item as JSON, made once per view (a view lasts until the next cycle)."""
@@ -306,7 +353,13 @@ class VisibilityApi:
                 "total": len(shown),
             }
         )
-        page = b",".join(self._encoded(view, p) for p in shown[offset : offset + limit])
+        page_items = await self._redacted(user, view, shown[offset : offset + limit], seen)
+        page = b",".join(
+            self._encoded(view, p)
+            if p is view.by_key.get(p.key)
+            else orjson.dumps(item_of(p, view.at))
+            for p in page_items
+        )
         body = head[:-1] + b',"items":[' + page + b"]}"
         return web.Response(body=body, content_type="application/json")
 
@@ -344,6 +397,7 @@ class VisibilityApi:
         pending = view.by_key.get(f"{namespace}/{name}")
         if pending is None:
             return status_response(404, "NotFound", f"appwrapper {namespace}/{name} is not pending")
+        (pending,) = await self._redacted(request[USER], view, [pending], {namespace})
         return _json(
             {
                 "kind": "PendingAppWrapper",
@@ -353,10 +407,16 @@ class VisibilityApi:
         )
 
     async def queues_view(self, request: web.Request) -> web.Response:
+        user: Creator = request[USER]
         view = self._view()
-        seen = await self.visible(request[USER], view.by_namespace)
-        shown = [p for p in view.items if p.namespace in seen]
-        page = queues_page(self._queues(), shown, view.at, _prefix(request))
+        rows = self._queues()
+        everywhere = await self.everywhere(user)
+        seen = await self.visible(user, {*view.by_namespace, *(n for r in rows for n in r.admits)})
+        rows = [r for r in rows if everywhere or seen.intersection(r.admits)]
+        shown = await self._redacted(
+            user, view, [p for p in view.items if p.namespace in seen], seen
+        )
+        page = queues_page(rows, shown, view.at, _prefix(request))
         return web.Response(text=page, content_type="text/html", charset="utf-8")
 
     async def appwrapper_view(self, request: web.Request) -> web.Response:
@@ -369,7 +429,10 @@ class VisibilityApi:
         if obj is None:
             return status_response(404, "NotFound", f"appwrapper {namespace}/{name} not found")
         view = self._view()
-        page = appwrapper_page(obj, view.by_key.get(f"{namespace}/{name}"), view.at)
+        pending = view.by_key.get(f"{namespace}/{name}")
+        if pending is not None:
+            (pending,) = await self._redacted(request[USER], view, [pending], {namespace})
+        page = appwrapper_page(obj, pending, view.at)
         return web.Response(text=page, content_type="text/html", charset="utf-8")
 
 

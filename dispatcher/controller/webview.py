@@ -53,6 +53,8 @@ class QueueRow:
     admitted: int
     active: bool
     message: str
+    admits: tuple[str, ...] = ()
+    """The namespaces whose AppQueues point at it and that it admits: who may see it."""
 
 
 def _page(title: str, body: str) -> str:

@@ -22,15 +22,18 @@ from __future__ import annotations
 
 import heapq
 import math
+import re
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from statistics import median
 from typing import NamedTuple
 
 from dispatcher.api.models import Reason
+from dispatcher.core.mentions import KEY, OTHER, hide
+from dispatcher.core.quota.model import QuotaSetup
 
 __all__ = [
     "Active",
@@ -39,11 +42,18 @@ __all__ = [
     "Pending",
     "PendingView",
     "Waiting",
+    "audiences",
+    "named_namespaces",
     "pending_view",
+    "redacted",
 ]
 
 CAPACITY_ONLY = ""
 """The line of AppWrappers that have no queue (admitted on capacity alone)."""
+
+HIDDEN = OTHER
+"""What a user reads instead of the name of an AppWrapper in a namespace they may not see
+(the same words as in an AppWrapper's own messages, `core.mentions`)."""
 
 RECORD_SIZE = 32
 """Durations kept per (queue, kind): recent enough to follow a change of workload."""
@@ -82,6 +92,7 @@ class Eta:
     at: float | None
     basis: str
     latest: bool = False  # `at` is a bound (from dispatchDuration limits), not a guess
+    after: str = ""  # the key of the AppWrapper the basis names ("" for none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +129,8 @@ class PendingView:
     by_queue: Mapping[str, tuple[Pending, ...]] = field(default_factory=dict)
     by_local: Mapping[str, tuple[Pending, ...]] = field(default_factory=dict)
     by_namespace: Mapping[str, tuple[Pending, ...]] = field(default_factory=dict)
+    active: frozenset[str] = frozenset()
+    """The keys of what held room: a basis or a wait message may name one (`redacted`)."""
 
 
 class Durations:
@@ -241,7 +254,7 @@ def _lines(
         if first.at == float("inf"):
             heapq.heappush(heap, first)  # every later one waits behind it too
             etas[waiting.key] = Eta(
-                None, f"unknown: nothing ahead has a known end ({first.key} next)"
+                None, f"unknown: nothing ahead has a known end ({first.key} next)", after=first.key
             )
             continue
         start = max(now, first.at)
@@ -249,7 +262,7 @@ def _lines(
             basis = f"after {first.key} ends, at the latest {clock(start)}"
         else:
             basis = f"after {first.key} ends, expected {clock(start)}"
-        etas[waiting.key] = Eta(start, basis, first.latest)
+        etas[waiting.key] = Eta(start, basis, first.latest, first.key)
         own = _end_of(
             waiting.key, start, waiting.cluster_queue, waiting.kind, waiting.limit, expected
         )
@@ -261,6 +274,7 @@ def pending_view(
     order: Sequence[Waiting], active: Iterable[Active], durations: Durations, now: float
 ) -> PendingView:
     """Positions and estimates of every pending AppWrapper, `order` being the cycle's."""
+    active = tuple(active)
     etas = _lines(order, active, durations, now)
     in_queue: dict[str, int] = {}
     in_local: dict[str, int] = {}
@@ -304,4 +318,44 @@ def pending_view(
         by_queue={k: tuple(v) for k, v in by_queue.items()},
         by_local={k: tuple(v) for k, v in by_local.items()},
         by_namespace={k: tuple(v) for k, v in by_namespace.items()},
+        active=frozenset(a.key for a in active),
     )
+
+
+def _keys_in(text: str, known: Callable[[str], bool]) -> Iterable[re.Match[str]]:
+    return (m for m in KEY.finditer(text) if known(m[0]))
+
+
+def named_namespaces(pending: Pending, known: Callable[[str], bool]) -> set[str]:
+    """The namespaces of the AppWrappers its start estimate and wait message name (`known`
+    tells an AppWrapper's key from any other "a/b" in the text)."""
+    return {m[1] for text in (pending.eta.basis, pending.message) for m in _keys_in(text, known)}
+
+
+def redacted(pending: Pending, known: Callable[[str], bool], visible: Container[str]) -> Pending:
+    """`pending` as a user who sees only the namespaces in `visible` may read it: each
+    AppWrapper of another namespace its estimate or wait message names becomes `HIDDEN`
+    (how many, and the rest of the sentence, stay). Itself when nothing is hidden."""
+
+    message = hide(pending.message, known=known, visible=visible)
+    basis = hide(pending.eta.basis, known=known, visible=visible)
+    if message == pending.message and basis == pending.eta.basis:
+        return pending
+    after = pending.eta.after
+    if after.partition("/")[0] not in visible:
+        after = ""
+    return replace(pending, message=message, eta=replace(pending.eta, basis=basis, after=after))
+
+
+def audiences(setup: QuotaSetup) -> dict[str, tuple[str, ...]]:
+    """Cluster queue -> the namespaces whose users may see it: those with an AppQueue that
+    points at it and that its namespaceSelector admits (work reaches a cluster queue only
+    through such an AppQueue). A queue no namespace can use is absent."""
+    found: dict[str, set[str]] = {}
+    for (namespace, _), local in setup.local_queues.items():
+        queue = setup.queues.get(local.cluster_queue)
+        if queue is None or queue.namespaces is None:
+            continue
+        if queue.namespaces.matches(setup.namespace_labels.get(namespace, {})):
+            found.setdefault(queue.name, set()).add(namespace)
+    return {name: tuple(sorted(namespaces)) for name, namespaces in found.items()}

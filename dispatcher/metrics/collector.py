@@ -1,22 +1,22 @@
 """What /metrics reads at scrape time: the manager's counters and its queues' gauges.
 
-No I/O of its own. The counters are ones the controller keeps anyway; the gauges are read
-from the queues' last computed status and from the scheduler cache's pending work (the
-`status` label from the last cycle's waits, see `core.pending`). Histograms are not here:
-the recorder observes them where the fact is known.
+No I/O of its own, and nothing computed over the AppWrappers: the counters are ones the
+controller keeps anyway; the gauges are read from the queues' last computed status and
+from the pending work's last figures (`figures.py`, computed by the controller every
+`metrics.refresh_seconds`; `pending_figures` is that computation). Histograms are not
+here: the recorder observes them where the fact is known.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dispatcher.core.pending import PendingStatus, pending_status
-from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
+from dispatcher.core.pending import PendingStatus
+from dispatcher.metrics.figures import PendingFigures, count_pending
 from dispatcher.metrics.recorder import PREFIX
 
 if TYPE_CHECKING:
@@ -158,24 +158,17 @@ def _queue_metrics(manager: Manager) -> Iterator[Metric]:
     yield local
 
 
-def _pending_metrics(manager: Manager) -> Iterator[Metric]:
-    """Queued AppWrappers per cluster queue ("" without queues) and AppQueue, by status."""
+def pending_figures(manager: Manager) -> PendingFigures:
+    """The pass over all pending work (run by the controller on a timer, never a scrape)."""
     pending = manager.cache.quota_usage(manager.clock.time()).pending
-    tree = manager.quotas.tree()
-    waits = manager.recorder.waits
-    queued: Counter[tuple[str, str]] = Counter()
-    local: Counter[tuple[str, str]] = Counter()
-    for workload in pending:
-        wait = waits.get(workload.key)
-        status = pending_status(wait.reason, wait.message) if wait else PendingStatus.ACTIVE
-        namespace = workload.key.partition("/")[0]
-        found = resolve(namespace, workload.queue_name, tree.setup, tree)
-        if isinstance(found, Queued | QueueProblem):
-            queued[(found.queue, status)] += 1
-            if found.local:
-                local[(found.local, status)] += 1
-        else:
-            queued[("", status)] += 1
+    return count_pending(pending, manager.recorder.waits, manager.quotas.tree())
+
+
+def _pending_metrics(manager: Manager) -> Iterator[Metric]:
+    """Queued AppWrappers per cluster queue ("" without queues) and AppQueue, by status,
+    as last computed."""
+    figures = manager.figures.latest
+    queued, local = figures.queued, figures.local
     every = (PendingStatus.ACTIVE, PendingStatus.INADMISSIBLE)
     family = GaugeMetricFamily(
         f"{PREFIX}_pending_workloads",
@@ -185,7 +178,7 @@ def _pending_metrics(manager: Manager) -> Iterator[Metric]:
     )
     for queue in sorted({q for q, _ in queued} | set(manager.quotas.summaries)):
         for status in every:
-            family.add_metric([queue, status], queued[(queue, status)])
+            family.add_metric([queue, status], queued.get((queue, status), 0))
     yield family
     family = GaugeMetricFamily(
         f"{PREFIX}_local_queue_pending_workloads",
@@ -195,7 +188,7 @@ def _pending_metrics(manager: Manager) -> Iterator[Metric]:
     for key in sorted({k for k, _ in local} | set(manager.quotas.local_summaries)):
         namespace, _, name = key.partition("/")
         for status in every:
-            family.add_metric([name, namespace, status], local[(key, status)])
+            family.add_metric([name, namespace, status], local.get((key, status), 0))
     yield family
 
 

@@ -123,8 +123,10 @@ async def test_a_job_through_a_queue_is_counted_and_shown(
         ]
         assert (wide["CLUSTERQUEUE"], wide["REQUEUES"]) == (cq, "0")
 
-        # The queue's status (and so its gauges) is written a moment after a change.
+        # The queue's status (and so its gauges) is written a moment after a change, the
+        # pending figures every metrics.refresh_seconds: both now.
         await dispatcher.quotas.write_status()
+        dispatcher.figures.refresh()
         text, samples = await scrape(port)
         labels = {"cluster_queue": cq, "priority_class": priority_class}
         assert value(samples, f"{P}_admission_wait_time_seconds_count", **labels) == 1

@@ -316,3 +316,81 @@ async def test_cluster_queue_list_queues_stop_resume_and_view(
         assert f"{namespace}/q-2" in page.stdout
     finally:
         unregister(cluster)
+
+
+ADMIN = ("--as=root", "--as-group=system:masters")
+"""A cluster-wide reader, impersonated as well (the test's own credentials may be anyone)."""
+
+
+async def test_a_tenant_sees_only_her_queues_and_no_other_namespaces_names(
+    cluster: Any, namespace: str, fake_nodes: Any, quotas: None, run_dispatcher: StartDispatcher
+) -> None:
+    """Team B runs first in a queue both teams share, and has a queue of its own. Alice
+    (team A's namespace only, impersonated) sees the shared queue, not B's, and reads B's
+    AppWrapper ahead of hers as "another namespace's AppWrapper"; a cluster-wide reader
+    reads every name."""
+    other = f"{namespace}-b"
+    cluster.kubectl("delete", "namespace", other, "--ignore-not-found", "--wait=true", timeout=120)
+    cluster.kubectl("create", "namespace", other)
+    fake_nodes.add("n", cpu="8")
+    shared, own = f"{namespace}-shared", f"{namespace}-b-own"
+    only_b = {"matchLabels": {"kubernetes.io/metadata.name": other}}
+    for obj in (
+        app_flavor("default-flavor"),
+        cluster_queue(shared, {"default-flavor": {"cpu": 1}}),
+        cluster_queue(own, {"default-flavor": {"cpu": 1}}, namespaceSelector=only_b),
+    ):
+        cluster.apply(obj)
+    await apply(cluster, namespace, app_queue("team", shared))
+    await apply(cluster, other, app_queue("team", shared))
+    await apply(cluster, other, app_queue("own", own))
+    await start_visible(cluster, namespace, run_dispatcher)
+    try:
+        ahead = appwrapper(
+            "b-secret",
+            pod("b-secret", "1"),
+            queue="team",
+            scheduling={"dispatchDuration": {"limit": 3600}},
+        )
+        await apply(cluster, other, ahead)
+        await wait_condition(cluster, other, "b-secret", "Dispatched")
+        await apply(cluster, namespace, appwrapper("mine", pod("mine", "1"), queue="team"))
+
+        async def listed(*who: str) -> dict[str, Any] | None:
+            path = f"{BASE}/namespaces/{namespace}/pendingappwrappers"
+            try:
+                out = await cluster.akubectl("get", "--raw", path, *who)
+            except KubectlError:
+                return None
+            items = json.loads(out.stdout)["items"]
+            return dict(items[0]) if items and items[0]["eta"]["at"] else None
+
+        mine = await async_wait_until(
+            lambda: listed("--as=alice"), timeout=60, what="mine listed with an estimate"
+        )
+        assert mine["eta"]["basis"].startswith(
+            "after another namespace's AppWrapper ends, at the latest "
+        )
+        assert other not in json.dumps(mine)
+        admin = await async_wait_until(
+            lambda: listed(*ADMIN), timeout=30, what="a cluster-wide reader's view"
+        )
+        assert admin["eta"]["basis"].startswith(f"after {other}/b-secret ends, at the latest ")
+
+        page = (await cluster.akubectl("get", "--raw", f"{BASE}/views/queues", "--as=alice")).stdout
+        assert f'<h2 class="queue">{shared}</h2>' in page
+        assert own not in page
+        assert other not in page
+        everything = (await cluster.akubectl("get", "--raw", f"{BASE}/views/queues", *ADMIN)).stdout
+        assert f'<h2 class="queue">{own}</h2>' in everything
+    finally:
+        unregister(cluster)
+        await cluster.akubectl(
+            "delete", "appwrappers", "--all", "-n", other, "--timeout=60s", check=False
+        )
+        cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
+        # Not waited for: the `quotas` fixture removes what finalizers are left.
+        cluster.kubectl(
+            "delete", "clusterappqueue", shared, own, "--ignore-not-found", "--wait=false",
+            check=False,
+        )  # fmt: skip
