@@ -1,14 +1,23 @@
-"""/healthz, /readyz, /metrics and, when asked for, /debug/memory over plain HTTP.
+"""/healthz, /readyz, /metrics and, when asked for, /debug/memory, over plain HTTP or,
+given a TLS context (`metrics.cert_file`), HTTPS.
+
+/metrics is open to whoever reaches the port unless `access` is given
+(`metrics.auth: kubernetes`): then only a caller whose bearer token and right to get
+/metrics the API server confirms is served (controller/metrics_access.py). /healthz and
+/readyz stay open either way: the kubelet's probes carry no token.
 
 Side effects: listens on a TCP port.
 """
 
 from __future__ import annotations
 
+import ssl
 import tracemalloc
 from collections.abc import Callable
 
 from aiohttp import web
+
+from dispatcher.controller.metrics_access import MetricsAccess
 
 
 async def serve(
@@ -18,11 +27,14 @@ async def serve(
     metrics: Callable[[], str],
     host: str = "0.0.0.0",
     debug_memory: bool = False,
+    access: MetricsAccess | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> web.AppRunner:
     """Start the endpoints; the caller keeps the runner and calls `cleanup()` at shutdown.
 
     /debug/memory only with `debug_memory`: it names the source files and sizes of live
-    memory to anyone who reaches the port, which serves no authentication."""
+    memory to anyone who reaches the port unless `access` is given (then it asks for `get`
+    on /debug/memory, as /metrics asks for `get` on /metrics)."""
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -30,11 +42,15 @@ async def serve(
     async def readyz(_: web.Request) -> web.Response:
         return web.Response(text="ok") if ready() else web.Response(status=503, text="syncing")
 
-    async def metrics_handler(_: web.Request) -> web.Response:
-        return web.Response(text=metrics(), content_type="text/plain")
+    async def metrics_handler(request: web.Request) -> web.Response:
+        return await _guarded(request, access) or web.Response(
+            text=metrics(), content_type="text/plain"
+        )
 
-    async def memory(_: web.Request) -> web.Response:
-        return web.Response(text=memory_report(), content_type="text/plain")
+    async def memory(request: web.Request) -> web.Response:
+        return await _guarded(request, access) or web.Response(
+            text=memory_report(), content_type="text/plain"
+        )
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
@@ -44,8 +60,23 @@ async def serve(
         app.router.add_get("/debug/memory", memory)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
     return runner
+
+
+async def _guarded(request: web.Request, access: MetricsAccess | None) -> web.Response | None:
+    """The refusal to answer instead of `request`'s page; None when it may be served."""
+    if access is None:
+        return None
+    refused = await access.refusal(request.headers.get("Authorization"), path=request.path)
+    if refused is None:
+        return None
+    headers = {}
+    if refused.status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="dispatcher"'
+    if refused.retry_after:
+        headers["Retry-After"] = str(max(1, round(refused.retry_after)))
+    return web.Response(status=refused.status, text=refused.message, headers=headers)
 
 
 def memory_report(top: int = 40) -> str:

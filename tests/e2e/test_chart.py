@@ -150,6 +150,7 @@ def test_same_objects_as_the_manifests(rendered: Docs) -> None:
         "deployment.yaml",
         "poddisruptionbudget.yaml",
         "service.yaml",
+        "metrics-reader.yaml",
         "webhook.yaml",
         "status-policy.yaml",
     )

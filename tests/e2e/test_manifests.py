@@ -148,6 +148,7 @@ def test_manifests_apply_with_server_side_dry_run(cluster: Any, installed: None)
         "deployment.apps/appwrapper-dispatcher",
         "poddisruptionbudget.policy/appwrapper-dispatcher",
         "service/appwrapper-dispatcher-metrics",
+        "clusterrole.rbac.authorization.k8s.io/appwrapper-dispatcher-metrics-reader",
         "service/appwrapper-dispatcher-webhook",
         "mutatingwebhookconfiguration.admissionregistration.k8s.io/appwrapper-dispatcher",
         "validatingwebhookconfiguration.admissionregistration.k8s.io/appwrapper-dispatcher",
@@ -391,6 +392,8 @@ ALLOWED = [
     pytest.param(
         ["create", "subjectaccessreviews.authorization.k8s.io"], id="create-subjectaccessreviews"
     ),
+    # /metrics with metrics.auth: kubernetes: whose token a scrape carries.
+    pytest.param(["create", "tokenreviews.authentication.k8s.io"], id="create-tokenreviews"),
     pytest.param(["create", "secrets", "-n", SYSTEM_NAMESPACE], id="create-webhook-secret"),
     pytest.param(
         ["watch", f"secrets/{WEBHOOK_SECRET}", "-n", SYSTEM_NAMESPACE], id="watch-webhook-secret"
