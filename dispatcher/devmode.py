@@ -352,6 +352,10 @@ async def serve_dev(config: Config, *, say: Say = _stderr) -> None:
             # A Secret left by a killed run goes too: records verify within one run only.
             await client.delete(SECRETS, SECRET_NAMESPACE, DEV_NAME)
             notes = await _register(client, probe.port)
+            # creationTimestamps are whole seconds: an AppWrapper stored in the
+            # configurations' own second cannot be shown to have come after them, and its
+            # record would not be honoured (core/recordtime.py). Serve from the next second.
+            await asyncio.sleep(1.0)
         crd_spec = await _adapt_crd(client, probe.port if probe.reached else None, say)
         lines = announcement(running, probe)
         for line in [*lines[:-1], *notes, lines[-1]]:

@@ -246,15 +246,22 @@ class AppWrapperReader:
             "priorityClassName": aw.spec.priorityClassName,
             "priority": aw.spec.priority,
         }
-        value, missing = self.priority(aw)
-        if self._kueue_class(aw):
-            # A WorkloadPriorityClass's value is held to the namespace's range as a number.
-            spec = {"priority": value}
+        name = aw.spec.priorityClassName
+        found = self._priority_class(name) if name else None
+        # Every class named is judged by name and value, the Kueue label's included (it
+        # wins over the PriorityClass where it is read, so it must pass the same rule).
+        kueue_class = self._kueue_class(aw)
         problems = priority_problems(
             spec,
             namespace=aw.metadata.namespace,
             policy=self._priority_policy,
-            class_value=value if aw.spec.priorityClassName and not missing else None,
+            class_value=int(found.get("value", 0)) if found is not None else None,
+            workload_class=kueue_class,
+            workload_class_value=(
+                priority_value(self._workload_priority_class_of(kueue_class))
+                if kueue_class
+                else None
+            ),
         )
         return problems[0] if problems else ""
 

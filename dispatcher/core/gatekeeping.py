@@ -39,8 +39,11 @@ USER = f"{GROUP}/user"
 "uid", "groups"} and "extra" (only when not empty, so records written before it existed
 read, and verify, as they were)."""
 SIGNATURE = f"{GROUP}/user-signature"
-"""Annotation: "v1:" + HMAC-SHA256 (hex) of the namespace, the USER text and the spec."""
+"""Annotation: "v2:<signed at>:" + HMAC-SHA256 (hex) of the namespace, the USER text, the
+spec and the time it was signed (whole seconds since the epoch, the webhook's clock); or,
+written before records were bound to a time, "v1:" + HMAC of the first three."""
 SIGNATURE_VERSION = "v1:"
+TIMED_VERSION = "v2:"
 
 
 class PriorityRule(BaseModel):
@@ -49,10 +52,13 @@ class PriorityRule(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     classes: list[str] | None = None
-    """PriorityClasses it may name; None: any not refused by `refused_class_prefixes`. A
-    class listed here is allowed whatever its value and name."""
+    """Classes it may name, by any way a priority is named (`spec.priorityClassName`, a
+    PriorityClass; Kueue's label `kueue.x-k8s.io/priority-class`, a WorkloadPriorityClass);
+    None: any not refused by `refused_class_prefixes` whose value is in the range. A class
+    listed here is allowed whatever its value and name."""
     max_priority: int | None = None
-    """Highest `spec.priority` it may write (when it names no class)."""
+    """Highest priority it may use: a raw `spec.priority`, or the value of a class it names
+    that is not listed in `classes`."""
     min_priority: int | None = None
 
 
@@ -70,7 +76,27 @@ class PriorityPolicy(BaseModel):
     namespace (cluster-admin's `*` has it; the built-in admin and edit roles do not)."""
 
     def rule(self, namespace: str) -> PriorityRule:
-        return self.namespaces.get(namespace, self.default)
+        """The rule `namespace` is held to: its own narrows the default, never widens it
+        (ranges intersected, class lists too), so a rule that lists only `classes` keeps
+        the default's cap on every other priority."""
+        own = self.namespaces.get(namespace)
+        return self.default if own is None else narrowed(self.default, own)
+
+
+def narrowed(default: PriorityRule, own: PriorityRule) -> PriorityRule:
+    """`own` within `default`: the higher lower bound, the lower upper bound, and only the
+    classes both allow (a rule with no list allows any)."""
+    if default.classes is None or own.classes is None:
+        classes = own.classes if default.classes is None else default.classes
+    else:
+        classes = [name for name in own.classes if name in default.classes]
+    bounds = [own.max_priority, default.max_priority]
+    floors = [own.min_priority, default.min_priority]
+    return PriorityRule(
+        classes=classes,
+        max_priority=min((b for b in bounds if b is not None), default=None),
+        min_priority=max((b for b in floors if b is not None), default=None),
+    )
 
 
 Extra = tuple[tuple[str, tuple[str, ...]], ...]
@@ -158,15 +184,31 @@ def _canonical(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def sign(key: bytes, namespace: str, record: str, spec: Any) -> str:
-    """The signature of `record` for an AppWrapper of `namespace` with this `spec`.
+def sign(key: bytes, namespace: str, record: str, spec: Any, signed_at: int | None = None) -> str:
+    """The signature of `record` for an AppWrapper of `namespace` with this `spec`, bound to
+    `signed_at` (None: the old form, bound to no time; kept to sign again a record of that
+    form with a newer key).
 
     The name is left out: with generateName it is not known yet when the webhook signs. A
     record copied onto another AppWrapper of the same namespace verifies only with the very
-    same spec, so a copy gets nothing its creator was not allowed.
+    same spec, so a copy gets nothing its creator was not allowed. The time lets the check
+    before dispatch ask whether the webhook was in place from then on (core/recordtime.py).
     """
-    digest = hmac.new(key, _canonical([namespace, record, spec]), hashlib.sha256).hexdigest()
-    return SIGNATURE_VERSION + digest
+    if signed_at is None:
+        signed = _canonical([namespace, record, spec])
+        return SIGNATURE_VERSION + hmac.new(key, signed, hashlib.sha256).hexdigest()
+    signed = _canonical([namespace, record, spec, signed_at])
+    digest = hmac.new(key, signed, hashlib.sha256).hexdigest()
+    return f"{TIMED_VERSION}{signed_at}:{digest}"
+
+
+def signed_at_of(signature: Any) -> int | None:
+    """The time a "v2:" signature says it was signed (None: another form, or malformed;
+    the HMAC, checked with it, says whether it is true)."""
+    if not isinstance(signature, str) or not signature.startswith(TIMED_VERSION):
+        return None
+    when, _, _ = signature[len(TIMED_VERSION) :].partition(":")
+    return int(when) if when.isdigit() and len(when) <= 12 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +217,8 @@ class Attribution:
 
     creator: Creator | None
     problem: str = ""
+    signed_at: int | None = None
+    """When the record was signed (a "v2:" signature that verified); None: the old form."""
 
 
 def attribution(obj: Mapping[str, Any], keys: Sequence[bytes]) -> Attribution:
@@ -193,9 +237,10 @@ def attribution(obj: Mapping[str, Any], keys: Sequence[bytes]) -> Attribution:
     namespace = str(meta.get("namespace") or "")
     spec = obj.get("spec")
     if creator is not None and isinstance(given, str):
+        signed_at = signed_at_of(given)
         for key in keys:
-            if hmac.compare_digest(sign(key, namespace, record, spec), given):
-                return Attribution(creator)
+            if hmac.compare_digest(sign(key, namespace, record, spec, signed_at), given):
+                return Attribution(creator, signed_at=signed_at)
     return Attribution(
         None,
         f"its record of who created it (annotation {USER}) is not signed by the dispatcher's "
@@ -219,8 +264,10 @@ def record_patch(
     old: Mapping[str, Any] | None,
     user: Creator,
     keys: Sequence[bytes],
+    signed_at: int | None = None,
 ) -> list[dict[str, Any]]:
-    """JSON patch that records the requester and signs the spec with `keys[0]`.
+    """JSON patch that records the requester and signs the spec with `keys[0]`, bound to
+    `signed_at` (the webhook's clock, whole seconds; None: the old form, bound to no time).
 
     A CREATE, and an UPDATE that changes the spec, are new requests: the record is `user`'s,
     whatever the object carried (the validating webhook checks every right of theirs). An
@@ -228,7 +275,9 @@ def record_patch(
     (`kubectl replace` of a file without it must not erase it); a changed one is left for the
     validating webhook to refuse with its reason. Such an update is signed again (with the
     current key) only when the old record verified with one of `keys`: signing an unverified
-    one would launder a record forged while the webhook was absent.
+    one would launder a record forged while the webhook was absent. It keeps the time the
+    record was first signed: a new time would launder a record stored while the webhook was
+    away (the check before dispatch asks whether the webhook was in place since then).
     """
     meta = obj.get("metadata") or {}
     annotations = dict(meta.get("annotations") or {})
@@ -236,14 +285,17 @@ def record_patch(
     wanted = dict(annotations)
     if operation == "CREATE" or spec_changed(obj, old):
         wanted[USER] = user.annotation()
-        wanted[SIGNATURE] = sign(keys[0], namespace, wanted[USER], obj.get("spec"))
+        wanted[SIGNATURE] = sign(keys[0], namespace, wanted[USER], obj.get("spec"), signed_at)
     else:
         old_annotations = ((old or {}).get("metadata") or {}).get("annotations") or {}
         record = old_annotations.get(USER)
         if isinstance(record, str) and annotations.get(USER, record) == record:
             wanted[USER] = record
-            if old is not None and attribution(old, keys).creator is not None:
-                wanted[SIGNATURE] = sign(keys[0], namespace, record, obj.get("spec"))
+            found = attribution(old, keys) if old is not None else None
+            if found is not None and found.creator is not None:
+                wanted[SIGNATURE] = sign(
+                    keys[0], namespace, record, obj.get("spec"), found.signed_at
+                )
     if wanted == annotations:
         return []
     if "annotations" not in meta or not isinstance(meta.get("annotations"), dict):
@@ -295,33 +347,58 @@ def priority_problems(
     namespace: str,
     policy: PriorityPolicy,
     class_value: int | None,
+    workload_class: str = "",
+    workload_class_value: int | None = None,
 ) -> list[str]:
     """Whether the namespace may use the priority `spec` asks for. `class_value` is the
-    value of the PriorityClass it names (None: not found, or it names none)."""
+    value of the PriorityClass it names (None: not found, or it names none);
+    `workload_class` the Kueue WorkloadPriorityClass its label names, where the dispatcher
+    reads that label ("" otherwise), with its value. Every class named is judged by the
+    same rule; a raw `spec.priority` only when no class is named (it is not used then)."""
     rule = policy.rule(namespace)
-    name = spec.get("priorityClassName")
-    if isinstance(name, str) and name:
-        if rule.classes is not None:
-            if name not in rule.classes:
-                return [
-                    f"PriorityClass {name!r} is not one namespace {namespace} may use "
-                    f"(allowed: {', '.join(rule.classes) or 'none'})"
-                ]
-            return []
-        refused = [p for p in policy.refused_class_prefixes if name.startswith(p)]
-        if refused:
-            return [
-                f"PriorityClass {name!r} is reserved for the system (names starting with "
-                f"{refused[0]!r} are refused)"
-            ]
-        if class_value is not None:
-            return _range_problems(f"PriorityClass {name!r} has value", class_value, rule)
-        return []
+    named = [
+        ("PriorityClass", spec.get("priorityClassName"), class_value),
+        ("WorkloadPriorityClass", workload_class, workload_class_value),
+    ]
+    problems: list[str] = []
+    judged = False
+    for kind, name, value in named:
+        if isinstance(name, str) and name:
+            judged = True
+            problems += _class_problems(kind, name, value, rule, policy, namespace)
+    if judged:
+        return problems
     raw = spec.get("priority", 0)
-    value = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
-    if value is None:
+    number = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+    if number is None:
         return []  # the schema and the spec validation answer a non-integer
-    return _range_problems("priority", value, rule)
+    return _range_problems("priority", number, rule)
+
+
+def _class_problems(
+    kind: str,
+    name: str,
+    value: int | None,
+    rule: PriorityRule,
+    policy: PriorityPolicy,
+    namespace: str,
+) -> list[str]:
+    if rule.classes is not None:
+        if name in rule.classes:
+            return []
+        return [
+            f"{kind} {name!r} is not one namespace {namespace} may use "
+            f"(allowed: {', '.join(rule.classes) or 'none'})"
+        ]
+    refused = [p for p in policy.refused_class_prefixes if name.startswith(p)]
+    if refused:
+        return [
+            f"{kind} {name!r} is reserved for the system (names starting with "
+            f"{refused[0]!r} are refused)"
+        ]
+    if value is not None:
+        return _range_problems(f"{kind} {name!r} has value", value, rule)
+    return []
 
 
 def _range_problems(what: str, value: int, rule: PriorityRule) -> list[str]:
@@ -361,6 +438,25 @@ class Access:
             "resource": self.resource,
             "namespace": self.namespace,
         }
+
+    def review(self) -> dict[str, dict[str, str]]:
+        """This right as the part of a SubjectAccessReview's spec that names it."""
+        return {"resourceAttributes": self.attributes()}
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PathAccess:
+    """A right on a path that is no API resource (a SubjectAccessReview's
+    nonResourceAttributes): `get /metrics`, as RBAC grants it with `nonResourceURLs`."""
+
+    verb: str
+    path: str
+
+    def text(self) -> str:
+        return f"{self.verb} {self.path}"
+
+    def review(self) -> dict[str, dict[str, str]]:
+        return {"nonResourceAttributes": {"verb": self.verb, "path": self.path}}
 
 
 def nonpreemptible_access(namespace: str, policy: PriorityPolicy) -> Access:

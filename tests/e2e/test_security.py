@@ -291,7 +291,7 @@ async def test_a_user_with_the_rights_gets_them_and_is_recorded(
     record = json.loads(annotations[USER])
     assert record["username"] == "bob"
     assert "system:authenticated" in record["groups"]
-    assert annotations[SIGNATURE].startswith("v1:")
+    assert annotations[SIGNATURE].startswith("v2:")
     services = await cluster.akubectl("get", "service", "web", "-n", namespace, "-o", "name")
     assert services.stdout.strip() == "service/web"
 

@@ -285,7 +285,7 @@ async def test_v1beta2_goes_through_the_admission_webhook_and_stays_signed(
     await wait_phase(cluster, namespace, "signed", "Running")
     as_v1 = await read(cluster, V1, namespace, "signed")
     assert json.loads(as_v1["metadata"]["annotations"][USER])["username"] == "bob"
-    assert as_v1["metadata"]["annotations"][SIGNATURE].startswith("v1:")
+    assert as_v1["metadata"]["annotations"][SIGNATURE].startswith("v2:")
 
 
 def unnamed(template: dict[str, Any], prefix: str) -> dict[str, Any]:

@@ -142,7 +142,7 @@ async def test_outage_a_direct_call_gets_no_record_and_nothing_is_created(
     await run_dispatcher(**secure.settings(client_ca_file=None))
     await secure.apply(appwrapper("before", service("before")), user="bob")
     annotations = (await get_aw(cluster, namespace, "before"))["metadata"]["annotations"]
-    assert annotations[SIGNATURE].startswith("v1:")  # signed while registered
+    assert annotations[SIGNATURE].startswith("v2:")  # signed while registered
     secure.remove_webhook_configurations()
 
     async def unregistered() -> bool:
