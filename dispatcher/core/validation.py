@@ -2,8 +2,9 @@
 
 The CRD schema rejects malformed YAML at `kubectl apply`; what it cannot see is checked here
 (rules 6 and 7): every item is a complete, namespaced object of an allowed kind, in the
-AppWrapper's own namespace, with quantities that parse, and no two items name the same
-object. Errors are plain sentences for the AppWrapper's status; an empty list means valid.
+AppWrapper's own namespace, with quantities that parse, asking for no DRA devices (not
+charged yet: core/claims.py), and no two items name the same object. Errors are plain
+sentences for the AppWrapper's status; an empty list means valid.
 Whether the kind exists in the target cluster is the shell's check (it needs discovery).
 
 Templates are user data of any shape (the CRD preserves unknown fields), so every check here
@@ -21,6 +22,7 @@ import orjson
 
 from dispatcher.api.names import GENERATE_NAME_PREFIX_MAX
 from dispatcher.api.quantity import QuantityError
+from dispatcher.core.claims import CLAIM_KINDS, claim_problems
 from dispatcher.core.podsets import infer_pod_sets
 
 __all__ = [
@@ -455,6 +457,8 @@ def validate_item(
         # (An ill-formed kind is reported above and allowed nowhere.)
         if kind in cluster_scoped_kinds:
             errors.append(f"kind {kind} is cluster-scoped; only namespaced objects may be wrapped")
+        elif kind in CLAIM_KINDS:
+            pass  # refused below whatever the allow-list says, with the reason
         elif allowed_kinds is not None and kind not in allowed_kinds:
             errors.append(
                 f"kind {kind} is not allowed (allowed: {', '.join(sorted(allowed_kinds))})"
@@ -463,6 +467,8 @@ def validate_item(
         infer_pod_sets(template)
     except QuantityError as exc:
         errors.append(str(exc))
+    # Devices asked for through DRA would be neither charged nor fitted (core/claims.py).
+    errors += claim_problems(template)
     return errors
 
 

@@ -9,15 +9,25 @@ Side effects: reads the kubeconfig; requests to the API server (reads, and for `
   kubectl aw stop QUEUE [--drain] / resume QUEUE     a ClusterAppQueue's stopPolicy
 
 Errors are one line on stderr and exit code 1 (2 for a usage error, as argparse does).
+
+Every string it prints comes from the API server, and most of it was written by tenants
+(names, RayCluster worker group names, node-selector values, the messages that repeat them).
+Text output goes through `_show`, which writes each control character as an escape
+(`terminal_safe`): a tenant cannot move the cursor, rewrite earlier lines, set the window
+title or forge a line of someone else's output. `-o json` and `-o yaml` keep the data exact:
+both encoders already write control characters as escapes of their own syntax (JSON with
+ensure_ascii, YAML in double-quoted scalars), so a terminal shows them as text and a parser
+gets them back.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from dispatcher.api.constants import GROUP, LABEL_QUEUE
 from dispatcher.plugin.kubeconfig import ApiError, Connection, PluginError, connect
@@ -60,7 +70,7 @@ def _pending(api: Connection, path: str) -> dict[str, Obj] | None:
     try:
         answer = api.get(VISIBILITY + path, limit="100000")
     except ApiError as exc:
-        print(f"warning: no positions: {exc}", file=sys.stderr)
+        _warn(f"warning: no positions: {exc}")
         return None
     items = answer.get("items") or []
     return {f"{i['metadata']['namespace']}/{i['metadata']['name']}": i for i in items}
@@ -87,12 +97,41 @@ def _eta(item: Obj | None) -> str:
     return ("by " if eta.get("latest") else "~") + str(at)[11:16]
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f"  # C0, DEL, C1: ESC and CSI start every ANSI escape sequence
+    "\u200e\u200f\u202a-\u202e\u2066-\u2069"  # bidirectional controls: reorder what is shown
+    "\u2028\u2029]"  # line and paragraph separators: a line break to some terminals
+)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every character a terminal would act on instead of show written as a
+    Python-style escape (ESC as `\\x1b`, a newline as `\\x0a`). Backslashes are left as they
+    are, so applying it twice changes nothing."""
+    return _UNSAFE.sub(_escaped, text)
+
+
+def _show(rows: Sequence[Sequence[object]], *, file: TextIO | None = None) -> None:
+    """The one place text output is formatted: each row is a line, its cells escaped
+    (`terminal_safe`) and, where rows have several, aligned in columns. A message on one
+    line stays on one line whatever it holds. `file` is stdout unless given."""
+    cells = [[terminal_safe(str(cell)) for cell in row] for row in rows]
+    if not cells:
+        return
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     lines = [
-        "   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+        "   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
     ]
-    return "\n".join(lines)
+    print("\n".join(lines), file=file or sys.stdout)
+
+
+def _warn(message: str) -> None:
+    _show([[message]], file=sys.stderr)
 
 
 def _emit(obj: Obj, output: str | None) -> bool:
@@ -129,7 +168,7 @@ def cmd_list(api: Connection, args: argparse.Namespace) -> None:
         return
     if not rows:
         where = "any namespace" if args.all_namespaces else f"namespace {api.namespace}"
-        print(f"No AppWrappers found in {where}.", file=sys.stderr)
+        _warn(f"No AppWrappers found in {where}.")
         return
     head = ["NAME", "STATE", "QUEUE", "POSITION", "ETA"]
     if args.all_namespaces:
@@ -156,7 +195,7 @@ def cmd_list(api: Connection, args: argparse.Namespace) -> None:
                 (item or {}).get("eta", {}).get("basis", "-"),
             ]
         table.append(row)
-    print(_table(table))
+    _show(table)
 
 
 def _summary(aw: Obj, item: Obj | None) -> Obj:
@@ -201,7 +240,7 @@ def cmd_why(api: Connection, args: argparse.Namespace) -> None:
         item = api.get(f"{VISIBILITY}/namespaces/{api.namespace}/pendingappwrappers/{args.name}")
     except ApiError as exc:
         if exc.code != 404:
-            print(f"warning: no position: {exc}", file=sys.stderr)
+            _warn(f"warning: no position: {exc}")
     status = aw.get("status") or {}
     if _emit(
         {"appwrapper": aw.get("metadata", {}), "status": status, "pending": item}, args.output
@@ -240,7 +279,7 @@ def cmd_why(api: Connection, args: argparse.Namespace) -> None:
             f"    {when}  {c.get('type')}={c.get('status')}"
             f"  {c.get('reason', '')}: {c.get('message', '')}"
         )
-    print("\n".join(lines))
+    _show([[line] for line in lines])
 
 
 def _usage(status: Obj) -> tuple[str, str]:
@@ -311,7 +350,7 @@ def cmd_queues(api: Connection, args: argparse.Namespace) -> None:
                 "-",
             ]
         )
-    print(_table(table))
+    _show(table)
 
 
 def _stop_policy(api: Connection, queue: str, policy: str) -> None:
@@ -326,7 +365,7 @@ def _stop_policy(api: Connection, queue: str, policy: str) -> None:
         if exc.code == 404:
             raise PluginError(f'clusterappqueue "{queue}" not found') from None
         raise
-    print(f"clusterappqueue/{queue} stopPolicy={policy}")
+    _show([[f"clusterappqueue/{queue} stopPolicy={policy}"]])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -351,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "resume":
             _stop_policy(api, args.queue, "None")
     except PluginError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _warn(f"error: {exc}")
         return 1
     return 0
 

@@ -19,9 +19,12 @@ from tests.e2e.conftest import (
     appwrapper,
     conditions,
     deployment,
+    get_aw,
     load_sample,
+    pod_template,
     wait_condition,
 )
+from tests.e2e.test_visibility import kubectl_aw
 
 pytestmark = [pytest.mark.cluster]
 
@@ -195,3 +198,40 @@ async def test_mcad_legacy_yaml_applies_and_runs(cluster, namespace, fake_nodes,
     sample = load_sample("mcad-legacy.yaml")
     await apply(cluster, namespace, sample)
     await wait_condition(cluster, namespace, sample["metadata"]["name"], "Completed", timeout=90)
+
+
+async def test_kubectl_aw_shows_a_tenants_escape_sequences_as_text(
+    cluster, namespace, fake_nodes, run_dispatcher
+):
+    """A worker group name and a node-selector value carrying terminal escape sequences
+    (clear the screen, set the window title) reach the dispatcher's message; `kubectl aw`
+    prints them escaped, never to the terminal as they are."""
+    fake_nodes.add("n1", cpu="4")
+    await run_dispatcher()
+    group = "\x1b[2J\x1b[Hgpu"
+    spec = pod_template({"cpu": "1"}, nodeSelector={"accelerator": "\x1b]0;owned\x07a100"})
+    ray = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": "rc"},
+        "spec": {"workerGroupSpecs": [{"groupName": group, "replicas": 1, "template": spec}]},
+    }
+    await apply(cluster, namespace, appwrapper("rc", ray))
+    said = f"no schedulable node matches pod RayCluster/rc worker {group}"
+
+    async def waits_saying_why() -> bool:
+        status = (await get_aw(cluster, namespace, "rc")).get("status") or {}
+        return any(said in (c.get("message") or "") for c in status.get("conditions") or [])
+
+    await async_wait_until(waits_saying_why, timeout=30, what="rc waits, naming its group")
+    why = await kubectl_aw(cluster, "why", "rc", "-n", namespace)
+    listed = await kubectl_aw(cluster, "list", "-n", namespace, "-o", "wide")
+    for ran in (why, listed):
+        assert "\x1b" not in ran.stdout + ran.stderr
+        assert "\x07" not in ran.stdout + ran.stderr
+    assert "worker \\x1b[2J\\x1b[Hgpu (nodeSelector/taints)" in why.stdout
+    # -o json keeps the data exact.
+    as_json = json.loads(
+        (await kubectl_aw(cluster, "why", "rc", "-n", namespace, "-o", "json")).stdout
+    )
+    assert any(said in c["message"] for c in as_json["status"]["conditions"])
