@@ -1,9 +1,11 @@
 """Assembly: connect the hub and members, build the controller manager, run it. A member
 kubeconfig read from a Secret that runs credential plugins is refused here, at start.
 
-Three sets of connections, each with its own rate limiter and connection pool, so that none
+Five sets of connections, each with its own rate limiter and connection pool, so that none
 can starve another: the controller's (`Config.qps`), the admission webhook's, opened in its
-own thread (`webhook.qps`, see webhook_service.py), and the leader-election Lease's.
+own thread (`webhook.qps`, see webhook_service.py), the visibility API's access checks
+(`visibility.review_qps`), the /metrics scrapers' reviews (`metrics.review_qps`, with
+`metrics.auth: kubernetes`) and the leader-election Lease's.
 
 Before anything is served, the hub's AppWrapper CRD is checked (`kube/preflight.py`): one
 this dispatcher cannot serve (another controller's) stops the start with StartRefused.
@@ -19,6 +21,7 @@ import base64
 import contextlib
 import os
 import signal
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -29,6 +32,7 @@ from dispatcher import health, metrics
 from dispatcher.cluster.member import Member, mapping_problems
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.manager import Manager
+from dispatcher.controller.metrics_access import MetricsAccess
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import KubeClient, ResourceInfo, replica_identity
 from dispatcher.kube.leader import LeaderElector
@@ -209,7 +213,15 @@ async def _start_visibility(
     answers 503 naming the leader."""
     if not config.visibility.enabled:
         return None
-    service = VisibilityService(config, dispatcher)
+    settings = config.visibility
+
+    async def connect() -> KubeClient:
+        # Its SubjectAccessReviews on a connection and rate limiter of their own.
+        return await connect_hub(
+            config, name="visibility", qps=settings.review_qps, burst=settings.review_burst
+        )
+
+    service = VisibilityService(config, dispatcher, connect=connect)
     try:
         await service.start()
     except BaseException:
@@ -219,6 +231,44 @@ async def _start_visibility(
         await close(dispatcher)
         raise
     return service
+
+
+async def start_health(config: Config, dispatcher: Manager) -> Callable[[], Awaitable[None]]:
+    """Serve /healthz, /readyz and /metrics on `health_port` (HTTPS given
+    `metrics.cert_file`); returns what stops it. With `metrics.auth: kubernetes`, the
+    scrapers' tokens and rights are reviewed on a connection of the port's own."""
+    settings = config.metrics
+    context: ssl.SSLContext | None = None
+    if settings.cert_file is not None and settings.key_file is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(settings.cert_file, settings.key_file)
+    client: KubeClient | None = None
+    access: MetricsAccess | None = None
+    if settings.auth == "kubernetes":
+        qps, burst = settings.review_qps, settings.review_burst
+        client = await connect_hub(config, name="metrics", qps=qps, burst=burst)
+        keep = config.access_review_cache_seconds
+        access = MetricsAccess(client, qps=qps, burst=burst, keep_seconds=keep)
+    try:
+        runner = await health.serve(
+            port=config.health_port,
+            ready=dispatcher.ready.is_set,
+            metrics=lambda: metrics.render(dispatcher),
+            debug_memory=config.debug_memory,
+            access=access,
+            ssl_context=context,
+        )
+    except BaseException:
+        if client is not None:
+            await client.close()
+        raise
+
+    async def stop() -> None:
+        await runner.cleanup()
+        if client is not None:
+            await client.close()
+
+    return stop
 
 
 async def _start_webhook(config: Config, dispatcher: Manager) -> WebhookService | None:
@@ -304,13 +354,7 @@ async def serve_forever(config: Config) -> None:
     if visibility is not None:
         stops.append(visibility.stop)
     if config.health_port:
-        runner = await health.serve(
-            port=config.health_port,
-            ready=dispatcher.ready.is_set,
-            metrics=lambda: metrics.render(dispatcher),
-            debug_memory=config.debug_memory,
-        )
-        stops.append(runner.cleanup)
+        stops.append(await start_health(config, dispatcher))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

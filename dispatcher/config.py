@@ -103,6 +103,43 @@ class VisibilityConfig(BaseModel):
     requestheader_allowed_names: list[str] | None = None
     """Accepted names of the front proxy's client certificate (empty: any the CA signed).
     Unset: from the same ConfigMap."""
+    review_qps: float = Field(default=20.0, gt=0)
+    review_burst: int = Field(default=50, ge=1)
+    """SubjectAccessReviews this API may ask (per second; at once): on a connection of its
+    own, apart from the controller's. Answers are kept `access_review_cache_seconds`; a
+    request that needs more reviews than the budget has left is answered 429."""
+
+
+class MetricsConfig(BaseModel):
+    """/metrics, served on `health_port` (docs/operations.md#metrics)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    refresh_seconds: float = Field(default=5.0, gt=0)
+    """How often the leader recomputes the gauges over pending work (pending_workloads,
+    local_queue_pending_workloads); a scrape reads the last figures and computes nothing."""
+    auth: Literal["none", "kubernetes"] = "none"
+    """Who may scrape. `none`: anyone who reaches the port. `kubernetes`: only a caller whose
+    bearer token the API server accepts (TokenReview) and who may `get` the non-resource
+    URL /metrics (SubjectAccessReview); 401 without a valid token, 403 without the right.
+    /healthz and /readyz stay open (the kubelet's probes carry no token). Answers are kept
+    `access_review_cache_seconds`."""
+    review_qps: float = Field(default=5.0, gt=0)
+    review_burst: int = Field(default=20, ge=1)
+    """TokenReviews and SubjectAccessReviews /metrics may ask (per second; at once), on a
+    connection of its own: a scrape beyond the budget is answered 429, so a flood of
+    made-up tokens costs the API server at most this many reviews."""
+    cert_file: str | None = None
+    key_file: str | None = None
+    """A PEM certificate and key: the health port (/healthz, /readyz, /metrics) then serves
+    HTTPS only, and the probes must say `scheme: HTTPS`. Read at start (a renewed
+    certificate counts from the next restart). Unset: plain HTTP."""
+
+    @model_validator(mode="after")
+    def _pair(self) -> MetricsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("metrics.cert_file and metrics.key_file go together")
+        return self
 
 
 class WebhookConfig(BaseModel):
@@ -155,6 +192,13 @@ class WebhookConfig(BaseModel):
     queue_seconds: float = Field(default=2.0, ge=0)
     """How long a request beyond `max_in_flight` waits for its turn before it is refused
     (with a message saying so; the API server's own webhook timeout is 10 s)."""
+    conversion_max_in_flight: int = Field(default=16, ge=1, le=1024)
+    """Conversion requests (the AppWrapper CRD's v1beta1/v1beta2 webhook) handled at once,
+    with turns of their own: a flood of conversions never takes an admission request's turn,
+    nor the reverse."""
+    read_seconds: float = Field(default=5.0, gt=0)
+    """How long reading one request's body may take, before any turn is taken; a slower
+    sender is answered 408 and never held a turn."""
     max_api_versions: int = Field(default=8, ge=1, le=100)
     """Distinct apiVersions (API group/versions) one AppWrapper's items may name; more is
     refused at apply with the limit named (each one may cost a discovery request)."""
@@ -361,6 +405,7 @@ class Config(BaseModel):
     requests in a burst; a right taken away counts after at most this long)."""
     webhook: WebhookConfig = Field(default_factory=lambda: WebhookConfig())
     visibility: VisibilityConfig = Field(default_factory=lambda: VisibilityConfig())
+    metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())
     priority_policy: PriorityPolicy = Field(default_factory=lambda: PriorityPolicy())
     provisioning: ProvisioningConfig = Field(default_factory=lambda: ProvisioningConfig())
     leader_election: bool = False

@@ -10,7 +10,6 @@ informers: PriorityClasses are read by name, discovery is the clients' own.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import time
@@ -18,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from pydantic import ValidationError
@@ -26,10 +25,19 @@ from pydantic import ValidationError
 from dispatcher.api.constants import FINALIZER
 from dispatcher.api.models import AppWrapper
 from dispatcher.config import Config, DeclaredPodResources
+from dispatcher.controller.answers import KeptAnswers
+from dispatcher.controller.witness import RecordWitness
 from dispatcher.core import gatekeeping as rules
 from dispatcher.core import v1beta2rules as v1beta2
-from dispatcher.core.gatekeeping import Access, Creator
+from dispatcher.core.convert import reserved_annotation_problems
+from dispatcher.core.gatekeeping import Access, Creator, PathAccess
 from dispatcher.core.kindgroups import group_problem
+from dispatcher.core.quota.kueue import (
+    KUEUE_GROUP,
+    KUEUE_PRIORITY_LABEL,
+    KueueQuotas,
+    priority_value,
+)
 from dispatcher.core.validation import bounded_message, size_problem
 from dispatcher.core.workloads import InvalidSpec, workload_of
 from dispatcher.kube.api import KubeApi
@@ -43,6 +51,8 @@ SUBJECT_ACCESS_REVIEWS = ResourceInfo(
 PRIORITY_CLASSES = ResourceInfo(
     "scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False
 )
+KUEUE_VERSIONS = ("v1beta1", "v1beta2")
+"""Kueue's API versions a WorkloadPriorityClass is looked up in, in this order."""
 ANSWERS_LIMIT = 4096
 UNSERVED_LIMIT = 4096
 """apiVersion/kind pairs remembered as served nowhere: names come from users' templates, so
@@ -64,48 +74,37 @@ class DiscoveryBounds:
     """How long "no cluster serves this apiVersion and kind" is believed."""
 
 
+class Creates(Protocol):
+    """What `AccessReviews` needs of a client: a KubeApi, or a budget in front of one."""
+
+    async def create(
+        self, info: ResourceInfo, namespace: str | None, body: Any, *, field_manager: str = ""
+    ) -> dict[str, Any]: ...
+
+
 class AccessReviews:
     """SubjectAccessReviews, each answer kept `keep_seconds`: a burst of AppWrappers from one
     user asks once, and a right taken away is seen within that time. Questions asked while
     the same one is in flight wait for its answer instead of asking again (a burst arrives
-    in parallel, before any answer is kept)."""
+    in parallel, before any answer is kept; `answers.KeptAnswers`)."""
 
     def __init__(
-        self, hub: KubeApi, *, keep_seconds: float, now: Callable[[], float] = time.monotonic
+        self, hub: Creates, *, keep_seconds: float, now: Callable[[], float] = time.monotonic
     ) -> None:
         self._hub = hub
-        self._keep = keep_seconds
-        self._now = now
-        self._answers: dict[tuple[Creator, Access], tuple[float, bool]] = {}
-        self._asking: dict[tuple[Creator, Access], asyncio.Future[bool]] = {}
+        self._kept: KeptAnswers[tuple[Creator, Access | PathAccess], bool] = KeptAnswers(
+            keep_seconds=keep_seconds, limit=ANSWERS_LIMIT, now=now
+        )
 
-    async def allowed(self, user: Creator, access: Access) -> bool:
-        key = (user, access)
-        cached = self._answers.get(key)
-        if cached is not None and self._now() - cached[0] < self._keep:
-            return cached[1]
-        asking = self._asking.get(key)
-        if asking is None:
-            asking = asyncio.ensure_future(self._ask(key))
-            self._asking[key] = asking
-            asking.add_done_callback(lambda done: self._forget(key, done))
-        # Shielded: one caller cancelled (its webhook request timed out) leaves the others
-        # their answer; an error reaches every caller and is not kept.
-        return await asyncio.shield(asking)
+    async def allowed(self, user: Creator, access: Access | PathAccess) -> bool:
+        return await self._kept.get((user, access), lambda: self._ask(user, access))
 
-    def _forget(self, key: tuple[Creator, Access], done: asyncio.Future[bool]) -> None:
-        self._asking.pop(key, None)
-        if not done.cancelled():
-            done.exception()  # retrieved here too: every caller may have gone before it ended
-
-    async def _ask(self, key: tuple[Creator, Access]) -> bool:
-        user, access = key
-        asked = self._now()
+    async def _ask(self, user: Creator, access: Access | PathAccess) -> bool:
         spec: Obj = {
             "user": user.username,
             "uid": user.uid,
             "groups": list(user.groups),
-            "resourceAttributes": access.attributes(),
+            **access.review(),
         }
         if user.extra:  # scopes, authentication method...: an authorizer may decide on them
             spec["extra"] = user.extra_map()
@@ -115,11 +114,7 @@ class AccessReviews:
             "spec": spec,
         }
         answer = await self._hub.create(SUBJECT_ACCESS_REVIEWS, None, review)
-        allowed = bool((answer.get("status") or {}).get("allowed"))
-        if len(self._answers) >= ANSWERS_LIMIT:
-            self._answers.clear()  # a bound, not a policy: answers are cheap to ask again
-        self._answers[key] = (asked, allowed)
-        return allowed
+        return bool((answer.get("status") or {}).get("allowed"))
 
     async def refused(self, user: Creator, needed: Mapping[Access, list[str]]) -> str:
         """The message naming each right `user` lacks, "" when they have them all."""
@@ -139,8 +134,14 @@ class Gatekeeper:
         signing_keys: Callable[[], Sequence[bytes]] = lambda: (),
         bounds: DiscoveryBounds | None = None,
         now: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        witness: RecordWitness | None = None,
     ) -> None:
         self._config = config
+        self._wall = wall
+        self.witness = witness
+        """Whether the webhook was in place when a record's spec was stored (the check
+        before dispatch; None: records are honoured on their signature alone)."""
         self._bounds = bounds
         self._now = now
         self._unserved: OrderedDict[tuple[str, str], float] = OrderedDict()
@@ -173,6 +174,7 @@ class Gatekeeper:
                 old=request.get("oldObject"),
                 user=Creator.from_user_info(request.get("userInfo") or {}),
                 keys=keys,
+                signed_at=int(self._wall()),
             )
         return _response(request, allowed=True, patch=patch)
 
@@ -204,8 +206,8 @@ class Gatekeeper:
         user = Creator.from_user_info(request.get("userInfo") or {})
         if request.get("subResource"):
             return []  # none is sent here (status: manifests/status-policy.yaml)
-        problems: list[str] = []
         in_v1beta2 = v1beta2.requested_in_v1beta2(request)
+        problems = reserved_annotation_problems(obj, old, in_v1beta2=in_v1beta2)
         if operation == "UPDATE" and old is not None:
             problems += rules.update_problems(obj, old, user)
             if in_v1beta2:
@@ -252,8 +254,18 @@ class Gatekeeper:
             except NotFound:
                 return [f"PriorityClass {class_name!r} not found"]
             class_value = int(found.get("value", 0))
+        kueue_class = (
+            ""
+            if self._config.kueue_quotas is KueueQuotas.OFF
+            else aw.metadata.labels.get(KUEUE_PRIORITY_LABEL) or ""
+        )
         problems = rules.priority_problems(
-            spec, namespace=namespace, policy=self._config.priority_policy, class_value=class_value
+            spec,
+            namespace=namespace,
+            policy=self._config.priority_policy,
+            class_value=class_value,
+            workload_class=kueue_class,
+            workload_class_value=await self._workload_class_value(kueue_class),
         )
         workload = workload_of(
             aw,
@@ -267,6 +279,25 @@ class Gatekeeper:
         if isinstance(workload, InvalidSpec):
             problems.append(workload.message)
         return problems
+
+    async def _workload_class_value(self, name: str) -> int | None:
+        """The value of Kueue's WorkloadPriorityClass `name` (None: none named, or it cannot
+        be read here: its name is judged all the same, and the check before dispatch holds
+        its value to the range)."""
+        if not name:
+            return None
+        for version in KUEUE_VERSIONS:
+            try:
+                info = await self._hub.resource_info(
+                    f"{KUEUE_GROUP}/{version}", "WorkloadPriorityClass"
+                )
+                return priority_value(await self._hub.get(info, None, name))
+            except UnknownKind:
+                continue
+            except KubeError as exc:
+                self._log.info("workload_priority_class_unread", name=name, error=str(exc)[:200])
+                return None
+        return None
 
     async def _needed(
         self, obj: Obj, namespace: str, *, old: Obj | None, member: KubeApi | None = None
@@ -363,17 +394,29 @@ class Gatekeeper:
         """Why `obj` may not be dispatched for want of a trusted creator ("" if it may)."""
         if self._config.unattributed == "allow":
             return ""
-        return rules.attribution(obj, self._keys()).problem
+        found = rules.attribution(obj, self._keys())
+        if found.creator is not None and self.witness is not None:
+            self.witness.receive(obj)  # so that it is proved while it waits in the queue
+        return found.problem
 
     async def dispatch_problem(self, obj: Obj, member: KubeApi) -> str:
         """Asked again just before the objects are created: may the recorded creator still
         create each of them? "" when they may (or when the check is off, or the AppWrapper
-        is unattributed and the operator allows that)."""
-        if not self._config.check_at_dispatch:
+        is unattributed and the operator allows that). A record is honoured only if the
+        webhook was in place when its spec was stored (`witness`), whatever
+        `check_at_dispatch` says."""
+        refusing = self._config.unattributed != "allow"
+        if not self._config.check_at_dispatch and not (refusing and self.witness is not None):
             return ""
         found = rules.attribution(obj, self._keys())
         if found.creator is None:
-            return "" if self._config.unattributed == "allow" else found.problem
+            return found.problem if refusing else ""
+        if refusing and self.witness is not None:
+            # Signed is not enough: signed for the API server's call that stored this spec,
+            # not for a caller of the port whose record was stored while the webhook was away.
+            late = await self.witness.problem(obj, found.signed_at)
+            if late or not self._config.check_at_dispatch:
+                return late
         namespace = str((obj.get("metadata") or {}).get("namespace") or "")
         # A kind no cluster serves is left out: creating it says which, as it always has.
         needed, _ = await self._needed(obj, namespace, old=None, member=member)

@@ -46,6 +46,7 @@ from dispatcher.controller.status import APPWRAPPERS, StatusWriter
 from dispatcher.controller.upkeep import Upkeep
 from dispatcher.controller.visibility import Visibility
 from dispatcher.controller.waiting import WaitingWriter
+from dispatcher.controller.witness import RecordWitness
 from dispatcher.controller.workqueue import WorkQueue, serve
 from dispatcher.core.phase import Phase, phase_of_raw
 from dispatcher.core.quota.kueue import KueueQuotas
@@ -53,7 +54,7 @@ from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.events import EventRecorder
 from dispatcher.kube.informer import Informer
-from dispatcher.metrics import ManagerCollector, Recorder
+from dispatcher.metrics import Figures, ManagerCollector, Recorder, pending_figures
 
 Obj = dict[str, Any]
 PRIORITY_CLASSES = ResourceInfo(
@@ -122,6 +123,13 @@ class Manager:
             hub=self.hub,
             discovery=[m.client for m in self.members.values()],
             signing_keys=lambda: self.signing_keys,
+            # Where this dispatcher signs records, one is honoured only if its webhook was
+            # in place when the record's spec was stored (docs/security.md).
+            witness=(
+                RecordWitness(self.hub, config.webhook.mutating_configuration)
+                if config.webhook.enabled and config.unattributed == "refuse"
+                else None
+            ),
         )
         self.reader = AppWrapperReader(
             allowed_kinds=frozenset(config.allowed_kinds),
@@ -241,6 +249,9 @@ class Manager:
             member.capacity.on_change = self._on_capacity
             member.capacity.follow_health(self.config.node_health.rules(), wake=self.queue.add)
             member.pods.add_handler(self._on_pod)
+        self.figures = Figures(
+            lambda: pending_figures(self), every=self.config.metrics.refresh_seconds
+        )
         self.recorder.registry.register(ManagerCollector(self))
 
     @property
@@ -281,6 +292,8 @@ class Manager:
             self._child(self.priority_classes.run(), "priorityclasses")
             self._child(self.quotas.run(), "quotas")
             self._child(self.events.run(), "events")
+            if self.gatekeeper.witness is not None:
+                self._child(self.gatekeeper.witness.run(), "record-witness")
             if self.config.provisioning.enabled:
                 self._child(self.provisioning.requests.run(), "provisioningrequests")
             for member in self.members.values():
@@ -313,6 +326,7 @@ class Manager:
             self._child(self.scheduler.run(), "scheduler")
             self._child(self.waiting.run(), "waiting-writers")
             self._child(self.upkeep.run(), "upkeep")
+            self._child(self.figures.run(), "metrics-figures")
             for name in late:
                 self._child(self._join(self.members[name]), f"join-{name}")
             self.ready.set()
