@@ -411,12 +411,14 @@ class Gatekeeper:
         found = rules.attribution(obj, self._keys())
         if found.creator is None:
             return found.problem if refusing else ""
-        if refusing and self.witness is not None:
+        if refusing and self.witness is not None and not objects_made(obj):
             # Signed is not enough: signed for the API server's call that stored this spec,
             # not for a caller of the port whose record was stored while the webhook was away.
             late = await self.witness.problem(obj, found.signed_at)
             if late or not self._config.check_at_dispatch:
                 return late
+        if not self._config.check_at_dispatch:
+            return ""
         namespace = str((obj.get("metadata") or {}).get("namespace") or "")
         # A kind no cluster serves is left out: creating it says which, as it always has.
         needed, _ = await self._needed(obj, namespace, old=None, member=member)
@@ -431,6 +433,16 @@ def _finalizer_patch(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     if FINALIZER in finalizers:
         return []
     return [{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]
+
+
+def objects_made(obj: Obj) -> bool:
+    """Whether the objects of this AppWrapper's current attempt were made (and recorded so):
+    its record was judged before they were, and a dispatched AppWrapper is not judged again
+    by when it was signed (a restart, a configuration made again since, must not fail running
+    work; an edit of its spec requeues it, and the next attempt is judged)."""
+    status = obj.get("status") or {}
+    attempt = status.get("lastDispatchedAt")
+    return bool(attempt) and status.get("objectsMadeFor") == attempt
 
 
 def _response(

@@ -123,11 +123,15 @@ class Manager:
             hub=self.hub,
             discovery=[m.client for m in self.members.values()],
             signing_keys=lambda: self.signing_keys,
-            # Where this dispatcher signs records, one is honoured only if its webhook was
-            # in place when the record's spec was stored (docs/security.md).
+            # Where this dispatcher signs records and anyone may call its webhook (no client
+            # CA: a managed cluster), one is honoured only if the webhook was in place when
+            # the record's spec was stored (docs/security.md). With the API server's client
+            # certificate checked, no other caller obtains a record: nothing to prove.
             witness=(
                 RecordWitness(self.hub, config.webhook.mutating_configuration)
-                if config.webhook.enabled and config.unattributed == "refuse"
+                if config.webhook.enabled
+                and config.unattributed == "refuse"
+                and not config.webhook.client_ca_file
                 else None
             ),
         )

@@ -32,10 +32,12 @@ What each generation expresses natively:
 
 The reserved annotations are the conversion's alone (`RESERVED_ANNOTATIONS`): each direction
 reads the one it wrote for the other (`V1BETA2_FIELDS` in v1beta1, `V1BETA1_FIELDS` in
-v1beta2) and drops every reserved annotation it finds, so a value a user wrote there is never
-a source of anything (the admission webhook refuses one set or changed in v1beta1:
-`reserved_annotation_problems`). A value that is not JSON, not an object, or nested past
-`jsontext.DEEP_DECODE_LIMIT` is dropped, not fatal.
+v1beta2) and drops every reserved annotation it finds. So a value a user wrote where it is not
+read is dropped, and one read is never a source of status: `V1BETA1_FIELDS` written in a
+v1beta2 request becomes that request's v1beta1 spec, as any spec the user writes (the
+admission webhook judges it converted, and refuses a reserved annotation set or changed in a
+v1beta1 request: `reserved_annotation_problems`). A value that is not JSON, not an object, or
+nested past `jsontext.DEEP_DECODE_LIMIT` is dropped, not fatal.
 
 Reading (v1beta1 to v1beta2: every get, list and watch in the preferred version) never fails:
 a stored object v1beta2 cannot express (say a spec that is not an object, stored under an

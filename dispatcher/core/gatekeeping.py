@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ spec and the time it was signed (whole seconds since the epoch, the webhook's cl
 written before records were bound to a time, "v1:" + HMAC of the first three."""
 SIGNATURE_VERSION = "v1:"
 TIMED_VERSION = "v2:"
+_SECONDS = re.compile(r"[0-9]{1,12}")
 
 
 class PriorityRule(BaseModel):
@@ -208,7 +210,8 @@ def signed_at_of(signature: Any) -> int | None:
     if not isinstance(signature, str) or not signature.startswith(TIMED_VERSION):
         return None
     when, _, _ = signature[len(TIMED_VERSION) :].partition(":")
-    return int(when) if when.isdigit() and len(when) <= 12 else None
+    # ASCII digits only: str.isdigit() takes "²" too, which int() refuses.
+    return int(when) if _SECONDS.fullmatch(when) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +242,9 @@ def attribution(obj: Mapping[str, Any], keys: Sequence[bytes]) -> Attribution:
     if creator is not None and isinstance(given, str):
         signed_at = signed_at_of(given)
         for key in keys:
-            if hmac.compare_digest(sign(key, namespace, record, spec, signed_at), given):
+            # As bytes: compare_digest refuses str with non-ASCII characters (TypeError).
+            expected = sign(key, namespace, record, spec, signed_at).encode()
+            if hmac.compare_digest(expected, given.encode()):
                 return Attribution(creator, signed_at=signed_at)
     return Attribution(
         None,

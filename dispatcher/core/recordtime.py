@@ -81,18 +81,31 @@ def timestamp(value: Any) -> float | None:
 def covers(configuration: Mapping[str, Any], namespace: str) -> bool:
     """Whether one of the configuration's webhooks is sent every create and update of an
     AppWrapper of `namespace`, with no way around it: failurePolicy Fail, no objectSelector
-    (object labels are the tenant's), and no namespaceSelector other than the namespace's
-    own name."""
+    (object labels are the tenant's), no matchConditions, every served version (matchPolicy
+    Equivalent, or both named), and no namespaceSelector other than the namespace's own
+    name."""
     for webhook in configuration.get("webhooks") or []:
         if not isinstance(webhook, Mapping):
             continue
         if (webhook.get("failurePolicy") or "Fail") != "Fail":
             continue
-        if webhook.get("objectSelector") not in (None, {}):
+        if webhook.get("objectSelector") not in (None, {}) or webhook.get("matchConditions"):
+            continue
+        if webhook.get("matchPolicy") == "Exact" and not _every_version(webhook.get("rules")):
             continue
         if _selects(webhook.get("namespaceSelector"), namespace) and _sends_appwrappers(
             webhook.get("rules")
         ):
+            return True
+    return False
+
+
+def _every_version(rules: Any) -> bool:
+    """Whether the rules name every version AppWrappers are served in (with matchPolicy
+    Exact, a request made in a version not named is not sent at all)."""
+    for rule in rules or []:
+        versions = set(rule.get("apiVersions") or []) if isinstance(rule, Mapping) else set()
+        if "*" in versions or {"v1beta1", "v1beta2"} <= versions:
             return True
     return False
 

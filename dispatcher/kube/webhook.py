@@ -35,6 +35,7 @@ from cryptography.x509.oid import NameOID
 
 from dispatcher.core import crdcheck
 from dispatcher.core.convert import ConversionError, convert
+from dispatcher.kube.errors import Undecodable
 from dispatcher.kube.jsoncodec import decode, encode
 
 MUTATE_PATH = "/mutate-appwrapper"
@@ -199,13 +200,13 @@ class _Endpoint:
         self, request: web.Request, respond: Callable[[bytes], Awaitable[web.Response]]
     ) -> web.Response:
         if not await self._reading.take():
-            return self._refused(request.path, self._reading.size)
+            return await _unread(request, self._refused(request.path, self._reading.size))
         try:
             body = await self._read(request)
         finally:
             self._reading.give_back()
         if isinstance(body, web.Response):
-            return body
+            return await _unread(request, body)
         if not await self._answering.take():
             return self._refused(request.path, self._answering.size)
         try:
@@ -230,6 +231,17 @@ class _Endpoint:
     def _refused(self, path: str, in_flight: int) -> web.Response:
         self._log.warning("webhook_busy", path=path, endpoint=self.name, in_flight=in_flight)
         return status_response(429, "TooManyRequests", self._busy)
+
+
+async def _unread(request: web.Request, response: web.Response) -> web.Response:
+    """`response` sent, then the connection closed: a body left unread (too slow, too large,
+    no turn to read it) is not waited for, as aiohttp would for up to 10 s to keep the
+    connection."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    request.protocol.force_close()
+    return response
 
 
 def _too_large() -> web.Response:
@@ -279,7 +291,7 @@ class _Reviews:
     async def _review(self, body: bytes, handler: Handler, path: str) -> web.Response:
         try:
             review, inner = _read_review(body)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, Undecodable) as exc:
             return web.Response(status=400, text=f"not an AdmissionReview: {exc}\n")
         try:
             response = await handler(inner)
@@ -300,22 +312,33 @@ class _Reviews:
         return await self._conversion.answer(request, self._convert)
 
     async def _convert(self, body: bytes) -> web.Response:
-        try:
-            review, inner = _read_review(body)
-        except (ValueError, KeyError, TypeError) as exc:
-            return web.Response(status=400, text=f"not a ConversionReview: {exc}\n")
-        answer = {
-            "apiVersion": str(review.get("apiVersion") or "apiextensions.k8s.io/v1"),
-            "kind": "ConversionReview",
-            "response": conversion_response(inner),
-        }
-        # encode, not json_response: an object may be nested past the json module's reach.
-        return web.Response(body=encode(answer), content_type="application/json")
+        # Reading, converting and writing are CPU alone, and a large or deep body takes a
+        # while (the iterative reader): in a thread, so that admission is answered meanwhile.
+        status, answer = await asyncio.to_thread(conversion_answer, body)
+        if status != 200:
+            return web.Response(status=status, text=answer.decode())
+        return web.Response(body=answer, content_type="application/json")
+
+
+def conversion_answer(body: bytes) -> tuple[int, bytes]:
+    """The HTTP status and body answering a ConversionReview `body`: 200 and the review
+    answered, or 400 and why it is not one."""
+    try:
+        review, inner = _read_review(body)
+    except (ValueError, KeyError, TypeError, Undecodable) as exc:
+        return 400, f"not a ConversionReview: {exc}\n".encode()
+    answer = {
+        "apiVersion": str(review.get("apiVersion") or "apiextensions.k8s.io/v1"),
+        "kind": "ConversionReview",
+        "response": conversion_response(inner),
+    }
+    # encode, not json.dumps: an object may be nested past the json module's reach.
+    return 200, encode(answer)
 
 
 def _read_review(body: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A review and its `request` (which must carry a uid); ValueError, KeyError or
-    TypeError when the body is not one."""
+    """A review and its `request` (which must carry a uid); ValueError, KeyError,
+    TypeError or Undecodable when the body is not one."""
     review = decode(body)
     inner = review["request"]
     if not isinstance(inner, dict) or "uid" not in inner:

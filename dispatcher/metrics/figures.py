@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+import structlog
+
 from dispatcher.core.model import Workload
 from dispatcher.core.pending import PendingStatus, pending_status
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
@@ -74,5 +76,8 @@ class Figures:
 
     async def run(self) -> None:
         while True:
-            self.refresh()
+            try:
+                self.refresh()
+            except Exception as exc:  # figures are for scrapes: never end the manager for them
+                structlog.get_logger("metrics").warning("figures_failed", error=repr(exc)[:300])
             await self._sleep(self._every)

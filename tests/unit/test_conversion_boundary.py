@@ -11,6 +11,7 @@ import asyncio
 import copy
 import json
 import ssl
+import threading
 import time
 import tracemalloc
 from collections.abc import Mapping
@@ -471,3 +472,49 @@ def test_deep_answers_are_written_by_the_codec_not_the_json_module() -> None:
     assert same(jsontext.loads(encode(value)), value)
     assert same(decode(jsontext.dumps(value, sort_keys=True)), value)
     assert jsontext.dumps(value) == '{"a":' * 5000 + '{"leaf":1}' + "}" * 5000
+
+
+def test_a_body_that_is_no_json_at_any_depth_is_a_400_not_a_500() -> None:
+    for body in (b"[" * 5000, b"{" * 20_000, b'{"request": ' + b"[" * 3000):
+        status, text = webhook.conversion_answer(body)
+        assert status == 400
+        assert text.startswith(b"not a ConversionReview")
+
+
+async def test_admission_is_answered_while_a_conversion_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Converting is CPU alone and may take long (a large or deep body): it runs in a thread,
+    so the webhook's loop answers admission meanwhile."""
+    server, client = contexts()
+    working, release = threading.Event(), threading.Event()
+
+    def slow(request: Mapping[str, Any]) -> dict[str, Any]:
+        working.set()
+        assert release.wait(20)
+        return {"uid": request.get("uid", ""), "convertedObjects": [], "result": {}}
+
+    async def mutate(request: Mapping[str, Any]) -> dict[str, Any]:
+        return {"uid": request["uid"], "allowed": True}
+
+    monkeypatch.setattr(webhook, "conversion_response", slow)
+    runner, port = await webhook.serve(
+        host="127.0.0.1", port=0, ssl_context=server, mutate=mutate, validate=never
+    )
+    base = f"https://127.0.0.1:{port}"
+    conversion = {"request": {"uid": "c", "desiredAPIVersion": V1BETA2, "objects": []}}
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client)) as session:
+            converting = asyncio.create_task(
+                session.post(base + webhook.CONVERT_PATH, json=conversion)
+            )
+            assert await asyncio.to_thread(working.wait, 10)
+            async with asyncio.timeout(5):
+                async with session.post(base + webhook.MUTATE_PATH, json=review("a")) as answer:
+                    assert answer.status == 200
+            release.set()
+            async with await converting as response:
+                assert response.status == 200
+    finally:
+        release.set()
+        await runner.cleanup()

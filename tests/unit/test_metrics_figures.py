@@ -69,3 +69,26 @@ async def test_the_leaders_manager_runs_the_timer() -> None:
         for _ in range(10):
             metrics.render(env.manager)
         assert env.manager.figures.computed == computed
+
+
+async def test_a_pass_that_fails_is_logged_and_the_timer_goes_on() -> None:
+    """A bug in the figures must not end the manager's task group (the leader's work)."""
+    async with fake_env(metrics={"refresh_seconds": 5}) as env:
+        passes = 0
+
+        def failing() -> metrics.figures.PendingFigures:
+            nonlocal passes
+            passes += 1
+            if passes == 1:
+                raise RuntimeError("a bug")
+            return pending_figures(env.manager)
+
+        figures = Figures(failing, every=5, sleep=env.clock.sleep)
+        timer = asyncio.create_task(figures.run())
+        try:
+            await env.until(lambda: passes == 1, "the failing pass")
+            env.clock.advance(5)
+            await env.until(lambda: passes == 2, "the next pass")
+            assert not timer.done()
+        finally:
+            timer.cancel()
