@@ -16,7 +16,6 @@ then only records signed after it was made again.
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -51,7 +50,10 @@ class RecordWitness:
         self.name = name
         self._min_interval = min_interval
         self._sleep = sleep
-        self._ticks = itertools.count(1)
+        self._tick = 0
+        """The counter's last value: arrivals and reads are ordered by it."""
+        self._in_flight: tuple[int, asyncio.Future[Read]] | None = None
+        """The read under way and the tick it was issued at (shared by its waiters)."""
         self._received: OrderedDict[str, tuple[Any, Any, int]] = OrderedDict()
         """AppWrapper uid -> (generation, signature, tick when that version arrived)."""
         self._reads: OrderedDict[str, Read] = OrderedDict()
@@ -69,7 +71,7 @@ class RecordWitness:
         if known is not None and known[:2] == version:
             self._received.move_to_end(uid)
             return known[2]
-        tick = next(self._ticks)
+        tick = self._next()
         self._received[uid] = (*version, tick)
         while len(self._received) > RECEIVED_LIMIT:
             self._received.popitem(last=False)
@@ -89,7 +91,7 @@ class RecordWitness:
             name=self.name,
         )
         if verdict is None:
-            await self.read()
+            await self.read_after(received)
             verdict = record_time_problem(
                 meta=meta,
                 signed_at=signed_at,
@@ -99,9 +101,29 @@ class RecordWitness:
             )
         return verdict or ""
 
+    def _next(self) -> int:
+        self._tick += 1
+        return self._tick
+
     async def read(self) -> Read:
-        """Read the configuration now (KubeError when the API server does not answer)."""
-        issued = next(self._ticks)
+        """A read of the configuration issued after everything received so far."""
+        return await self.read_after(self._tick)
+
+    async def read_after(self, received: int) -> Read:
+        """A read of the configuration issued after tick `received`: the one under way if it
+        was, else a new one, so that dispatches that ask at once cost one GET (KubeError,
+        to every waiter, when the API server does not answer)."""
+        flight = self._in_flight
+        if flight is None or flight[0] <= received or flight[1].done():
+            issued = self._next()
+            reading = asyncio.ensure_future(self._get(issued))
+            # Its error is each waiter's; taken here too, for when every waiter was cancelled.
+            reading.add_done_callback(lambda done: done.cancelled() or done.exception())
+            flight = self._in_flight = (issued, reading)
+        # Shielded: a waiter cancelled does not cancel the others' read.
+        return await asyncio.shield(flight[1])
+
+    async def _get(self, issued: int) -> Read:
         try:
             found = await self._hub.get(MUTATING, None, self.name)
         except NotFound:

@@ -3,6 +3,7 @@ its spec was stored (dispatcher.core.recordtime, dispatcher.controller.witness).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from datetime import UTC, datetime
 from typing import Any
@@ -231,6 +232,63 @@ async def test_a_proof_made_while_in_place_outlives_an_outage() -> None:
     late["metadata"]["uid"] = "u2"
     assert "does not exist now" in await witness.problem(late, int(T0) + 200)
     assert hub.reads == 2
+
+
+class SlowHub(Hub):
+    """A hub whose answers wait for `release`: reads asked meanwhile are in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def get(self, info: Any, namespace: str | None, name: str) -> dict[str, Any]:
+        self.reads += 1
+        await self.release.wait()
+        assert self.configuration is not None
+        return self.configuration
+
+
+async def test_dispatches_that_ask_at_once_share_one_read() -> None:
+    """After a restart many queued AppWrappers are dispatched at once, each needing a read
+    issued after it arrived: one GET serves every one that arrived before it was issued; one
+    that arrives later gets a read of its own."""
+    hub = SlowHub()
+    hub.configuration = {**configuration(), "metadata": {"uid": "c1", "creationTimestamp": at(0)}}
+    witness = RecordWitness(hub, NAME)  # type: ignore[arg-type]
+    objs = []
+    for number in range(20):
+        obj = appwrapper_obj(100)
+        obj["metadata"]["uid"] = f"u{number}"
+        witness.receive(obj)
+        objs.append(obj)
+    asking = [asyncio.create_task(witness.problem(obj, int(T0) + 100)) for obj in objs]
+    await asyncio.sleep(0)  # every one asks before the answer comes
+    later = appwrapper_obj(100)
+    later["metadata"]["uid"] = "later"
+    witness.receive(later)
+    after = asyncio.create_task(witness.problem(later, int(T0) + 100))
+    await asyncio.sleep(0)
+    hub.release.set()
+    assert await asyncio.gather(*asking) == [""] * 20
+    assert await after == ""
+    assert hub.reads == 2
+
+
+async def test_a_waiter_cancelled_leaves_the_others_their_read() -> None:
+    hub = SlowHub()
+    hub.configuration = {**configuration(), "metadata": {"uid": "c1", "creationTimestamp": at(0)}}
+    witness = RecordWitness(hub, NAME)  # type: ignore[arg-type]
+    one, two = appwrapper_obj(100), appwrapper_obj(100)
+    two["metadata"]["uid"] = "u2"
+    witness.receive(one)
+    witness.receive(two)
+    first = asyncio.create_task(witness.problem(one, int(T0) + 100))
+    second = asyncio.create_task(witness.problem(two, int(T0) + 100))
+    await asyncio.sleep(0)
+    first.cancel()
+    hub.release.set()
+    assert await second == ""
+    assert hub.reads == 1
 
 
 @pytest.mark.parametrize("when", ["²", "①", "١٢٣", "-1", "1" * 13, "", "1.5"])
