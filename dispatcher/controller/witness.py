@@ -83,23 +83,21 @@ class RecordWitness:
         configuration when no read since `obj` arrived says."""
         received = self.receive(obj)
         meta = obj.get("metadata") or {}
-        verdict = record_time_problem(
-            meta=meta,
-            signed_at=signed_at,
-            received=received,
-            reads=self._reads.values(),
-            name=self.name,
-        )
-        if verdict is None:
-            await self.read_after(received)
-            verdict = record_time_problem(
+
+        def verdict() -> str | None:
+            return record_time_problem(
                 meta=meta,
                 signed_at=signed_at,
                 received=received,
                 reads=self._reads.values(),
                 name=self.name,
             )
-        return verdict or ""
+
+        found = verdict()
+        if found is None:
+            await self.read_after(received)
+            found = verdict()
+        return found or ""
 
     def _next(self) -> int:
         self._tick += 1

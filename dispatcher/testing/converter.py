@@ -75,17 +75,23 @@ class Converter:
 
 
 def _server_context(converter: Converter) -> ssl.SSLContext:
+    context, converter.ca_bundle = loopback_server_context()
+    return context
+
+
+def loopback_server_context() -> tuple[ssl.SSLContext, bytes]:
+    """A TLS server context for 127.0.0.1 with a certificate from a throwaway CA (valid a
+    day), and that CA's PEM: what a webhook configuration's caBundle names."""
     now = time.time()
     ca = certplan.make_ca(now, DAY)
     serving = certplan.issue_serving(ca, ["127.0.0.1"], now, DAY)
-    converter.ca_bundle = ca.cert_pem
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     with tempfile.TemporaryDirectory() as directory:
         cert, key = Path(directory, "tls.crt"), Path(directory, "tls.key")
         cert.write_bytes(serving.cert_pem)
         key.write_bytes(serving.key_pem)
         context.load_cert_chain(cert, key)
-    return context
+    return context, ca.cert_pem
 
 
 async def _refuse(request: Any) -> dict[str, Any]:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import base64
 import json
 import ssl
-import tempfile
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,8 @@ from aiohttp import web
 
 from dispatcher.core import jsontext
 from dispatcher.core.convert import V1BETA2_FIELDS
-from dispatcher.kube import certplan, webhook
+from dispatcher.kube import webhook
+from dispatcher.testing.converter import loopback_server_context
 from dispatcher.testing.kubectl import KubectlError
 from dispatcher.testing.localcluster import free_port
 from dispatcher.testing.waits import async_holds_for, async_wait_until
@@ -164,16 +163,7 @@ class Recorder:
         self.ca_bundle = b""
 
     def context(self) -> ssl.SSLContext:
-        now = time.time()
-        ca = certplan.make_ca(now, 3600)
-        serving = certplan.issue_serving(ca, ["127.0.0.1"], now, 3600)
-        self.ca_bundle = ca.cert_pem
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        with tempfile.TemporaryDirectory() as directory:
-            cert, key = Path(directory, "tls.crt"), Path(directory, "tls.key")
-            cert.write_bytes(serving.cert_pem)
-            key.write_bytes(serving.key_pem)
-            context.load_cert_chain(cert, key)
+        context, self.ca_bundle = loopback_server_context()
         context.load_verify_locations(str(self.client_ca))
         context.verify_mode = ssl.CERT_OPTIONAL
         return context

@@ -16,6 +16,7 @@ from dispatcher.testing.provisioner import TestProvisioner
 from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import QUIET_SECONDS, apply, get_aw
 from tests.e2e.test_provisioning import provisioning_crd, ray_like, requests_of, settings
+from tests.e2e.test_security import grant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("provisioning_crd")]
 __all__ = ["provisioning_crd"]  # the fixture, shared
@@ -34,17 +35,9 @@ def elsewhere(cluster: Any, namespace: str) -> Iterator[str]:
 
 def may_write_requests(cluster: Any, namespace: str) -> None:
     """The tenant may create and read ProvisioningRequests in `namespace`."""
-    rules = [{"apiGroups": ["autoscaling.x-k8s.io"], "resources": ["provisioningrequests"],
-              "verbs": ["create", "get", "list"]}]  # fmt: skip
-    meta = {"name": "request-writer", "namespace": namespace}
-    cluster.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                   "metadata": meta, "rules": rules})  # fmt: skip
-    cluster.apply({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                    "name": "request-writer"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
-    })  # fmt: skip
+    verbs = ["create", "get", "list"]
+    grant(cluster, namespace, TENANT, "request-writer",
+          {"autoscaling.x-k8s.io/provisioningrequests": verbs})  # fmt: skip
 
 
 def forged(namespace: str, uid: str, attempt: int) -> dict[str, Any]:

@@ -105,33 +105,38 @@ class Secure:
 
     def grant(self, user: str, role: str, resources: dict[str, list[str]]) -> None:
         """A Role of `resources` ({"group/resource": verbs}) bound to `user`."""
-        rules = []
-        for what, verbs in resources.items():
-            group, _, resource = what.rpartition("/")
-            rules.append({"apiGroups": [group], "resources": [resource], "verbs": verbs})
-        self.cluster.apply(
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
+        grant(self.cluster, self.namespace, user, role, resources)
+
+
+def grant(
+    cluster: Any, namespace: str, user: str, role: str, resources: dict[str, list[str]]
+) -> None:
+    """A Role in `namespace` of `resources` ({"group/resource": verbs}) bound to `user`."""
+    rules = []
+    for what, verbs in resources.items():
+        group, _, resource = what.rpartition("/")
+        rules.append({"apiGroups": [group], "resources": [resource], "verbs": verbs})
+    cluster.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": role, "namespace": namespace},
+            "rules": rules,
+        }
+    )
+    cluster.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"{role}-{user}", "namespace": namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
                 "kind": "Role",
-                "metadata": {"name": role, "namespace": self.namespace},
-                "rules": rules,
-            }
-        )
-        self.cluster.apply(
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": {"name": f"{role}-{user}", "namespace": self.namespace},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
-                    "name": role,
-                },
-                "subjects": [
-                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}
-                ],
-            }
-        )
+                "name": role,
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }
+    )
 
 
 @pytest_asyncio.fixture

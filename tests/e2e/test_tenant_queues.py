@@ -16,6 +16,7 @@ import yaml
 from dispatcher.testing.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import QUIET_SECONDS, appwrapper, deployment, get_aw, wait_condition
 from tests.e2e.test_kueue_quotas import kueue_crds
+from tests.e2e.test_security import grant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("kueue_crds", "quotas")]
 __all__ = ["kueue_crds"]  # the fixture, shared
@@ -32,19 +33,9 @@ def sample_queue() -> list[dict[str, Any]]:
 
 def tenant_role(cluster: Any, namespace: str) -> None:
     """The tenant may make Kueue LocalQueues and AppWrappers in her namespace."""
-    rules = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"],
-              "verbs": ["create", "get", "list"]},
-             {"apiGroups": ["workload.codeflare.dev"], "resources": ["appwrappers"],
-              "verbs": ["create", "get", "list"]}]  # fmt: skip
-    meta = {"name": "queue-maker", "namespace": namespace}
-    cluster.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                   "metadata": meta, "rules": rules})  # fmt: skip
-    cluster.apply({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                    "name": "queue-maker"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
-    })  # fmt: skip
+    verbs = ["create", "get", "list"]
+    resources = {"kueue.x-k8s.io/localqueues": verbs, "workload.codeflare.dev/appwrappers": verbs}
+    grant(cluster, namespace, TENANT, "queue-maker", resources)
 
 
 async def as_tenant(cluster: Any, namespace: str, obj: dict[str, Any]) -> None:
