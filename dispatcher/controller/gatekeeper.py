@@ -29,7 +29,7 @@ from dispatcher.controller.answers import KeptAnswers
 from dispatcher.controller.witness import RecordWitness
 from dispatcher.core import gatekeeping as rules
 from dispatcher.core import v1beta2rules as v1beta2
-from dispatcher.core.convert import reserved_annotation_problems
+from dispatcher.core.convert import reserved_annotation_problems, reserved_field_problems
 from dispatcher.core.gatekeeping import Access, Creator, PathAccess
 from dispatcher.core.kindgroups import group_problem
 from dispatcher.core.quota.kueue import (
@@ -208,6 +208,7 @@ class Gatekeeper:
             return []  # none is sent here (status: manifests/status-policy.yaml)
         in_v1beta2 = v1beta2.requested_in_v1beta2(request)
         problems = reserved_annotation_problems(obj, old, in_v1beta2=in_v1beta2)
+        problems += reserved_field_problems(obj)
         if operation == "UPDATE" and old is not None:
             problems += rules.update_problems(obj, old, user)
             if in_v1beta2:

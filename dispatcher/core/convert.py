@@ -167,6 +167,21 @@ def reserved_annotation_problems(
     ]
 
 
+def reserved_field_problems(obj: Mapping[str, Any]) -> list[str]:
+    """Fields of a request the conversion reserves: an item's `$ref` (what a stash entry
+    names its object by). Such an AppWrapper would be shown in v1beta2 only in the marked
+    form (`unreadable_v1beta2`): refused at apply instead, naming the field."""
+    spec = obj.get("spec")
+    resources = spec.get("resources") if isinstance(spec, Mapping) else None
+    items = resources.get("GenericItems") if isinstance(resources, Mapping) else None
+    return [
+        f"spec.resources.GenericItems[{index}].$ref: a field name the conversion between "
+        "v1beta1 and v1beta2 reserves"
+        for index, item in enumerate(items if isinstance(items, list) else [])
+        if isinstance(item, Mapping) and "$ref" in item
+    ]
+
+
 # -- v1beta1 -> v1beta2 ----------------------------------------------------------------------
 
 

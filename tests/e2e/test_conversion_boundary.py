@@ -91,7 +91,8 @@ async def test_the_reserved_annotations_are_refused_at_apply(
     secure: Secure,  # noqa: F811 (the fixture imported above)
 ) -> None:
     """With the webhook: set at create, or changed later, in v1beta1, by a tenant or anyone;
-    a label added through v1beta2 (whose reserved annotations the conversion writes) passes."""
+    a label added through v1beta2 (whose reserved annotations the conversion writes) passes.
+    An item field the conversion reserves (`$ref`) is refused too."""
     fake_nodes.add("n1", cpu="1")
     await run_dispatcher(**secure.settings())
     forged = v1beta1("forged", {V1BETA2_FIELDS: json.dumps({"status": FORGED})}, pod("p"))
@@ -100,6 +101,10 @@ async def test_the_reserved_annotations_are_refused_at_apply(
         f"metadata.annotations[{V1BETA2_FIELDS}] is written by the dispatcher's conversion "
         "between v1beta1 and v1beta2; it cannot be set, changed or removed"
     ) in message
+    reserved_field = appwrapper("ref", pod("p"))
+    reserved_field["spec"]["resources"]["GenericItems"][0]["$ref"] = "Pod/other"
+    message = await secure.refused(reserved_field, user="bob")
+    assert "spec.resources.GenericItems[0].$ref: a field name the conversion" in message
     await secure.apply(appwrapper("plain", pod("p")), user="bob")
     await wait_condition(cluster, namespace, "plain", "Running")
     patch = {"metadata": {"annotations": {V1BETA2_FIELDS: json.dumps({"status": FORGED})}}}

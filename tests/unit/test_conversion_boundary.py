@@ -33,6 +33,7 @@ from dispatcher.core.convert import (
     ConversionError,
     convert,
     reserved_annotation_problems,
+    reserved_field_problems,
     to_v1beta1,
     to_v1beta2,
 )
@@ -518,3 +519,16 @@ async def test_admission_is_answered_while_a_conversion_works(
     finally:
         release.set()
         await runner.cleanup()
+
+
+def test_an_item_field_the_conversion_reserves_is_refused_at_apply() -> None:
+    """An item carrying `$ref` (items keep unknown fields) would read in v1beta2 only in the
+    marked form: refused at apply instead, naming it."""
+    obj = stored()
+    obj["spec"]["resources"]["GenericItems"] = [{"generictemplate": {}}, {"$ref": "Pod/x"}]
+    assert reserved_field_problems(obj) == [
+        "spec.resources.GenericItems[1].$ref: a field name the conversion between v1beta1 "
+        "and v1beta2 reserves"
+    ]
+    assert reserved_field_problems(stored()) == []
+    assert UNREADABLE in convert(obj, V1BETA2)["metadata"]["annotations"]
