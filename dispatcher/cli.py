@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dispatcher import __version__
-from dispatcher.config import load_config
+from dispatcher import __version__, settingsfile
+from dispatcher.config import load_config, validated
 from dispatcher.kube.leader import LostLease
 from dispatcher.kube.preflight import StartRefused
 from dispatcher.logs import configure_logging
@@ -57,11 +57,30 @@ def parser() -> argparse.ArgumentParser:
         "it while running, or, where the API server cannot reach this machine, dispatch "
         "unattributed AppWrappers with this kubeconfig's rights (it says which)",
     )
+    check = commands.add_parser(
+        "check-config", help="validate a settings file without starting (exit 0, or 2 and why)"
+    )
+    check.add_argument("file", type=Path, help="YAML settings file")
     return root
+
+
+def check_config(path: Path) -> int:
+    """`check-config FILE`: the settings read and validated as `run --config FILE` would,
+    nothing started; FILE may also be the ConfigMap that holds them (manifests/config.yaml)."""
+    try:
+        data, node, name = settingsfile.unwrapped(path)
+        validated(data, name=name, node=node)
+    except (ValidationError, ValueError) as exc:
+        print(f"appwrapper-dispatcher: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    print(f"{name}: the settings are valid")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "check-config":
+        return check_config(args.file)
     overrides: dict[str, Any] = {
         k: v
         for k, v in vars(args).items()

@@ -4,13 +4,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from dispatcher import settingsfile
 from dispatcher.core.admissionchecks import BEST_EFFORT_ATOMIC, KNOWN_CLASSES
 from dispatcher.core.faulttolerance import FaultToleranceBounds
 from dispatcher.core.gatekeeping import PriorityPolicy
@@ -440,12 +441,23 @@ class Config(BaseModel):
 
 
 def load_config(path: Path | None, overrides: dict[str, Any]) -> Config:
-    """Settings from `path` (YAML), then `overrides` (flags) on top; errors name the field."""
+    """Settings from `path` (YAML), then `overrides` (flags) on top. SettingsError (a
+    ValueError) names the file, the line and the field of every mistake, or the flag."""
     data: dict[str, Any] = {}
+    node = None
     if path is not None:
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: expected a mapping of settings, got {type(loaded).__name__}")
+        loaded, node = settingsfile.read(path)
         data.update(loaded)
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    return Config.model_validate(data)
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    return validated({**data, **flags}, name=path, node=node, flags=flags)
+
+
+def validated(
+    data: dict[str, Any], *, name: Path | str | None, node: Any, flags: Iterable[str] = ()
+) -> Config:
+    """`data` as settings; SettingsError naming the file (`name`), the line (from `node`, the
+    file's YAML nodes) and the field of every mistake, or the flag."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise settingsfile.SettingsError(settingsfile.problems(name, node, exc, flags)) from None
