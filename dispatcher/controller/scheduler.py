@@ -62,7 +62,7 @@ from dispatcher.core.scheduling import (
 )
 from dispatcher.core.scheduling.kept import KeptStates
 from dispatcher.core.scheduling.pooled import anywhere, pooled
-from dispatcher.core.scheduling.preemption import Charged, evicting, why_evicted
+from dispatcher.core.scheduling.preemption import evicting, why_evicted
 from dispatcher.kube.errors import Conflict, KubeError
 from dispatcher.metrics.recorder import Recorder
 
@@ -300,10 +300,9 @@ class Scheduler:
             uid = str((obj or {}).get("metadata", {}).get("uid") or "")
             for victim in victims:
                 self._cache.start(victim)
-                held = self._cache.charge_of(victim)
                 reason, message = why_evicted(
                     victim,
-                    None if held is None else Charged(held.queue, held.priority),
+                    self._cache.charge_of(victim),
                     preemptor=preempt.key,
                     preemptor_uid=uid,
                     priority=preemptor.priority,

@@ -32,7 +32,7 @@ from statistics import median
 from typing import NamedTuple
 
 from dispatcher.api.models import Reason
-from dispatcher.core.mentions import KEY, OTHER, hide
+from dispatcher.core.mentions import KEY, hide, namespace_of
 from dispatcher.core.quota.model import QuotaSetup
 
 __all__ = [
@@ -50,10 +50,6 @@ __all__ = [
 
 CAPACITY_ONLY = ""
 """The line of AppWrappers that have no queue (admitted on capacity alone)."""
-
-HIDDEN = OTHER
-"""What a user reads instead of the name of an AppWrapper in a namespace they may not see
-(the same words as in an AppWrapper's own messages, `core.mentions`)."""
 
 RECORD_SIZE = 32
 """Durations kept per (queue, kind): recent enough to follow a change of workload."""
@@ -334,7 +330,8 @@ def named_namespaces(pending: Pending, known: Callable[[str], bool]) -> set[str]
 
 def redacted(pending: Pending, known: Callable[[str], bool], visible: Container[str]) -> Pending:
     """`pending` as a user who sees only the namespaces in `visible` may read it: each
-    AppWrapper of another namespace its estimate or wait message names becomes `HIDDEN`
+    AppWrapper of another namespace its estimate or wait message names becomes `OTHER`
+    (`core.mentions`: the words of an AppWrapper's own messages)
     (how many, and the rest of the sentence, stay). Itself when nothing is hidden."""
 
     message = hide(pending.message, known=known, visible=visible)
@@ -342,7 +339,7 @@ def redacted(pending: Pending, known: Callable[[str], bool], visible: Container[
     if message == pending.message and basis == pending.eta.basis:
         return pending
     after = pending.eta.after
-    if after.partition("/")[0] not in visible:
+    if namespace_of(after) not in visible:
         after = ""
     return replace(pending, message=message, eta=replace(pending.eta, basis=basis, after=after))
 

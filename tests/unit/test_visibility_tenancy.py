@@ -15,7 +15,8 @@ from dispatcher.controller.gatekeeper import AccessReviews
 from dispatcher.controller.visibility_api import BASE, FrontProxy, VisibilityApi
 from dispatcher.controller.visibility_reviews import ReviewBudget
 from dispatcher.controller.webview import QueueRow
-from dispatcher.core.visibility import HIDDEN, Active, Durations, Waiting, pending_view
+from dispatcher.core.mentions import OTHER
+from dispatcher.core.visibility import Active, Durations, Waiting, pending_view
 
 NOW = 1_800_000_000.0
 ALICE = {"X-Remote-User": "alice"}
@@ -124,8 +125,8 @@ async def test_listings_and_one_hide_other_namespaces_names(api: Api) -> None:
         (item,) = answer["items"]
         assert item["metadata"]["name"] == "mine"
         assert item["position"] == 2  # the one ahead still counts
-        assert item["message"] == f"waiting behind {HIDDEN} (head of queue shared)"
-        assert item["eta"]["basis"] == f"unknown: nothing ahead has a known end ({HIDDEN} next)"
+        assert item["message"] == f"waiting behind {OTHER} (head of queue shared)"
+        assert item["eta"]["basis"] == f"unknown: nothing ahead has a known end ({OTHER} next)"
     one = await (
         await api.http.get(f"{BASE}/namespaces/team-a/pendingappwrappers/mine", headers=ALICE)
     ).json()

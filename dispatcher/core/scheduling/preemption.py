@@ -14,6 +14,7 @@ from typing import Protocol
 from dispatcher.api.models import Reason
 from dispatcher.core.mentions import mention, mention_all
 from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, Workload
+from dispatcher.core.quota.model import Charge
 from dispatcher.core.scheduling.evictions import evict, without
 from dispatcher.core.scheduling.placement import ClusterState, Gang
 
@@ -28,17 +29,9 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Charged:
-    """The cluster queue a victim is charged to, and at which priority (from its charge)."""
-
-    queue: str
-    priority: int
-
-
 def why_evicted(
     victim: str,
-    charged: Charged | None,
+    charged: Charge | None,
     *,
     preemptor: str,
     preemptor_uid: str,
