@@ -28,6 +28,7 @@ nodes taken by others are not, so the AppWrapper is never failed for them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -114,7 +115,9 @@ def foreign(request: Mapping[str, Any], *, namespace: str, uid: str) -> str:
     attempt = labels.get(ATTEMPT_LABEL)
     if not isinstance(check, str) or not check:
         return f"no {CHECK_LABEL} label"
-    if not isinstance(attempt, str) or not attempt.isdigit() or str(int(attempt)) != attempt:
+    # ASCII digits, unpadded (str.isdigit() takes "²", which int() refuses; label values
+    # are ASCII on a real API server, but this reads what any store holds).
+    if not isinstance(attempt, str) or not re.fullmatch(r"0|[1-9][0-9]{0,8}", attempt):
         return f"its {ATTEMPT_LABEL} label is not a number"
     wanted = request_name(uid, check, int(attempt))
     if meta.get("name") != wanted:

@@ -97,6 +97,7 @@ CASES = [
     Case("no check label", edited(labels=labels(**{checks.CHECK_LABEL: ""})), "no workload"),
     Case("attempt not a number", edited(labels=labels(**{checks.ATTEMPT_LABEL: "x"})), "number"),
     Case("attempt padded", edited(labels=labels(**{checks.ATTEMPT_LABEL: "01"})), "number"),
+    Case("attempt of other digits", edited(labels=labels(**{checks.ATTEMPT_LABEL: "²"})), "number"),
     Case("no labels", edited(labels=None), "uid"),
     Case("the AppWrapper of another namespace", made(), "in namespace team-a", "team-b"),
 ]
