@@ -10,7 +10,7 @@ export APPWRAPPER_CACHE_DIR := $(CACHE_DIR)
 VERSION ?= $(shell sed -n 's/^version *= *//p' setup.cfg)
 IMAGE ?= appwrapper-dispatcher:$(VERSION)
 
-.PHONY: all venv testenv lint typecheck unit test demo demo-multi bench conformance image clean
+.PHONY: all venv testenv lint typecheck unit test demo demo-multi bench conformance image clean plugin
 
 all: test
 
@@ -22,6 +22,12 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 venv: $(VENV)/.installed
+
+# `kubectl aw` as one file for machines without this package: dist/kubectl-aw, a zipapp that
+# runs on any python3 >= 3.11 with nothing installed (the plugin and PyYAML's pure-Python
+# parser inside), and dist/kubectl_complete-aw beside it (dispatcher/plugin/bundle.py).
+plugin: venv
+	$(PY) -m dispatcher.plugin.bundle --version $(VERSION) --out dist
 
 # Local control plane (etcd, kube-apiserver, controller-manager, scheduler, kubectl,
 # KWOK, KubeRay), built from Go modules into $(CACHE_DIR); only what is missing.
@@ -44,10 +50,29 @@ unit: venv
 # TEST_WORKERS processes at once, each with a control plane of its own (tests of one module
 # stay in one process). Against one existing cluster (APPWRAPPER_KUBECONFIG) tests run one at a
 # time: some change what is cluster-wide. pytest exit 5 (no tests collected) is a failure.
+# The chart's tests run with a real helm (built once into the cache, testenv/build-helm.sh)
+# after `helm lint`; the web view's in Chromium where /usr/bin/chromium is (`make test-deps`
+# installs it); under CI a tier whose tool is missing fails (the `tier` mark).
 TEST_WORKERS ?= $(if $(APPWRAPPER_KUBECONFIG),0,2)
 test: lint typecheck testenv
-	$(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope; rc=$$?; \
+	helm="$$(bash testenv/build-helm.sh)" && "$$helm" lint --strict charts/appwrapper-dispatcher && \
+	APPWRAPPER_HELM="$$helm" $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) \
+	  --dist loadscope; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi; exit $$rc
+
+# What the tiers users consume need from Debian's packages, where missing (root and apt):
+# Chromium for the web view's test; buildah and debootstrap for the image.
+.PHONY: test-deps
+test-deps:
+	@missing=""; \
+	test -x /usr/bin/chromium || missing="$$missing chromium"; \
+	command -v buildah >/dev/null || missing="$$missing buildah"; \
+	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing from Debian's packages"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null \
+	    || { echo "make test-deps: apt-get install$$missing failed (root and apt are needed)" >&2; exit 1; }; \
+	fi
 
 # The main job: a local control plane with fake GPU nodes and KubeRay, the dispatcher
 # running on it, the samples applied, their conditions shown.
@@ -106,8 +131,8 @@ peers: venv
 # The Helm chart with the real helm (v3, built from the Go module proxy into
 # $(CACHE_DIR)/helm by testenv/build-helm.sh, only when missing): `helm lint`, then
 # tests/e2e/test_chart.py: `helm template` against manifests/, the switches, and `helm
-# install` into the local control plane with the dispatcher run from the checkout. Not part
-# of `make test`, which skips test_chart.py while helm is not built.
+# install`, upgrade and uninstall in the local control plane with the dispatcher run from the
+# checkout. `make test` runs the same, with everything else.
 .PHONY: chart-test browser-test
 chart-test: venv testenv
 	helm="$$(bash testenv/build-helm.sh)" && \
@@ -116,21 +141,29 @@ chart-test: venv testenv
 
 # The web view in a real browser: Debian's Chromium (installed here if absent; needs root and
 # apt), then the browser test against a local control plane; the screenshot in the docs.
-browser-test: venv testenv
-	test -x /usr/bin/chromium || DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+browser-test: venv testenv test-deps
 	APPWRAPPER_SCREENSHOT=$(CURDIR)/docs/images/webview.png \
 	  $(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/test_webview_browser.py
 
 # The image (Dockerfile) tagged $(IMAGE), with the first builder found: CONTAINER_BUILDER if
-# set, else docker (if its daemon answers), podman, buildah. None: says so and fails. Push it
+# set, else docker (if its daemon answers), buildah, podman. None: says so and fails. Push it
 # where the nodes pull from and name it in the manifests (manifests/README.md, "The image").
+# buildah and podman use STORAGE_DRIVER and ISOLATION (vfs and chroot: they need no overlay
+# mount and no user namespace, so they work in a VM or a container; empty: the builder's own).
+# BASE=local: the base built from Debian's packages (testenv/build-base-image.sh, for where no
+# registry answers; buildah or podman only), else PYTHON_IMAGE (python:3.11-slim) is pulled.
+# BUILD_CA: a CA bundle pip trusts during the build (a proxy that re-signs TLS; buildah and
+# podman only), by default the host pip's PIP_CERT. Prints the image's size and build time.
 CONTAINER_BUILDER ?=
+STORAGE_DRIVER ?= vfs
+ISOLATION ?= chroot
+BUILD_CA ?= $(PIP_CERT)
 image:
 	@builder='$(CONTAINER_BUILDER)'; \
 	if [ -z "$$builder" ]; then \
 	  if command -v docker >/dev/null && docker info >/dev/null 2>&1; then builder=docker; \
-	  elif command -v podman >/dev/null; then builder=podman; \
 	  elif command -v buildah >/dev/null; then builder=buildah; \
+	  elif command -v podman >/dev/null; then builder=podman; \
 	  elif command -v docker >/dev/null; then \
 	    echo "make image: docker is installed but its daemon does not answer (docker info failed)," \
 	      "and neither podman nor buildah is installed: start the daemon, or install podman" \
@@ -142,13 +175,39 @@ image:
 	  fi; \
 	fi; \
 	case "$$builder" in \
-	  docker|podman) build="$$builder build" ;; \
-	  buildah) build="buildah build" ;; \
+	  docker) cli=docker; build="docker build" ;; \
+	  podman|buildah) cli="$$builder$(if $(STORAGE_DRIVER), --storage-driver $(STORAGE_DRIVER))"; \
+	    build="$$cli build$(if $(ISOLATION), --isolation $(ISOLATION)) --network host$(if \
+	      $(BUILD_CA), -v $(abspath $(BUILD_CA)):/run/build-ca.crt:ro --build-arg PIP_CERT=/run/build-ca.crt)" ;; \
 	  *) echo "make image: CONTAINER_BUILDER=$$builder: not docker, podman or buildah" >&2; exit 1 ;; \
 	esac; \
 	command -v "$$builder" >/dev/null || { echo "make image: $$builder is not installed" >&2; exit 1; }; \
-	echo "$$build --build-arg VERSION=$(VERSION) -t $(IMAGE) ."; \
-	$$build --build-arg VERSION=$(VERSION) -t $(IMAGE) . && echo "built $(IMAGE)"
+	base=; \
+	case '$(BASE)' in \
+	  '') ;; \
+	  local) [ "$$builder" != docker ] || { echo "make image: BASE=local needs buildah or podman" \
+	      "(the base is imported into their storage)" >&2; exit 1; }; \
+	    base="--build-arg PYTHON_IMAGE=$$(STORAGE_DRIVER='$(STORAGE_DRIVER)' \
+	      bash testenv/build-base-image.sh)" || exit 1 ;; \
+	  *) echo "make image: BASE=$(BASE): empty (PYTHON_IMAGE) or local" >&2; exit 1 ;; \
+	esac; \
+	start=$$(date +%s); \
+	echo "$$build $$base --build-arg VERSION=$(VERSION) -t $(IMAGE) ."; \
+	$$build $$base --build-arg VERSION=$(VERSION) -t $(IMAGE) . || exit 1; \
+	echo "built $(IMAGE) in $$(( $$(date +%s) - start ))s:" \
+	  "$$($$cli images --format '{{.Size}}' $(IMAGE) | head -n 1)"
+
+# The image run as a container on this machine against the local control plane
+# (tests/e2e/test_image.py): `make image` from the local base with buildah (BASE= to pull
+# python:3.11-slim instead), then the dispatcher in it, `buildah run` on the host's network,
+# takes the sample job-completion AppWrapper to Completed. Not part of `make test`.
+.PHONY: image-test
+IMAGE_TEST ?= localhost/appwrapper-dispatcher:$(VERSION)
+image-test: BASE ?= local
+image-test: venv testenv
+	$(MAKE) --no-print-directory image IMAGE=$(IMAGE_TEST) BASE=$(BASE) CONTAINER_BUILDER=buildah
+	APPWRAPPER_IMAGE=$(IMAGE_TEST) APPWRAPPER_STORAGE_DRIVER=$(STORAGE_DRIVER) \
+	  $(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/test_image.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

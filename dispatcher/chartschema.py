@@ -65,6 +65,9 @@ WRAPPED_KIND = _closed(
 )
 WRAPPED_KIND["required"] = ["apiGroups", "resources"]
 
+_SERVICE_ACCOUNT = _closed("A ServiceAccount.", name=_STRING, namespace=_STRING)
+_SERVICE_ACCOUNT["required"] = ["name", "namespace"]
+
 CHART_VALUES: dict[str, Any] = {
     "image": _closed(
         "The dispatcher's image (the repository's Dockerfile).",
@@ -81,14 +84,33 @@ CHART_VALUES: dict[str, Any] = {
     },
     "nameOverride": _STRING,
     "fullnameOverride": _STRING,
-    "serviceAccount": _closed("The dispatcher's ServiceAccount.", annotations=_STRING_MAP),
+    "serviceAccount": _closed(
+        "The dispatcher's ServiceAccount.",
+        create=_described("false: none made; serviceAccount.name is bound.", {"type": "boolean"}),
+        name=_described("Empty: the full name.", _STRING),
+        annotations=_STRING_MAP,
+    ),
+    "podSecurityContext": _described(
+        "The pods' securityContext (default: no fixed user, for OpenShift).", _OBJECT
+    ),
+    "securityContext": _described("The dispatcher container's securityContext.", _OBJECT),
+    "livenessProbe": _described("Empty: none. HTTPS added with metrics.secure.", _OBJECT),
+    "readinessProbe": _described("Empty: none. HTTPS added with metrics.secure.", _OBJECT),
+    "startupProbe": _described("Empty: none. HTTPS added with metrics.secure.", _OBJECT),
+    "strategy": _described("The Deployment's update strategy (empty: Kubernetes').", _OBJECT),
     "resources": _described("The dispatcher container's requests and limits.", _OBJECT),
     "podAnnotations": _STRING_MAP,
     "podLabels": _STRING_MAP,
     "nodeSelector": _STRING_MAP,
     "tolerations": {"type": "array", "items": _OBJECT},
+    "topologySpreadConstraints": {"type": "array", "items": _OBJECT},
     "affinity": _described("Empty: replicas spread over nodes when possible.", _OBJECT),
     "priorityClassName": _STRING,
+    "extraEnv": _described(
+        "More environment variables for the dispatcher container.",
+        {"type": "array", "items": _OBJECT},
+    ),
+    "extraArgs": _described("More arguments for the dispatcher (after the chart's).", _STRINGS),
     "extraVolumes": _described(
         "More pod volumes (a client CA, members' kubeconfigs).", {"type": "array", "items": _OBJECT}
     ),
@@ -123,15 +145,51 @@ CHART_VALUES: dict[str, Any] = {
     "certManager": _closed(
         "The webhook's certificate from cert-manager instead of the dispatcher's own.",
         enabled={"type": "boolean"},
+        issuerRef=_described("Empty: the chart's self-signed Issuer.", _OBJECT),
     ),
     "metrics": _closed(
         "The metrics Service (config.health_port).",
+        secure=_described(
+            "HTTPS, and scrapers' tokens and rights reviewed (config.metrics set by the chart).",
+            {"type": "boolean"},
+        ),
+        readerServiceAccounts=_described(
+            "ServiceAccounts bound to the metrics-reader ClusterRole.",
+            {"type": "array", "items": _SERVICE_ACCOUNT},
+        ),
         serviceMonitor=_closed(
             "A Prometheus Operator ServiceMonitor for it.",
             enabled={"type": "boolean"},
             interval=_STRING,
             labels=_STRING_MAP,
+            tlsConfig=_described("Set: replaces the chart's certificate check.", _OBJECT),
         ),
+        podMonitor=_closed(
+            "A Prometheus Operator PodMonitor for the pods' health ports.",
+            enabled={"type": "boolean"},
+            interval=_STRING,
+            labels=_STRING_MAP,
+            bearerTokenSecret=_described(
+                "{name, key} of a Secret holding a scraper's token (needed with secure).",
+                _OBJECT,
+            ),
+            tlsConfig=_described("Set: replaces the chart's certificate check.", _OBJECT),
+        ),
+        prometheusRule=_closed(
+            "A PrometheusRule with the alerts docs/operations.md recommends.",
+            enabled={"type": "boolean"},
+            labels=_STRING_MAP,
+            inadmissibleWindow=_described("Inadmissible more than this long ago.", _STRING),
+            severity=_STRING,
+            **{"for": _described("How long before it fires.", _STRING)},
+        ),
+    ),
+    "grafanaDashboard": _closed(
+        "manifests/grafana's dashboard in a ConfigMap for Grafana's sidecar.",
+        enabled={"type": "boolean"},
+        namespace=_described("Empty: the release's.", _STRING),
+        labels=_described("The label the sidecar watches.", _STRING_MAP),
+        annotations=_STRING_MAP,
     ),
     "networkPolicy": _closed(
         "Ingress to the webhook port from the API server's addresses only.",

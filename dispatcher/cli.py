@@ -27,22 +27,35 @@ def parser() -> argparse.ArgumentParser:
     root.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = root.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the dispatcher until SIGTERM")
-    run.add_argument("--config", type=Path, help="YAML settings file (see docs/operations.md)")
-    run.add_argument("--kubeconfig", help="hub kubeconfig (default: $KUBECONFIG or in-cluster)")
-    run.add_argument("--context", help="kubeconfig context of the hub")
+    run.add_argument(
+        "--config", type=Path, metavar="FILE", help="YAML settings file (see docs/operations.md)"
+    )
+    run.add_argument(
+        "--kubeconfig", metavar="PATH", help="hub kubeconfig (default: $KUBECONFIG or in-cluster)"
+    )
+    run.add_argument("--context", metavar="NAME", help="kubeconfig context of the hub")
     run.add_argument("--queue-mode", dest="queue_mode", choices=["StrictFIFO", "BestEffortFIFO"])
-    run.add_argument("--starvation-after", dest="starvation_after_seconds", type=float)
-    run.add_argument("--no-preemption", dest="preemption", action="store_const", const=False)
-    run.add_argument("--health-port", dest="health_port", type=int)
+    run.add_argument(
+        "--starvation-after", dest="starvation_after_seconds", type=float, metavar="SECONDS"
+    )
+    run.add_argument(
+        "--no-preemption",
+        dest="preemption",
+        action="store_const",
+        const=False,
+        help="no AppWrapper evicts another to fit (preemption: false)",
+    )
+    run.add_argument("--health-port", dest="health_port", type=int, metavar="PORT")
     run.add_argument("--kueue-quotas", dest="kueue_quotas", choices=["off", "beside", "instead"])
-    run.add_argument("--qps", type=float)
-    run.add_argument("--burst", type=int)
-    run.add_argument("--workers", type=int)
+    run.add_argument("--qps", type=float, metavar="N")
+    run.add_argument("--burst", type=int, metavar="N")
+    run.add_argument("--workers", type=int, metavar="N")
     run.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", dest="log_format", choices=["console", "json"])
     run.add_argument(
         "--webhook-cert-dir",
         dest="webhook_cert_dir",
+        metavar="DIR",
         help="serve the webhook with tls.crt/tls.key from this directory (cert-manager)",
     )
     run.add_argument(

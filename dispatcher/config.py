@@ -50,12 +50,14 @@ class MemberConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    """A DNS label: what status.clusterName and clusterScheduling.clusters[].name name."""
     kubeconfig: str | None = None
     """Path of its kubeconfig; with neither this nor kubeconfig_secret, the member is the
     hub itself (its own connection)."""
     kubeconfig_secret: str | None = Field(default=None, pattern=r"^[a-z0-9-.]+/[a-z0-9-.]+$")
     """"namespace/name" of a Secret in the hub whose `kubeconfig` key holds the kubeconfig."""
     context: str | None = None
+    """Kubeconfig context of the member; unset: the kubeconfig's current context."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Matched by an AppWrapper's schedulingSpec.clusterScheduling.clusterSelector."""
     node_selector: dict[str, str] = Field(default_factory=dict)
@@ -88,10 +90,13 @@ class VisibilityConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = False
+    """Serve the visibility API on every replica (also the flag --visibility)."""
     host: str = "0.0.0.0"
+    """Address it listens on."""
     port: int = Field(default=8444, ge=0, le=65535)
     """0: any free port (tests)."""
     service_name: str = "appwrapper-dispatcher-visibility"
+    """The Service in front of it, in `namespace`."""
     namespace: str = "appwrapper-system"
     """The Service the APIService names: the serving certificate names service.namespace.svc."""
     extra_names: list[str] = Field(default_factory=list)
@@ -105,6 +110,7 @@ class VisibilityConfig(BaseModel):
     """Accepted names of the front proxy's client certificate (empty: any the CA signed).
     Unset: from the same ConfigMap."""
     review_qps: float = Field(default=20.0, gt=0)
+    """SubjectAccessReviews this API may ask per second (below)."""
     review_burst: int = Field(default=50, ge=1)
     """SubjectAccessReviews this API may ask (per second; at once): on a connection of its
     own, apart from the controller's. Answers are kept `access_review_cache_seconds`; a
@@ -126,11 +132,13 @@ class MetricsConfig(BaseModel):
     /healthz and /readyz stay open (the kubelet's probes carry no token). Answers are kept
     `access_review_cache_seconds`."""
     review_qps: float = Field(default=5.0, gt=0)
+    """TokenReviews and SubjectAccessReviews /metrics may ask per second (below)."""
     review_burst: int = Field(default=20, ge=1)
     """TokenReviews and SubjectAccessReviews /metrics may ask (per second; at once), on a
     connection of its own: a scrape beyond the budget is answered 429, so a flood of
     made-up tokens costs the API server at most this many reviews."""
     cert_file: str | None = None
+    """A PEM certificate for the health port, with `key_file` (below)."""
     key_file: str | None = None
     """A PEM certificate and key: the health port (/healthz, /readyz, /metrics) then serves
     HTTPS only, and the probes must say `scheme: HTTPS`. Read at start (a renewed
@@ -149,7 +157,9 @@ class WebhookConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = False
+    """Serve the admission webhook on every replica, leader and standby alike."""
     host: str = "0.0.0.0"
+    """Address it listens on."""
     port: int = Field(default=9443, ge=0, le=65535)
     """0: any free port (tests)."""
     namespace: str = "appwrapper-system"
@@ -164,14 +174,17 @@ class WebhookConfig(BaseModel):
     """A directory holding tls.crt and tls.key made by someone else (cert-manager); the
     dispatcher then reloads them when they change and neither makes nor rotates them."""
     mutating_configuration: str = "appwrapper-dispatcher"
+    """The MutatingWebhookConfiguration whose caBundle the dispatcher keeps up to date."""
     validating_configuration: str = "appwrapper-dispatcher"
-    """Webhook configurations whose caBundle the dispatcher keeps up to date."""
+    """The ValidatingWebhookConfiguration whose caBundle the dispatcher keeps up to date."""
     conversion_crd: str | None = "appwrappers.workload.codeflare.dev"
     """The CRD whose conversion webhook (/convert) is this server, and whose caBundle the
     dispatcher keeps up to date too (only where its conversion strategy is Webhook);
     None: not kept (cert-manager's CA injector does it)."""
     cert_validity_seconds: float = Field(default=90 * 86400, gt=0)
+    """Validity of each serving certificate (90 days)."""
     ca_validity_seconds: float = Field(default=3650 * 86400, gt=0)
+    """Validity of each CA (10 years)."""
     rotate_when_left: float = Field(default=1 / 3, gt=0, lt=1)
     """Renew a certificate when this fraction of its validity is left."""
     client_ca_file: str | None = None
@@ -185,6 +198,7 @@ class WebhookConfig(BaseModel):
     )
     """Accepted common names / DNS names of that client certificate."""
     qps: float = Field(default=50.0, ge=0)
+    """Requests per second of the webhook's own API clients (below)."""
     burst: int = Field(default=100, ge=0)
     """The webhook's own API clients (discovery, SubjectAccessReviews, PriorityClasses, its
     Secret): a rate limiter apart from the controller's and the Lease's."""
@@ -245,8 +259,11 @@ class HealthLabel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     key: str
+    """The label's key (autopilot.ibm.com/gpuhealth)."""
     value: str = ""
+    """The label's value that takes the resource out of service."""
     effect: Literal["PreferNoSchedule", "NoSchedule", "NoExecute"]
+    """What the label does to new pods and running gangs, read as a taint's effect."""
 
     @model_validator(mode="after")
     def _label(self) -> HealthLabel:
@@ -304,6 +321,7 @@ class ProvisioningCheckConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     provisioning_class: str = BEST_EFFORT_ATOMIC
+    """The ProvisioningRequest class (one of `known_classes`)."""
     parameters: dict[str, str] = Field(default_factory=dict)
     """`spec.parameters` of every request (e.g. ValidUntilSeconds for check-capacity)."""
     retry_limit: int = Field(default=3, ge=0, le=100)
@@ -311,6 +329,7 @@ class ProvisioningCheckConfig(BaseModel):
     backoff_base_seconds: float = Field(default=60.0, ge=0)
     """Pause after the first refusal; it doubles with each attempt, up to the maximum."""
     backoff_max_seconds: float = Field(default=1800.0, ge=0)
+    """The longest pause between attempts."""
 
 
 class ProvisioningConfig(BaseModel):
@@ -320,6 +339,7 @@ class ProvisioningConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = False
+    """Run the checks below; off, a check a queue names is reported as off, not run."""
     checks: dict[str, ProvisioningCheckConfig] = Field(default_factory=dict)
     """Check name (what a ClusterAppQueue's `admissionChecks` names) -> its settings."""
     capacity_only_checks: list[str] = Field(default_factory=list)
@@ -340,12 +360,17 @@ class Config(BaseModel):
     kubeconfig: str | None = None
     """The hub (where AppWrappers live). None: $KUBECONFIG, else the pod's service account."""
     context: str | None = None
+    """Kubeconfig context of the hub; unset: the kubeconfig's current context."""
     members: list[MemberConfig] = Field(default_factory=list)
     """Empty: single-cluster mode, the hub is the only member (named `local`)."""
     queue_mode: QueueMode = QueueMode.BEST_EFFORT_FIFO
+    """StrictFIFO: the head of the queue blocks everything behind it. BestEffortFIFO: others
+    may pass a head that does not fit. With quotas, only for AppWrappers that name no queue."""
     starvation_after_seconds: float = Field(default=300.0, ge=0)
     """BestEffortFIFO: a head waiting this long keeps others from taking what it needs."""
     preemption: bool = True
+    """A higher-priority AppWrapper that does not fit may evict strictly lower-priority
+    dispatched ones (and, with quotas, what its queue's preemption policies allow)."""
     requeue_pause_seconds: float = Field(default=5.0, ge=0)
     """Backoff after a requeue when the AppWrapper sets no requeuing.pauseTimeInSeconds."""
     fault_tolerance: FaultToleranceConfig = Field(default_factory=lambda: FaultToleranceConfig())
@@ -353,6 +378,7 @@ class Config(BaseModel):
     node_health: NodeHealthConfig = Field(default_factory=lambda: NodeHealthConfig())
     """Nodes labelled unhealthy for a resource (docs/node-health.md)."""
     allowed_kinds: list[str] = Field(default_factory=lambda: sorted(DEFAULT_ALLOWED_KINDS))
+    """Kinds an AppWrapper may wrap; anything else ends Failed (InvalidSpec)."""
     fit: Fit = Fit.PER_NODE
     """per_node, or cluster_total as MCAD (pods may then wait Pending for a node)."""
     declared_pod_resources: DeclaredPodResources = DeclaredPodResources.AS_WRITTEN
@@ -384,7 +410,9 @@ class Config(BaseModel):
     member_timeout_seconds: float = Field(default=60.0, gt=0)
     """A member silent this long has its AppWrappers requeued elsewhere."""
     qps: float = Field(default=200.0, ge=0)
+    """The controller's requests per second to each API server (0: no limit)."""
     burst: int = Field(default=400, ge=0)
+    """Requests allowed above `qps` in a burst."""
     workers: int = Field(default=64, ge=1, le=256)
     """Concurrent reconciles (each key is handled by one worker at a time). Each waits out its
     requests: a backlog found at start without the finalizer (no webhook set it) is taken in
@@ -392,6 +420,7 @@ class Config(BaseModel):
     dispatch_concurrency: int = Field(default=64, ge=1, le=1024)
     """Dispatches (status write + object creates) in flight at once."""
     health_port: int = Field(default=8081, ge=0, le=65535)
+    """/healthz, /readyz and /metrics (0: not served)."""
     debug_memory: bool = False
     """Serve /debug/memory (where the live memory was allocated: file names and sizes)."""
     unattributed: Literal["refuse", "allow"] = "refuse"
@@ -410,8 +439,11 @@ class Config(BaseModel):
     priority_policy: PriorityPolicy = Field(default_factory=lambda: PriorityPolicy())
     provisioning: ProvisioningConfig = Field(default_factory=lambda: ProvisioningConfig())
     leader_election: bool = False
+    """Only the holder of the Lease dispatches; needed for more than one replica."""
     lease_namespace: str = "default"
+    """Namespace of the Lease."""
     lease_name: str = "appwrapper-dispatcher"
+    """Name of the Lease."""
     lease_duration_seconds: float = Field(default=15.0, gt=0, le=3600)
     """How long a follower waits, after it last saw the Lease change, before taking over."""
     lease_renew_deadline_seconds: float = Field(default=10.0, gt=0)
@@ -422,7 +454,9 @@ class Config(BaseModel):
     """At start, how long dispatching waits for a member's caches; later ones join when
     they sync."""
     log_format: Literal["console", "json"] = "console"
+    """console: key=value lines; json: one JSON object per line."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """The least severe level logged."""
 
     @model_validator(mode="after")
     def _lease_timings(self) -> Config:

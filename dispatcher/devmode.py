@@ -22,15 +22,16 @@ machine) cannot be stored on an AppWrapper between runs, while no webhook overwr
 be honoured by the next run. An AppWrapper still queued at the stop ends `Forbidden` in the
 next run: apply it again.
 
-The AppWrapper CRD serves v1beta2, the version `kubectl get aw` asks for, converted by the
-dispatcher's webhook. Reached, --dev points the CRD's conversion at its own server
-(https://127.0.0.1:PORT/convert); not reached, it stops serving v1beta2 for the run (nothing
-is stored in it), so that `kubectl get aw` reads v1beta1. Either way the CRD's own is put
-back when it stops.
+The AppWrapper CRD as shipped serves v1beta1 alone and converts nothing (core/crdforms.py
+says why). Reached, --dev serves v1beta2 too for the run, converted by its own server
+(https://127.0.0.1:PORT/convert); not reached, v1beta2 stays unserved. Either way the CRD is
+put back in its readable form when it stops, and a start finds it so even after a killed
+run (a --dev run is the only converter where installed webhook configurations are absent),
+so `kubectl get aw` works once no dispatcher answers.
 
 Side effects: a TCP listener on 127.0.0.1 for the probe; creates and deletes webhook
 configurations in the hub, and deletes its Secret at the end; changes and restores the
-AppWrapper CRD's conversion or its v1beta2 `served`; dry-run creates of a ConfigMap; prints
+AppWrapper CRD's conversion and its v1beta2 `served`; dry-run creates of a ConfigMap; prints
 to stderr; then `run`.
 """
 
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import secrets
 import socket
 import sys
@@ -51,6 +51,7 @@ import structlog
 
 from dispatcher.app import connect_hub, serve_forever
 from dispatcher.config import Config
+from dispatcher.core.crdforms import converting, is_ours, readable
 from dispatcher.kube.certs import CRDS, MUTATING, SECRETS, VALIDATING
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import KubeError, NotFound
@@ -294,45 +295,40 @@ async def _unregister(client: KubeClient, say: Say) -> None:
 
 
 def crd_for_dev(crd: dict[str, Any], port: int | None) -> dict[str, Any] | None:
-    """The AppWrapper CRD as a --dev run needs it (None: as it is): its conversion webhook at
-    this machine's `port`, or (None: not reachable) v1beta2 not served. Only a CRD that
-    converts through a webhook is touched (ours); the input is not changed."""
-    spec = crd.get("spec") or {}
-    conversion = spec.get("conversion") or {}
-    if conversion.get("strategy") != "Webhook":
+    """The AppWrapper CRD as a --dev run needs it (None: as it is): converting through this
+    machine's `port`, or (None: not reachable) readable. Only our CRD is touched (not the
+    AppWrapper v1beta2 controller's); the input is not changed."""
+    if not is_ours(crd):
         return None
-    changed = copy.deepcopy(crd)
-    if port is not None:
-        url = f"https://127.0.0.1:{port}{CONVERT_PATH}"
-        changed["spec"]["conversion"]["webhook"]["clientConfig"] = {"url": url}
-    else:
-        for version in changed["spec"].get("versions") or []:
-            if version.get("name") != "v1beta1" and not version.get("storage"):
-                version["served"] = False
-    return changed
+    if port is None:
+        return readable(crd)
+    return converting(crd, {"url": f"https://127.0.0.1:{port}{CONVERT_PATH}"})
 
 
-async def _adapt_crd(client: KubeClient, port: int | None, say: Say) -> dict[str, Any] | None:
-    """The CRD changed for the run; its spec as it was, to put back (None: unchanged)."""
+async def _adapt_crd(client: KubeClient, port: int | None, say: Say) -> bool:
+    """Whether the CRD was changed for the run (and so is to be made readable at the stop)."""
     try:
         crd = await client.get(CRDS, None, APPWRAPPER_CRD)
         changed = crd_for_dev(crd, port)
         if changed is None:
-            return None
+            return False
         await client.replace(CRDS, None, APPWRAPPER_CRD, changed)
     except (KubeError, OSError) as exc:
         say(f"--dev: could not adapt CRD {APPWRAPPER_CRD} ({exc}): kubectl get aw may fail")
-        return None
-    return dict(crd["spec"])
+        return False
+    return True
 
 
-async def _restore_crd(client: KubeClient, spec: dict[str, Any], say: Say) -> None:
+async def _restore_crd(client: KubeClient, say: Say) -> None:
     try:
         crd = await client.get(CRDS, None, APPWRAPPER_CRD)
-        crd["spec"]["conversion"], crd["spec"]["versions"] = spec["conversion"], spec["versions"]
-        await client.replace(CRDS, None, APPWRAPPER_CRD, crd)
+        await client.replace(CRDS, None, APPWRAPPER_CRD, readable(crd))
     except (KubeError, OSError) as exc:
-        say(f"--dev: could not restore CRD {APPWRAPPER_CRD}: {exc}; apply crds/ again")
+        say(
+            f"--dev: could not make CRD {APPWRAPPER_CRD} readable again: {exc}; kubectl "
+            "patch crd appwrappers.workload.codeflare.dev --type=json "
+            "--patch-file manifests/crd-patches/readable.json"
+        )
 
 
 async def serve_dev(config: Config, *, say: Say = _stderr) -> None:
@@ -340,7 +336,7 @@ async def serve_dev(config: Config, *, say: Say = _stderr) -> None:
     log = structlog.get_logger("dev")
     client = await connect_hub(config, name="dev", qps=config.qps, burst=config.burst)
     registered = False
-    crd_spec: dict[str, Any] | None = None
+    adapted = False
     try:
         await refuse_installed(client)
         probe = await probe_loopback(client, free_loopback_port())
@@ -356,14 +352,14 @@ async def serve_dev(config: Config, *, say: Say = _stderr) -> None:
             # configurations' own second cannot be shown to have come after them, and its
             # record would not be honoured (core/recordtime.py). Serve from the next second.
             await asyncio.sleep(1.0)
-        crd_spec = await _adapt_crd(client, probe.port if probe.reached else None, say)
+        adapted = await _adapt_crd(client, probe.port if probe.reached else None, say)
         lines = announcement(running, probe)
         for line in [*lines[:-1], *notes, lines[-1]]:
             say(line)
         await serve_forever(running)
     finally:
-        if crd_spec is not None:
-            await _restore_crd(client, crd_spec, say)
+        if adapted:
+            await _restore_crd(client, say)
         if registered:
             await _unregister(client, say)
         await client.close()

@@ -62,6 +62,7 @@ class PriorityRule(BaseModel):
     """Highest priority it may use: a raw `spec.priority`, or the value of a class it names
     that is not listed in `classes`."""
     min_priority: int | None = None
+    """Lowest priority it may use, read as `max_priority` is."""
 
 
 class PriorityPolicy(BaseModel):
@@ -70,9 +71,12 @@ class PriorityPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     refused_class_prefixes: list[str] = Field(default_factory=lambda: ["system-"])
+    """PriorityClass names no AppWrapper may use, unless its namespace's rule lists the
+    class in `classes`."""
     default: PriorityRule = Field(default_factory=lambda: PriorityRule(max_priority=1_000_000_000))
     """For namespaces not in `namespaces`. 1e9 is the highest value of a user PriorityClass."""
     namespaces: dict[str, PriorityRule] = Field(default_factory=dict)
+    """Namespace -> its rule, which narrows `default` and never widens it."""
     nonpreemptible_verb: str = "nonpreemptible"
     """`preemptible: false` needs this verb on workload.codeflare.dev appwrappers in the
     namespace (cluster-admin's `*` has it; the built-in admin and edit roles do not)."""

@@ -12,7 +12,9 @@ Covered: `--kubeconfig`, else `$KUBECONFIG` (a list, merged first-wins as kubect
 it), else ~/.kube/config; `--context`; the context's namespace; the cluster's CA (file or
 data) or `insecure-skip-tls-verify`; a user's token, token file, client certificate and key
 (files or data), basic auth, or an `exec` plugin (client.authentication.k8s.io ExecCredential);
-`--as` / `--as-group` impersonation (one group). Not covered: the long-deprecated `auth-provider`.
+`--as` / `--as-group` impersonation (one group); the cluster's `proxy-url`, else
+`HTTPS_PROXY` / `NO_PROXY` (dispatcher/plugin/proxy.py). Not covered: the long-deprecated
+`auth-provider`.
 """
 
 from __future__ import annotations
@@ -23,19 +25,19 @@ import json
 import os
 import ssl
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from dispatcher.plugin.errors import ApiError, PluginError
+from dispatcher.plugin.proxy import Proxy, proxy_for
+
 Obj = dict[str, Any]
 STANDBY_RETRIES = 4
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's safe loader where PyYAML was built with it: the same documents, parsed in C."""
-
-
-class PluginError(Exception):
-    """Said to the user in one line; the command exits non-zero."""
 
 
 class Connection:
@@ -49,24 +51,56 @@ class Connection:
         context: ssl.SSLContext,
         headers: dict[str, str] | None = None,
         timeout: float = 30.0,
+        proxy: Proxy | None = None,
     ) -> None:
         self.server = server
         self.namespace = namespace
         self.context = context
         self.headers = headers if headers is not None else {}
         self.timeout = timeout
+        self.proxy = proxy
         self._open: http.client.HTTPConnection | None = None
 
-    def _connection(self, target: urllib.parse.SplitResult) -> http.client.HTTPConnection:
+    def clone(self) -> Connection:
+        """The same server and credentials on a connection of its own (one per thread: an
+        http.client connection serves one request at a time)."""
+        return Connection(
+            server=self.server,
+            namespace=self.namespace,
+            context=self.context,
+            headers=self.headers,
+            timeout=self.timeout,
+            proxy=self.proxy,
+        )
+
+    def _dial(self, *, timeout: float | None) -> http.client.HTTPConnection:
+        """A new connection to the server, through the proxy's CONNECT tunnel where one is
+        set (TLS, and its name check, then run inside the tunnel, with the server)."""
+        target = urllib.parse.urlsplit(self.server)
+        netloc = target.netloc if self.proxy is None else f"{self.proxy.host}:{self.proxy.port}"
+        connection: http.client.HTTPConnection
+        if target.scheme == "https":
+            connection = http.client.HTTPSConnection(netloc, timeout=timeout, context=self.context)
+        else:
+            connection = http.client.HTTPConnection(netloc, timeout=timeout)
+        if self.proxy is not None:
+            auth = self.proxy.authorization
+            connection.set_tunnel(
+                target.hostname or "",
+                target.port or (443 if target.scheme == "https" else 80),
+                headers={"Proxy-Authorization": auth} if auth else None,
+            )
+        return connection
+
+    def _connection(self) -> http.client.HTTPConnection:
         """One connection for every request of a command: one TLS handshake, not one each."""
         if self._open is None:
-            if target.scheme == "https":
-                self._open = http.client.HTTPSConnection(
-                    target.netloc, timeout=self.timeout, context=self.context
-                )
-            else:
-                self._open = http.client.HTTPConnection(target.netloc, timeout=self.timeout)
+            self._open = self._dial(timeout=self.timeout)
         return self._open
+
+    def _unreachable(self, exc: Exception) -> PluginError:
+        via = f" through the proxy {self.proxy.url}" if self.proxy is not None else ""
+        return PluginError(f"cannot reach the API server at {self.server}{via}: {exc}")
 
     def request(
         self,
@@ -77,15 +111,12 @@ class Connection:
         body: Obj | None = None,
         content_type: str = "application/json",
     ) -> Obj:
-        target = urllib.parse.urlsplit(self.server)
-        url = target.path.rstrip("/") + path
-        if query:
-            url += "?" + urllib.parse.urlencode(query)
+        url = self._url(path, query)
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Accept": "application/json", **self.headers}
         if data is not None:
             headers["Content-Type"] = content_type
-        connection = self._connection(target)
+        connection = self._connection()
         try:
             connection.request(method, url, body=data, headers=headers)
             answer = connection.getresponse()
@@ -93,10 +124,39 @@ class Connection:
         except (OSError, http.client.HTTPException) as exc:
             connection.close()
             self._open = None
-            raise PluginError(f"cannot reach the API server at {self.server}: {exc}") from None
+            raise self._unreachable(exc) from None
         if answer.status >= 400:
             raise ApiError(answer.status, _message(raw, answer.reason))
         return dict(json.loads(raw or b"{}"))
+
+    def _url(self, path: str, query: dict[str, str] | None) -> str:
+        url = urllib.parse.urlsplit(self.server).path.rstrip("/") + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        return url
+
+    def watch(self, path: str, *, idle_timeout: float, **query: str) -> Iterator[Obj]:
+        """The events of a watch of `path` (`watch=1` added), one JSON object a line, on a
+        connection of its own, until the server ends the stream; `idle_timeout` seconds
+        without a byte is a lost connection (PluginError), as is a request that fails."""
+        connection = self._dial(timeout=idle_timeout)
+        try:
+            try:
+                connection.request(
+                    "GET",
+                    self._url(path, {**query, "watch": "1"}),
+                    headers={"Accept": "application/json", **self.headers},
+                )
+                answer = connection.getresponse()
+                if answer.status >= 400:
+                    raise ApiError(answer.status, _message(answer.read(), answer.reason))
+                while line := answer.readline():
+                    if line.strip():
+                        yield dict(json.loads(line))
+            except (OSError, http.client.HTTPException) as exc:
+                raise self._unreachable(exc) from None
+        finally:
+            connection.close()
 
     def get(self, path: str, **query: str) -> Obj:
         """A read; a 503 is asked again a few times: the visibility API's Service reaches
@@ -108,12 +168,6 @@ class Connection:
                 if exc.code != 503 or attempt + 1 == STANDBY_RETRIES:
                     raise
         raise AssertionError("unreachable")
-
-
-class ApiError(PluginError):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def _message(raw: bytes, fallback: str) -> str:
@@ -158,6 +212,13 @@ def _merged(paths: list[Path]) -> tuple[Obj, dict[str, Path]]:
         if not merged["current-context"]:
             merged["current-context"] = loaded.get("current-context") or ""
     return merged, origin
+
+
+def kubeconfig_contexts(explicit: str | None) -> list[str]:
+    """The names of the contexts of the kubeconfig (`--kubeconfig`, else as `connect` finds
+    it): what `--context` may name."""
+    merged, _ = _merged(_files(explicit))
+    return sorted(str(name) for name in merged["contexts"])
 
 
 def _data_or_file(entry: Obj, key: str, base: Path) -> bytes | None:
@@ -245,6 +306,7 @@ def connect(
         context=tls,
         headers=headers,
         timeout=timeout,
+        proxy=proxy_for(server, proxy_url=cluster.get("proxy-url"), environ=os.environ),
     )
     if len(groups) > 1:
         raise PluginError("--as-group may be given once (urllib sends one header per name)")

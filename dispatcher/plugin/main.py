@@ -1,12 +1,16 @@
 """`kubectl aw`: the AppWrapper queue from a terminal (installed as the `kubectl-aw` script).
 
-Side effects: reads the kubeconfig; requests to the API server (reads, and for `stop` /
-`resume` a merge patch of a ClusterAppQueue's `spec.stopPolicy`); prints to stdout.
+Side effects: reads the kubeconfig; requests to the API server (reads, watches with `-w`
+(dispatcher/plugin/watch.py), and for `stop` / `resume` a merge patch of a ClusterAppQueue's
+`spec.stopPolicy`), through the kubeconfig's or the environment's proxy
+(dispatcher/plugin/proxy.py); prints to stdout.
 
-  kubectl aw list [-n NS | -A] [-o json|yaml|wide]   queue, position, state, start estimate
-  kubectl aw why NAME [-n NS] [-o json|yaml]         every condition, position and number
-  kubectl aw queues [-o json|yaml|wide]              usage, borrowed, pending per queue
-  kubectl aw stop QUEUE [--drain] / resume QUEUE     a ClusterAppQueue's stopPolicy
+  kubectl aw list [-n NS | -A] [-l SEL] [-w] [-o json|yaml|wide]  queue, position, state, ETA
+  kubectl aw why NAME [-n NS] [-w] [-o json|yaml]      every condition, position and number
+  kubectl aw queues [-n NS | -A] [-l SEL] [-w] [-o json|yaml|wide]  usage, pending per queue
+  kubectl aw stop QUEUE [--drain] / resume QUEUE       a ClusterAppQueue's stopPolicy
+  kubectl aw version [--client]                        the plugin's and the API server's
+  kubectl aw completion bash|zsh                       a shell completion script
 
 Errors are one line on stderr and exit code 1 (2 for a usage error, as argparse does).
 
@@ -30,7 +34,8 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from dispatcher.api.constants import GROUP, LABEL_QUEUE
-from dispatcher.plugin.kubeconfig import ApiError, Connection, PluginError, connect
+from dispatcher.plugin.errors import ApiError, PluginError
+from dispatcher.plugin.kubeconfig import Connection, connect
 
 APPWRAPPERS = f"/apis/{GROUP}/v1beta1"
 VISIBILITY = "/apis/visibility.workload.codeflare.dev/v1alpha1"
@@ -38,7 +43,11 @@ VISIBILITY = "/apis/visibility.workload.codeflare.dev/v1alpha1"
 Obj = dict[str, Any]
 
 
-def _parser() -> argparse.ArgumentParser:
+Parser = argparse.ArgumentParser
+
+
+def _parser() -> tuple[Parser, dict[str, Parser]]:
+    """The parser, and each command's own (shell completion reads their flags)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--kubeconfig")
     common.add_argument("--context")
@@ -46,22 +55,76 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--as", dest="impersonate")
     common.add_argument("--as-group", dest="groups", action="append", default=[])
     common.add_argument("--request-timeout", type=float, default=30.0)
-    common.add_argument("-o", "--output", choices=["json", "yaml", "wide"])
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("-o", "--output", choices=["json", "yaml", "wide"])
+    listing = argparse.ArgumentParser(add_help=False)
+    listing.add_argument("-A", "--all-namespaces", action="store_true")
+    listing.add_argument("-l", "--selector", type=_selector, help="label selector (as kubectl's)")
+    watching = argparse.ArgumentParser(add_help=False)
+    watching.add_argument(
+        "-w", "--watch", action="store_true", help="print again on each change (Ctrl-C ends)"
+    )
     parser = argparse.ArgumentParser(prog="kubectl aw", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    listing = commands.add_parser("list", parents=[common], help="AppWrappers, queued first")
-    listing.add_argument("-A", "--all-namespaces", action="store_true")
-    why = commands.add_parser("why", parents=[common], help="why an AppWrapper is where it is")
-    why.add_argument("name")
-    commands.add_parser("queues", parents=[common], help="ClusterAppQueues and AppQueues")
-    stop = commands.add_parser("stop", parents=[common], help="stop a ClusterAppQueue")
-    stop.add_argument("queue")
-    stop.add_argument(
+
+    def add(name: str, *, help: str, parents: Sequence[argparse.ArgumentParser] = ()) -> Parser:
+        return commands.add_parser(name, parents=parents, help=help, description=help)
+
+    each = {
+        "list": add(
+            "list", parents=[common, output, listing, watching], help="AppWrappers, queued first"
+        ),
+        "why": add(
+            "why", parents=[common, output, watching], help="why an AppWrapper is where it is"
+        ),
+        "queues": add(
+            "queues",
+            parents=[common, output, listing, watching],
+            help="ClusterAppQueues and AppQueues",
+        ),
+        "stop": add("stop", parents=[common], help="stop a ClusterAppQueue"),
+        "resume": add("resume", parents=[common], help="resume a ClusterAppQueue"),
+        "version": add(
+            "version", parents=[common, output], help="the plugin's and the cluster's versions"
+        ),
+        "completion": add("completion", help="a shell completion script (bash, zsh)"),
+    }
+    each["why"].add_argument("name")
+    each["stop"].add_argument("queue")
+    each["stop"].add_argument(
         "--drain", action="store_true", help="HoldAndDrain: also requeue what it admitted"
     )
-    resume = commands.add_parser("resume", parents=[common], help="resume a ClusterAppQueue")
-    resume.add_argument("queue")
-    return parser
+    each["resume"].add_argument("queue")
+    each["version"].add_argument(
+        "--client", action="store_true", help="the plugin's version only (no request)"
+    )
+    each["completion"].add_argument("shell", choices=["bash", "zsh"])
+    return parser, each
+
+
+def _selector(text: str) -> str:
+    from dispatcher.plugin.selector import check_selector
+
+    try:
+        return check_selector(text)
+    except PluginError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _query(args: argparse.Namespace) -> dict[str, str]:
+    """The list's query: the label selector, where one was given."""
+    return {"labelSelector": args.selector} if args.selector else {}
+
+
+def _check_namespace(api: Connection, namespace: str) -> None:
+    """PluginError if `namespace` does not exist (asked only once something came back
+    empty or missing: a namespaced list in a namespace that does not exist is just empty).
+    A user who may not read namespaces is told nothing more."""
+    try:
+        api.get(f"/api/v1/namespaces/{namespace}")
+    except ApiError as exc:
+        if exc.code == 404:
+            raise PluginError(f'namespace "{namespace}" not found') from None
 
 
 def _pending(api: Connection, path: str) -> dict[str, Obj] | None:
@@ -147,11 +210,12 @@ def _emit(obj: Obj, output: str | None) -> bool:
 
 
 def cmd_list(api: Connection, args: argparse.Namespace) -> None:
+    appwrappers = api.get(_appwrappers(api, args), **_query(args))
+    if not appwrappers.get("items") and not args.all_namespaces:
+        _check_namespace(api, api.namespace)
     if args.all_namespaces:
-        appwrappers = api.get(f"{APPWRAPPERS}/appwrappers")
         pending = _pending(api, "/pendingappwrappers")
     else:
-        appwrappers = api.get(f"{APPWRAPPERS}/namespaces/{api.namespace}/appwrappers")
         pending = _pending(api, f"/namespaces/{api.namespace}/pendingappwrappers")
     rows: list[tuple[tuple[int, str], Obj, Obj | None]] = []
     for aw in appwrappers.get("items") or []:
@@ -168,7 +232,8 @@ def cmd_list(api: Connection, args: argparse.Namespace) -> None:
         return
     if not rows:
         where = "any namespace" if args.all_namespaces else f"namespace {api.namespace}"
-        _warn(f"No AppWrappers found in {where}.")
+        matching = f" matching {args.selector}" if args.selector else ""
+        _warn(f"No AppWrappers{matching} found in {where}.")
         return
     head = ["NAME", "STATE", "QUEUE", "POSITION", "ETA"]
     if args.all_namespaces:
@@ -196,6 +261,12 @@ def cmd_list(api: Connection, args: argparse.Namespace) -> None:
             ]
         table.append(row)
     _show(table)
+
+
+def _appwrappers(api: Connection, args: argparse.Namespace) -> str:
+    if args.all_namespaces:
+        return f"{APPWRAPPERS}/appwrappers"
+    return f"{APPWRAPPERS}/namespaces/{api.namespace}/appwrappers"
 
 
 def _summary(aw: Obj, item: Obj | None) -> Obj:
@@ -231,6 +302,7 @@ def cmd_why(api: Connection, args: argparse.Namespace) -> None:
         aw = api.get(f"{APPWRAPPERS}/namespaces/{api.namespace}/appwrappers/{args.name}")
     except ApiError as exc:
         if exc.code == 404:
+            _check_namespace(api, api.namespace)
             raise PluginError(
                 f'appwrapper "{args.name}" not found in namespace {api.namespace}'
             ) from None
@@ -293,12 +365,13 @@ def _usage(status: Obj) -> tuple[str, str]:
 
 
 def cmd_queues(api: Connection, args: argparse.Namespace) -> None:
-    queues = api.get(f"{APPWRAPPERS}/clusterappqueues").get("items") or []
-    path = "/appqueues" if args.namespace is None else f"/namespaces/{api.namespace}/appqueues"
+    queues = api.get(f"{APPWRAPPERS}/clusterappqueues", **_query(args)).get("items") or []
     try:
-        locals_ = api.get(APPWRAPPERS + path).get("items") or []
+        locals_ = api.get(_app_queues(api, args), **_query(args)).get("items") or []
     except ApiError:
         locals_ = []  # a user who may not list AppQueues everywhere still sees the cluster queues
+    if not locals_ and _namespaced(args):
+        _check_namespace(api, api.namespace)
     if _emit({"kind": "List", "apiVersion": "v1", "items": [*queues, *locals_]}, args.output):
         return
     # Pending counts from the leader's order where it answers (queue status may lag).
@@ -353,6 +426,17 @@ def cmd_queues(api: Connection, args: argparse.Namespace) -> None:
     _show(table)
 
 
+def _namespaced(args: argparse.Namespace) -> bool:
+    """`queues` shows AppQueues of every namespace unless `-n` names one (`-A` wins)."""
+    return args.namespace is not None and not args.all_namespaces
+
+
+def _app_queues(api: Connection, args: argparse.Namespace) -> str:
+    if _namespaced(args):
+        return f"{APPWRAPPERS}/namespaces/{api.namespace}/appqueues"
+    return f"{APPWRAPPERS}/appqueues"
+
+
 def _stop_policy(api: Connection, queue: str, policy: str) -> None:
     try:
         api.request(
@@ -368,9 +452,84 @@ def _stop_policy(api: Connection, queue: str, policy: str) -> None:
     _show([[f"clusterappqueue/{queue} stopPolicy={policy}"]])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def cmd_version(api: Connection | None, args: argparse.Namespace, *, plugin: str) -> None:
+    """The plugin's version; with a connection, the API server's (`/version`) and whether
+    the dispatcher's visibility API answers (the dispatcher publishes no version of its own
+    there)."""
+    versions: Obj = {"plugin": plugin}
+    if api is not None:
+        server = api.get("/version")
+        versions["server"] = server.get("gitVersion", "unknown")
+        try:
+            api.get(VISIBILITY)
+            versions["visibilityAPI"] = VISIBILITY.removeprefix("/apis/")
+        except ApiError as exc:
+            versions["visibilityAPI"] = None
+            versions["visibilityError"] = str(exc)
+    if _emit(versions, args.output):
+        return
+    lines = [["Plugin Version:", plugin]]
+    if api is not None:
+        lines.append(["Server Version:", versions["server"]])
+        served = versions["visibilityAPI"]
+        lines.append(["Visibility API:", served or f"not served ({versions['visibilityError']})"])
+    _show(lines)
+
+
+def _watch(api: Connection, args: argparse.Namespace) -> None:
+    """`--watch`: the command's output printed again on each change (dispatcher/plugin/watch.py)."""
+    import io
+    from contextlib import redirect_stdout
+
+    from dispatcher.plugin.watch import EVERY, Source, follow
+
+    run = _COMMANDS[args.command]
+
+    def render() -> str:
+        buffer = io.StringIO()
+        with redirect_stdout(buffer):
+            run(api, args)
+        return buffer.getvalue()
+
+    query = _query(args) if args.command != "why" else {}
+    if args.command == "list":
+        sources = [Source(_appwrappers(api, args), query)]
+    elif args.command == "why":
+        path = f"{APPWRAPPERS}/namespaces/{api.namespace}/appwrappers"
+        sources = [Source(path, {"fieldSelector": f"metadata.name={args.name}"})]
+    else:
+        sources = [
+            Source(f"{APPWRAPPERS}/clusterappqueues", query),
+            Source(_app_queues(api, args), query, optional=True),
+        ]
+    separator = {"json": "", "yaml": "---\n"}.get(args.output or "", "\n")
+    follow(render, sources, api=api, every=EVERY, out=sys.stdout, separator=separator)
+
+
+_COMMANDS = {"list": cmd_list, "why": cmd_why, "queues": cmd_queues}
+
+
+def main(argv: Sequence[str] | None = None, *, version: str | None = None) -> int:
+    """`kubectl aw ARGS`; `version` is the plugin's where the caller knows it (the zipapp
+    is built with it), else the installed package's."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, commands = _parser()
+    if argv[:1] == ["__complete"]:  # kubectl's plugin completion (kubectl_complete-aw)
+        from dispatcher.plugin.complete import complete
+
+        return complete(argv[1:], commands=commands, connect=connect, out=sys.stdout)
+    args = parser.parse_args(argv)
+    if args.command == "completion":
+        from dispatcher.plugin.complete import script
+
+        print(script(args.shell), end="")
+        return 0
     try:
+        if args.command == "version":
+            plugin = version or _installed_version()
+            if args.client:
+                cmd_version(None, args, plugin=plugin)
+                return 0
         api = connect(
             kubeconfig=args.kubeconfig,
             context=args.context,
@@ -379,20 +538,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             groups=tuple(args.groups),
             timeout=args.request_timeout,
         )
-        if args.command == "list":
-            cmd_list(api, args)
-        elif args.command == "why":
-            cmd_why(api, args)
-        elif args.command == "queues":
-            cmd_queues(api, args)
+        if args.command == "version":
+            cmd_version(api, args, plugin=plugin)
         elif args.command == "stop":
             _stop_policy(api, args.queue, "HoldAndDrain" if args.drain else "Hold")
         elif args.command == "resume":
             _stop_policy(api, args.queue, "None")
+        elif args.watch:
+            _watch(api, args)
+        else:
+            _COMMANDS[args.command](api, args)
     except PluginError as exc:
         _warn(f"error: {exc}")
         return 1
+    except KeyboardInterrupt:  # Ctrl-C ends a watch: no traceback
+        return 130
     return 0
+
+
+def _installed_version() -> str:
+    import dispatcher
+
+    return str(dispatcher.__version__)
+
+
+def complete_main() -> int:
+    """`kubectl_complete-aw ARGS... WORD`: what kubectl runs to complete `kubectl aw`."""
+    return main(["__complete", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

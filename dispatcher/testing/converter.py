@@ -1,6 +1,6 @@
 """The dispatcher's conversion endpoint (/convert) alone, for a test cluster: the AppWrapper
-CRD serves v1beta2, its preferred version, so every `kubectl get aw` converts, whether a
-test runs the dispatcher's webhook or not.
+CRD in its converting form (core/crdforms.py) serves v1beta2, its preferred version, so every
+`kubectl get aw` converts, whether a test runs the dispatcher's webhook or not.
 
 Side effects: a thread with its own event loop serving HTTPS on 127.0.0.1 (a throwaway CA
 made in memory); `crd_calling` reads crds/appwrapper.yaml.
@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from dispatcher.core.crdforms import converting
 from dispatcher.kube import certplan, webhook
 
 DAY = 86400.0
@@ -99,13 +100,9 @@ async def _refuse(request: Any) -> dict[str, Any]:
 
 
 def crd_calling(path: Path, url: str, ca_bundle: bytes) -> dict[str, Any]:
-    """The CRD in `path` with its conversion webhook at `url`, trusting `ca_bundle`."""
+    """The CRD in `path` converting through its webhook at `url`, trusting `ca_bundle`."""
     crd: dict[str, Any] = yaml.safe_load(path.read_text())
-    crd["spec"]["conversion"]["webhook"]["clientConfig"] = {
-        "url": url,
-        "caBundle": base64.b64encode(ca_bundle).decode(),
-    }
-    return crd
+    return converting(crd, {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()})
 
 
 def v1beta1_only(path: Path) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from dispatcher.config import (
     ProvisioningConfig,
     WebhookConfig,
 )
-from dispatcher.kube.preflight import APPWRAPPER_CRD
+from dispatcher.core.crdforms import converting
 from dispatcher.kube.registration import webhook_configurations
 from dispatcher.kube.webhook import CONVERT_PATH
 from dispatcher.logs import configure_logging
@@ -116,10 +116,16 @@ async def demo(workdir: Path, keep: bool) -> int:
             cluster.add_node(f"gpu-node-{index}", cpu="8", memory="40Gi", gpu=2)
         cluster.add_node("cpu-node", cpu="8", memory="32Gi")
         cluster.wait_nodes_ready(["gpu-node-1", "gpu-node-2", "gpu-node-3", "cpu-node"])
-        # The quota kinds too, and served before the dispatcher starts: it looks again for
-        # kinds that were missing at its start only now and then.
-        for crd in ("appwrapper.yaml", "queues.yaml", "provisioning/provisioningrequest.yaml"):
-            cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / crd))
+        # The AppWrapper CRD as an install that converts applies it, through the webhook
+        # server of the dispatcher started below (its caBundle written by the dispatcher, as
+        # for the webhook configurations), before kubectl first reads the API's discovery,
+        # which it caches. The quota kinds too, and served before the dispatcher starts: it
+        # looks again for kinds that were missing at its start only now and then.
+        webhook_port = free_port()
+        crd = yaml.safe_load((REPO_ROOT / "crds" / "appwrapper.yaml").read_text())
+        cluster.apply(converting(crd, {"url": f"https://127.0.0.1:{webhook_port}{CONVERT_PATH}"}))
+        for crd_file in ("queues.yaml", "provisioning/provisioningrequest.yaml"):
+            cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds" / crd_file))
         cluster.kubectl("create", "namespace", NAMESPACE)
         await _wait_served(cluster, KINDS)
         await _show(
@@ -131,7 +137,7 @@ async def demo(workdir: Path, keep: bool) -> int:
             "MEMORY:.status.allocatable.memory,"
             "GPU:.status.allocatable.nvidia\\.com/gpu",
         )
-        config = _with_webhook(cluster)
+        config = _with_webhook(cluster, webhook_port)
         provisioner = TestProvisioner(cluster.kubeconfig, GROW, labels={}, delay=3.0)
         async with provisioner, running(config):
             _say("Dispatcher running; applying the samples")
@@ -179,19 +185,13 @@ async def demo(workdir: Path, keep: bool) -> int:
         cluster.stop()
 
 
-def _with_webhook(cluster: LocalCluster) -> Config:
+def _with_webhook(cluster: LocalCluster, port: int) -> Config:
     """Settings with the admission webhook on, as the manifests deploy it, served on
-    127.0.0.1 (the API server runs on this machine: a URL instead of a Service), answering
-    only the API server's client certificate."""
-    port = free_port()
+    127.0.0.1:`port` (the API server runs on this machine: a URL instead of a Service),
+    answering only the API server's client certificate."""
     cluster.kubectl("create", "namespace", SYSTEM_NAMESPACE)
     for configuration in webhook_configurations(WEBHOOK, port):
         cluster.apply(configuration)
-    # The CRD converts v1beta1 <-> v1beta2 through the same server (its caBundle written
-    # by the dispatcher, as for the webhook configurations).
-    client_config = {"service": None, "url": f"https://127.0.0.1:{port}{CONVERT_PATH}"}
-    patch = {"spec": {"conversion": {"webhook": {"clientConfig": client_config}}}}
-    cluster.kubectl("patch", "crd", APPWRAPPER_CRD, "--type=merge", "-p", json.dumps(patch))
     return Config(
         kubeconfig=str(cluster.kubeconfig),
         health_port=0,

@@ -61,18 +61,28 @@ NO_IMAGE = (
     "the manifests' image (appwrapper-dispatcher:latest) is built by nobody here and cannot "
     "be pulled: the API server checks every object (--dry-run=server) instead of an install"
 )
+CONVERTING = (
+    "kubectl patch crd appwrappers.workload.codeflare.dev --type=json "
+    "--patch-file manifests/crd-patches/conversion.json"
+)
 DRY_RUN = {
     "kubectl apply -k manifests/": NO_IMAGE,
     "kubectl apply -f crds/ -f manifests/": NO_IMAGE,
+    CONVERTING: "the conversion through the manifests' Service, which no dispatcher answers "
+    "here (NO_IMAGE): other tests would read no v1beta2; the API server checks the patch",
 }
 NEEDS_INSTALL = "needs the dispatcher installed by the manifests, which cannot run here (image)"
 PLACEHOLDER = "names placeholders (NS, NAME) for the reader to fill in"
 NOT_RUN = {
     "make demo": "the demo starts a control plane of its own, for minutes (make demo)",
+    "kubectl patch crd appwrappers.workload.codeflare.dev --type=json "
+    "--patch-file manifests/crd-patches/readable.json": "after an uninstall; the same patch, "
+    "as the chart's NOTES print it, runs after `helm uninstall` in tests/e2e/test_chart.py, and "
+    "tests/unit/test_devmode_crd.py proves the file makes the converting CRD readable",
     "make test": "the whole suite; this test is part of it",
-    "make image IMAGE=registry.example.com/appwrapper-dispatcher:0.1.0": "no container "
-    "builder on the test machine, and the base image's registry is out of its reach "
-    "(tests/unit/test_image_lock.py and test_runtime_imports.py check what the image holds)",
+    "make image IMAGE=registry.example.com/appwrapper-dispatcher:0.1.0": "the base image's "
+    "registry is out of the test machine's reach: make image-test builds the image on a base "
+    "from Debian's packages and runs it (tests/e2e/test_image.py)",
     "docker push registry.example.com/appwrapper-dispatcher:0.1.0": "no registry to push to",
     "helm install appwrapper-dispatcher charts/appwrapper-dispatcher   --namespace "
     "appwrapper-system --create-namespace --set "
@@ -352,18 +362,26 @@ async def test_manifests_install_commands(shell: Shell) -> None:
     assert [c for c, _ in ran] == [
         "kubectl apply -f crds/",
         "kubectl apply -k manifests/",
+        CONVERTING,
         "kubectl apply -f manifests/namespace.yaml",
         "kubectl apply -f crds/ -f manifests/",
     ]
     # The kustomization's objects live in appwrapper-system, which a dry run does not make:
     # the plain route's first command (the namespace, for real) goes first here.
-    first = ran.pop(2)
+    first = ran.pop(3)
     outputs = {}
     for command, as_run in [first, *ran]:
         outputs[command] = await shell.run(as_run)
-    for command in DRY_RUN:
+    for command in set(DRY_RUN) - {CONVERTING}:
         assert "deployment.apps/appwrapper-dispatcher" in outputs[command], outputs[command]
         assert "(server dry run)" in outputs[command]
+    # kubectl patch says no "(server dry run)"; the CRD as applied shows nothing was changed.
+    assert "appwrappers.workload.codeflare.dev patched" in outputs[CONVERTING]
+    served = await shell.run(
+        "kubectl get crd appwrappers.workload.codeflare.dev -o "
+        "jsonpath='{.spec.conversion.strategy} {.spec.versions[1].served}'"
+    )
+    assert served == "None false", served
     assert (
         "customresourcedefinition.apiextensions.k8s.io/appwrappers.workload.codeflare.dev"
         in (outputs["kubectl apply -f crds/"])

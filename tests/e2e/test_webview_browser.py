@@ -1,8 +1,8 @@
 """The web view in a real browser: Debian's headless Chromium opens it through `kubectl
 proxy` against the local control plane, and what it shows is read from its DOM.
 
-Skips where /usr/bin/chromium is absent (`make test` installs none; `make browser-test`
-installs Debian's package and runs this file). The screenshot it takes is
+Skips where /usr/bin/chromium is absent, and fails there under CI (`make test-deps`, which
+.ci/run calls, and `make browser-test` install Debian's package). The screenshot it takes is
 docs/images/webview.png when APPWRAPPER_SCREENSHOT names that path.
 """
 
@@ -38,7 +38,7 @@ FLAGS = [
 
 pytestmark = [
     pytest.mark.cluster,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium: make browser-test"),
+    pytest.mark.tier(CHROMIUM.exists(), "no /usr/bin/chromium: make browser-test installs it"),
 ]
 
 

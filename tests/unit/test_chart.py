@@ -77,7 +77,7 @@ def test_values_keys_are_declared_by_the_schema() -> None:
 
 @pytest.mark.parametrize("name", ["appwrapper.yaml", "queues.yaml"])
 def test_chart_crds_are_the_repositorys(name: str) -> None:
-    (copy,) = [p for p in (CHART / "crds" / name, CHART / "quota-crds" / name) if p.exists()]
+    copy = CHART / "crd-files" / name
     assert copy.read_bytes() == (REPO / "crds" / name).read_bytes(), (
         f"{copy.relative_to(REPO)} differs from crds/{name}: "
         f"cp crds/{name} {copy.relative_to(REPO)}"
@@ -101,3 +101,26 @@ def test_allowed_kinds_default_and_their_rbac_places() -> None:
         assert kind in KNOWN_GROUPS, f"{kind}: not a kind the dispatcher knows the groups of"
         assert set(place["apiGroups"]) <= KNOWN_GROUPS[kind], kind
     assert not [kind for kind, place in table.items() if "watch" in place]
+
+
+def test_chart_dashboard_is_manifests_grafana_dashboard() -> None:
+    # helm reads only files inside the chart: grafanaDashboard.enabled serves this copy.
+    copy = CHART / "dashboards" / "dispatcher-dashboard.json"
+    shipped = REPO / "manifests" / "grafana" / "dispatcher-dashboard.json"
+    assert copy.read_bytes() == shipped.read_bytes(), (
+        f"{copy.relative_to(REPO)} differs from {shipped.relative_to(REPO)}: "
+        f"cp {shipped.relative_to(REPO)} {copy.relative_to(REPO)}"
+    )
+
+
+def test_image_user_is_numeric_so_run_as_non_root_needs_no_uid() -> None:
+    # The chart's pods say runAsNonRoot without runAsUser (OpenShift assigns the uid): the
+    # kubelet can check a numeric USER only.
+    users = [
+        line.split()[1]
+        for line in (REPO / "Dockerfile").read_text().splitlines()
+        if line.startswith("USER ")
+    ]
+    assert users, "the Dockerfile sets no USER"
+    assert users[-1].isdigit(), users
+    assert int(users[-1]) != 0, users

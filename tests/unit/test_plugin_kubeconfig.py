@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from dispatcher.kube import certplan
-from dispatcher.plugin.kubeconfig import PluginError, connect
+from dispatcher.plugin.errors import PluginError
+from dispatcher.plugin.kubeconfig import connect
 from dispatcher.plugin.main import cmd_list, main
 
 
@@ -178,12 +179,12 @@ class FakeApi:
 
 
 def test_list_all_namespaces_wide_and_yaml(capsys: pytest.CaptureFixture[str]) -> None:
-    cmd_list(FakeApi(), Namespace(all_namespaces=True, output="wide"))  # type: ignore[arg-type]
+    cmd_list(FakeApi(), Namespace(all_namespaces=True, selector=None, output="wide"))  # type: ignore[arg-type]
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert rows[0][:6] == ["NAMESPACE", "NAME", "STATE", "QUEUE", "POSITION", "ETA"]
     assert rows[1][:9] == ["a", "wait", "Pending", "cq", "1", "by", "08:01", "3", "3m"]
     assert rows[2][:5] == ["b", "run", "Running", "-", "-"]
-    cmd_list(FakeApi(), Namespace(all_namespaces=True, output="yaml"))  # type: ignore[arg-type]
+    cmd_list(FakeApi(), Namespace(all_namespaces=True, selector=None, output="yaml"))  # type: ignore[arg-type]
     out = capsys.readouterr().out
     assert out.startswith("kind: List\n")
     assert "basis: after b/run ends" in out

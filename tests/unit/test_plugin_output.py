@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dispatcher.plugin import main as plugin
-from dispatcher.plugin.kubeconfig import ApiError, PluginError
+from dispatcher.plugin.errors import ApiError, PluginError
 from dispatcher.plugin.main import cmd_list, cmd_queues, cmd_why, main, terminal_safe
 
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
@@ -143,7 +143,7 @@ def test_ansi_in_a_group_name_a_node_selector_and_a_message_is_shown_as_text(
         [pending("rc", queue="cq", reason="FlavorMismatch", message=flavor, basis=f"{RED}soon")],
     )
     cmd_why(api, Namespace(name="rc", output=None))  # type: ignore[arg-type]
-    cmd_list(api, Namespace(all_namespaces=False, output="wide"))  # type: ignore[arg-type]
+    cmd_list(api, Namespace(all_namespaces=False, selector=None, output="wide"))  # type: ignore[arg-type]
     out, err = capsys.readouterr()
     assert err == ""
     assert ESC not in out
@@ -220,13 +220,19 @@ def test_no_output_line_holds_a_control_character(world: Canned) -> None:
     api: Any = world
     name = world.appwrappers[0]["metadata"]["name"]
     runs: list[Callable[[], None]] = [
-        partial(cmd_list, api, Namespace(all_namespaces=False, output=None)),
-        partial(cmd_list, api, Namespace(all_namespaces=True, output="wide")),
+        partial(cmd_list, api, Namespace(all_namespaces=False, selector=None, output=None)),
+        partial(cmd_list, api, Namespace(all_namespaces=True, selector=None, output="wide")),
         partial(cmd_why, api, Namespace(name=name, output=None)),
-        partial(cmd_queues, api, Namespace(namespace=None, output=None)),
+        partial(
+            cmd_queues,
+            api,
+            Namespace(namespace=None, all_namespaces=False, selector=None, output=None),
+        ),
     ]
     for output in ("json", "yaml"):
-        runs.append(partial(cmd_list, api, Namespace(all_namespaces=True, output=output)))
+        runs.append(
+            partial(cmd_list, api, Namespace(all_namespaces=True, selector=None, output=output))
+        )
         runs.append(partial(cmd_why, api, Namespace(name=name, output=output)))
     for run in runs:
         out, err = captured(run)

@@ -38,8 +38,50 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{/*
+The dispatcher's ServiceAccount: serviceAccount.name, or the full name. With
+serviceAccount.create false the chart makes none but binds its roles to this one, so it must
+be named.
+*/}}
+{{- define "awd.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "awd.fullname" .) .Values.serviceAccount.name -}}
+{{- else if .Values.serviceAccount.name -}}
+{{- .Values.serviceAccount.name -}}
+{{- else -}}
+{{- fail "serviceAccount.create false needs serviceAccount.name: the ServiceAccount (made beforehand) the chart binds the dispatcher's roles to" -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "awd.serviceAccountUser" -}}
-system:serviceaccount:{{ .Release.Namespace }}:{{ include "awd.fullname" . }}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "awd.serviceAccountName" . }}
+{{- end -}}
+
+{{/*
+The cert-manager issuer of the chart's Certificates: certManager.issuerRef, or the chart's
+own self-signed Issuer (certificate.yaml makes it only then).
+*/}}
+{{- define "awd.issuerRef" -}}
+{{- with .Values.certManager.issuerRef -}}
+{{- toYaml . -}}
+{{- else -}}
+kind: Issuer
+name: {{ include "awd.fullname" . }}-selfsigned
+{{- end -}}
+{{- end -}}
+
+{{/*
+A probe from the values, as YAML; with metrics.secure the health port serves HTTPS only, so an
+httpGet that names no scheme is given `scheme: HTTPS` (the kubelet does not verify it).
+Arguments: (list $ probe).
+*/}}
+{{- define "awd.probe" -}}
+{{- $root := index . 0 -}}
+{{- $probe := deepCopy (index . 1 | default dict) -}}
+{{- if and $root.Values.metrics.secure $probe.httpGet (not (hasKey $probe.httpGet "scheme")) -}}
+{{- $_ := set $probe.httpGet "scheme" "HTTPS" -}}
+{{- end -}}
+{{- toYaml $probe -}}
 {{- end -}}
 
 {{- define "awd.image" -}}
@@ -97,6 +139,15 @@ named, rather than silently replaced.
 {{- fail "config.webhook.port 0 (any free port) cannot be named by the webhook Service: pick a port" -}}
 {{- end -}}
 {{- $_ := set $cfg "webhook" $webhook -}}
+{{- if .Values.metrics.secure -}}
+{{- /* HTTPS with the certificate the pods mount (metrics-cert.yaml), and every scraper's
+token and right reviewed. */ -}}
+{{- $metrics := deepCopy (get $cfg "metrics" | default dict) -}}
+{{- include "awd.pin" (list $metrics "cert_file" "/etc/appwrapper-dispatcher-metrics/tls.crt" "metrics.cert_file") -}}
+{{- include "awd.pin" (list $metrics "key_file" "/etc/appwrapper-dispatcher-metrics/tls.key" "metrics.key_file") -}}
+{{- include "awd.pin" (list $metrics "auth" "kubernetes" "metrics.auth") -}}
+{{- $_ := set $cfg "metrics" $metrics -}}
+{{- end -}}
 {{- $visibility := deepCopy (get $cfg "visibility" | default dict) -}}
 {{- if $visibility.enabled -}}
 {{- include "awd.pin" (list $visibility "namespace" .Release.Namespace "visibility.namespace") -}}
