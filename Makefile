@@ -130,14 +130,15 @@ peers: venv
 
 # The Helm chart with the real helm (v3, built from the Go module proxy into
 # $(CACHE_DIR)/helm by testenv/build-helm.sh, only when missing): `helm lint`, then
-# tests/e2e/test_chart.py: `helm template` against manifests/, the switches, and `helm
+# tests/e2e/test_chart*.py: `helm template` against manifests/, the switches, and `helm
 # install`, upgrade and uninstall in the local control plane with the dispatcher run from the
 # checkout. `make test` runs the same, with everything else.
 .PHONY: chart-test browser-test
 chart-test: venv testenv
 	helm="$$(bash testenv/build-helm.sh)" && \
 	  "$$helm" lint --strict charts/appwrapper-dispatcher && \
-	  APPWRAPPER_HELM="$$helm" $(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/test_chart.py
+	  APPWRAPPER_HELM="$$helm" $(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/test_chart.py \
+	    tests/e2e/test_chart_values.py tests/e2e/test_chart_install.py
 
 # The web view in a real browser: Debian's Chromium (installed here if absent; needs root and
 # apt), then the browser test against a local control plane; the screenshot in the docs.

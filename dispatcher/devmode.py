@@ -27,24 +27,32 @@ says why). Reached, --dev serves v1beta2 too for the run, converted by its own s
 (https://127.0.0.1:PORT/convert); not reached, v1beta2 stays unserved. Either way the CRD is
 put back in its readable form when it stops, and a start finds it so even after a killed
 run (a --dev run is the only converter where installed webhook configurations are absent),
-so `kubectl get aw` works once no dispatcher answers.
+so `kubectl get aw` works once no dispatcher answers. kubectl caches the API's discovery for
+hours and would go on asking for the v1beta2 the run served (the server answers NotFound,
+and kubectl does not look again): at the stop --dev removes kubectl's cached discovery of
+this server, from where kubectl keeps it by default, so that kubectl asks again.
 
 Side effects: a TCP listener on 127.0.0.1 for the probe; creates and deletes webhook
 configurations in the hub, and deletes its Secret at the end; changes and restores the
-AppWrapper CRD's conversion and its v1beta2 `served`; dry-run creates of a ConfigMap; prints
-to stderr; then `run`.
+AppWrapper CRD's conversion and its v1beta2 `served`; removes this server's folder of
+kubectl's discovery cache ($KUBECACHEDIR or ~/.kube/cache) after a run that served v1beta2;
+dry-run creates of a ConfigMap; prints to stderr; then `run`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
 import secrets
+import shutil
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -331,6 +339,28 @@ async def _restore_crd(client: KubeClient, say: Say) -> None:
         )
 
 
+def kubectl_discovery_cache(
+    server: str, *, environ: Mapping[str, str] = os.environ, home: Path | None = None
+) -> Path:
+    """Where kubectl keeps its cached discovery of the API server at `server` by default:
+    $KUBECACHEDIR (else ~/.kube/cache), then discovery/, then the server's address without
+    its scheme, every character but letters, digits and `_/.()` made `_` (kubectl's own
+    naming, so that this is the folder it reads)."""
+    root = Path(environ.get("KUBECACHEDIR") or (home or Path.home()) / ".kube" / "cache")
+    host = server.replace("https://", "", 1).replace("http://", "", 1)
+    return root / "discovery" / re.sub(r"[^(\w/.)]", "_", host)
+
+
+def _forget_discovery(server: str, say: Say) -> None:
+    cache = kubectl_discovery_cache(server)
+    if cache.is_dir():
+        shutil.rmtree(cache, ignore_errors=True)
+        say(
+            f"--dev: v1beta2 is no longer served; removed kubectl's cached discovery of "
+            f"{server} ({cache}) so that kubectl asks again"
+        )
+
+
 async def serve_dev(config: Config, *, say: Say = _stderr) -> None:
     """The `run --dev` command: probe, register, announce, run until stopped, unregister."""
     log = structlog.get_logger("dev")
@@ -360,6 +390,7 @@ async def serve_dev(config: Config, *, say: Say = _stderr) -> None:
     finally:
         if adapted:
             await _restore_crd(client, say)
+            _forget_discovery(client.server, say)
         if registered:
             await _unregister(client, say)
         await client.close()

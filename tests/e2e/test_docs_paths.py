@@ -75,10 +75,13 @@ NEEDS_INSTALL = "needs the dispatcher installed by the manifests, which cannot r
 PLACEHOLDER = "names placeholders (NS, NAME) for the reader to fill in"
 NOT_RUN = {
     "make demo": "the demo starts a control plane of its own, for minutes (make demo)",
+    "kubectl api-resources --api-group=workload.codeflare.dev": "after an uninstall; run as "
+    "written, where the chart's NOTES print it, by tests/e2e/test_chart_install.py",
     "kubectl patch crd appwrappers.workload.codeflare.dev --type=json "
     "--patch-file manifests/crd-patches/readable.json": "after an uninstall; the same patch, "
-    "as the chart's NOTES print it, runs after `helm uninstall` in tests/e2e/test_chart.py, and "
-    "tests/unit/test_devmode_crd.py proves the file makes the converting CRD readable",
+    "as the chart's NOTES print it, runs after `helm uninstall` in "
+    "tests/e2e/test_chart_install.py, and tests/unit/test_devmode_crd.py proves the file "
+    "makes the converting CRD readable",
     "make test": "the whole suite; this test is part of it",
     "make image IMAGE=registry.example.com/appwrapper-dispatcher:0.1.0": "the base image's "
     "registry is out of the test machine's reach: make image-test builds the image on a base "
@@ -87,7 +90,7 @@ NOT_RUN = {
     "helm install appwrapper-dispatcher charts/appwrapper-dispatcher   --namespace "
     "appwrapper-system --create-namespace --set "
     "image.repository=registry.example.com/appwrapper-dispatcher --set image.tag=0.1.0": "helm "
-    "is a tool users run, built and used by make chart-test, whose tests/e2e/test_chart.py "
+    "is a tool users run, built and used by make chart-test, whose tests/e2e/test_chart_install.py "
     "installs the chart this way (replicas 0: no image can be pulled here)",
     "cd /etc/kubernetes/pki": "kubeadm's control-plane node only; the local control plane "
     "makes the same client certificate itself (dispatcher/testing/pki.py)",
@@ -256,7 +259,8 @@ async def test_readme_trial_on_an_existing_cluster(
     shell: Shell, cluster: Any, fake_nodes: Any
 ) -> None:
     """README.md: the CRDs, `run --dev` in the background, the sample, `kubectl wait` for it
-    Completed; then Ctrl-C, and the webhook configurations are gone."""
+    Completed; then Ctrl-C, and the webhook configurations are gone, and AppWrappers (and a
+    namespace holding one) can be listed, described and deleted with no dispatcher."""
     fake_nodes.add("n1")  # the existing cluster's node, for the sample's pods
     commands = section(*README_TRIAL)
     assert sum(map(is_dispatcher, commands)) == 1, commands
@@ -295,6 +299,21 @@ async def test_readme_trial_on_an_existing_cluster(
         "get", "secret", DEV_NAME, "-n", SECRET_NAMESPACE, "--ignore-not-found", "-o", "name"
     )
     assert secret.stdout.strip() == ""
+    # No dispatcher answers now: the CRD is readable (before, it converted through a Service
+    # never installed and every `kubectl get aw` failed), with the same kubectl, whose cached
+    # discovery knew the v1beta2 the run served; and a namespace holding an AppWrapper that
+    # no dispatcher saw is deleted (it hung on the conversion).
+    crd = json.loads(await shell.run("kubectl get crd appwrappers.workload.codeflare.dev -o json"))
+    assert crd["spec"]["conversion"] == {"strategy": "None"}
+    if reaches_loopback(cluster):
+        assert "removed kubectl's cached discovery" in log, log
+    await shell.run("kubectl create namespace after-dev")
+    await shell.run("kubectl apply -n after-dev -f samples/job-completion.yaml")
+    assert "job-completion" in await shell.run("kubectl get aw -n after-dev")
+    assert "job-completion" in await shell.run("kubectl describe aw job-completion -n after-dev")
+    await shell.run("kubectl delete aw job-completion -n after-dev")
+    await shell.run("kubectl apply -n after-dev -f samples/job-completion.yaml")
+    await shell.run("kubectl delete namespace after-dev --timeout=60s")
 
 
 async def test_operations_trial_starts_and_stops_clean(shell: Shell, cluster: Any) -> None:

@@ -36,14 +36,14 @@ from dispatcher.testing.waits import wait_until
 from tests.e2e.test_manifests import (
     MANIFESTS,
     SYSTEM_NAMESPACE,
-    WEBHOOK_CONFIGURATION,
-    WEBHOOK_PATHS,
     WEBHOOK_SECRET,
+    DispatcherProcess,
     ca_bundles,
     documents,
     http_get,
     port_open,
     register_webhook,
+    remove_webhook_objects,
     service_account_kubeconfig,
     settings_text,
 )
@@ -105,30 +105,23 @@ def children() -> dict[int, list[int]]:
     return tree
 
 
-class ContainerProcess:
+class ContainerProcess(DispatcherProcess):
     """`buildah run` of the image in a child process, its output kept for failures. buildah
-    kills the container's command when it is itself signalled, so `stop` sends SIGTERM to
-    that command (the innermost process; chroot isolation shares the host's pid space), as
-    the kubelet would to the pod's, and returns buildah's exit code, which is the command's."""
+    kills the container's command when it is itself signalled, so `terminate` sends SIGTERM
+    to that command (the innermost process; chroot isolation shares the host's pid space), as
+    the kubelet would to the pod's; `stop` returns buildah's exit code, which is the
+    command's."""
 
     def __init__(self, container: str, volume: Path, argv: list[str], log: Path) -> None:
-        self.log = log
-        self._out = log.open("wb")
-        self.proc = subprocess.Popen(
-            [
+        super().__init__(
+            argv,
+            log,
+            command=[
                 *(str(BUILDAH), "--storage-driver", STORAGE_DRIVER, "run"),
                 *("--isolation", "chroot", "--network", "host", "-v", f"{volume}:{MOUNT}:ro"),
                 *(container, "--", *argv),
             ],
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
         )
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
 
     def innermost(self) -> list[int]:
         tree, pids, leaves = children(), [self.proc.pid], []
@@ -140,18 +133,9 @@ class ContainerProcess:
                 leaves.append(pid)
         return [pid for pid in leaves if pid != self.proc.pid]
 
-    def stop(self) -> int:
-        if self.alive():
-            for pid in self.innermost():
-                os.kill(pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if not self._out.closed:
-            self._out.close()
-        return self.proc.returncode
+    def terminate(self) -> None:
+        for pid in self.innermost():
+            os.kill(pid, signal.SIGTERM)
 
 
 @pytest.fixture
@@ -167,15 +151,7 @@ def installed(cluster: Any, quota_crds: None) -> Iterator[None]:
     try:
         yield
     finally:
-        cluster.kubectl("delete", "-f", str(MANIFESTS / "status-policy.yaml"), check=False)
-        for kind in WEBHOOK_PATHS:
-            cluster.kubectl(
-                "delete", kind.lower(), WEBHOOK_CONFIGURATION, "--ignore-not-found", check=False
-            )
-        cluster.kubectl(
-            "delete", "secret", WEBHOOK_SECRET, "-n", SYSTEM_NAMESPACE, "--ignore-not-found",
-            check=False,
-        )  # fmt: skip
+        remove_webhook_objects(cluster)
 
 
 def mounted_settings(cluster: Any, volume: Path, *, namespace: str, webhook_port: int) -> None:
@@ -227,18 +203,14 @@ def test_dispatcher_in_the_image_completes_the_sample(
         print(f"---- dispatcher output ----\n{process.output()}")
         raise
     finally:
-        code = process.stop()
+        process.stop()
         cluster.kubectl(
             "delete", "lease", f"test-{namespace}", "-n", SYSTEM_NAMESPACE, "--ignore-not-found",
             check=False,
         )  # fmt: skip
         cluster.kubectl("delete", "node", node, "--wait=false", check=False)
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-    output = process.output()
-    if code != 0 or "forbidden" in output.lower():
-        print(f"---- dispatcher output (exit {code}) ----\n{output}")
-    assert code == 0, f"the dispatcher in the image exited with {code}"
-    assert "forbidden" not in output.lower(), "the dispatcher was denied a request"
+    process.assert_clean_exit("the dispatcher in the image")
 
 
 def complete_the_sample(

@@ -686,21 +686,52 @@ def http_get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-class DispatcherProcess:
-    """`python -m dispatcher run` in a child process; its output is kept for failures."""
+def remove_webhook_objects(cluster: Any) -> None:
+    """What a test of the shipped webhook made: the status policy, both configurations (they
+    are cluster-wide) and the webhook's Secret."""
+    cluster.kubectl("delete", "-f", str(MANIFESTS / "status-policy.yaml"), check=False)
+    for kind in WEBHOOK_PATHS:
+        cluster.kubectl(
+            "delete", kind.lower(), WEBHOOK_CONFIGURATION, "--ignore-not-found", check=False
+        )
+    cluster.kubectl(
+        "delete", "secret", WEBHOOK_SECRET, "-n", SYSTEM_NAMESPACE, "--ignore-not-found",
+        check=False,
+    )  # fmt: skip
 
-    def __init__(self, argv: list[str], log: Path) -> None:
+
+class DispatcherProcess:
+    """`python -m dispatcher` with `argv` in a child process (or `command`, which runs it
+    otherwise); its output is kept for failures."""
+
+    def __init__(self, argv: list[str], log: Path, *, command: list[str] | None = None) -> None:
         self.log = log
         self._out = log.open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("KUBECONFIG", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dispatcher", *argv],
+            command or [sys.executable, "-m", "dispatcher", *argv],
             cwd=REPO,
             stdout=self._out,
             stderr=subprocess.STDOUT,
             env=env,
         )
+
+    def terminate(self) -> None:
+        """SIGTERM, as the kubelet stops a pod."""
+        self.proc.terminate()
+
+    def assert_clean_exit(self, what: str = "the dispatcher", *, its_rights: bool = True) -> None:
+        """Stopped (if it was not), it exited 0 and, where it ran with the rights it is given
+        (`its_rights`), was denied no request: a denied request is logged with the server's
+        "forbidden", and there must be none. Its output is printed where not."""
+        code = self.stop()
+        output = self.output()
+        if code != 0 or "forbidden" in output.lower():
+            print(f"---- {what} output (exit {code}) ----\n{output}")
+        assert code == 0, f"{what} exited with {code}"
+        if its_rights:
+            assert "forbidden" not in output.lower(), f"{what} was denied a request"
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -710,7 +741,7 @@ class DispatcherProcess:
 
     def stop(self) -> int:
         if self.alive():
-            self.proc.terminate()
+            self.terminate()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -780,17 +811,12 @@ def dispatcher_as_service_account(
         print(f"---- dispatcher output ----\n{process.output()}")
         raise
     finally:
-        code = process.stop()
+        process.stop()
         cluster.kubectl(
             "delete", "lease", lease, "-n", SYSTEM_NAMESPACE, "--ignore-not-found", check=False
         )
         cluster.kubectl("delete", "node", node, "--wait=false", check=False)
-    output = process.output()
-    if code != 0 or "forbidden" in output.lower():
-        print(f"---- dispatcher output (exit {code}) ----\n{output}")
-    assert code == 0, f"the dispatcher exited with {code}"
-    # A denied request would be logged with the server's "forbidden"; there must be none.
-    assert "forbidden" not in output.lower(), "the dispatcher was denied a request"
+    process.assert_clean_exit()
 
 
 def test_dispatcher_runs_as_the_service_account(
@@ -878,20 +904,7 @@ def test_webhook_runs_as_the_service_account(
             assert secret.get("data"), "the webhook Secret is empty"
             run_appwrapper(cluster, running)
     finally:
-        cluster.kubectl("delete", "-f", str(MANIFESTS / "status-policy.yaml"), check=False)
-        for kind in WEBHOOK_PATHS:
-            cluster.kubectl(
-                "delete", kind.lower(), WEBHOOK_CONFIGURATION, "--ignore-not-found", check=False
-            )
-        cluster.kubectl(
-            "delete",
-            "secret",
-            WEBHOOK_SECRET,
-            "-n",
-            SYSTEM_NAMESPACE,
-            "--ignore-not-found",
-            check=False,
-        )
+        remove_webhook_objects(cluster)
 
 
 def run_appwrapper(cluster: Any, running: Running) -> None:

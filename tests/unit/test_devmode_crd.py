@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from dispatcher.core.crdforms import converting, is_ours, readable
-from dispatcher.devmode import crd_for_dev
+from dispatcher.devmode import crd_for_dev, kubectl_discovery_cache
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((REPO / "crds" / "appwrapper.yaml").read_text())
@@ -98,3 +98,21 @@ def test_the_manifests_patches_are_the_two_forms() -> None:
     installed = apply_patch(CRD, on)
     assert installed == converting(CRD, INSTALLED)
     assert apply_patch(installed, off) == CRD
+
+
+@pytest.mark.parametrize(
+    ("server", "environ", "wanted"),
+    [
+        ("https://127.0.0.1:6443", {}, "/home/u/.kube/cache/discovery/127.0.0.1_6443"),
+        ("http://api.example.com", {}, "/home/u/.kube/cache/discovery/api.example.com"),
+        (
+            "https://[::1]:6443/prefix",
+            {"KUBECACHEDIR": "/c"},
+            "/c/discovery/___1__6443/prefix",
+        ),
+    ],
+)
+def test_kubectls_discovery_cache_is_named_as_kubectl_names_it(
+    server: str, environ: dict[str, str], wanted: str
+) -> None:
+    assert str(kubectl_discovery_cache(server, environ=environ, home=Path("/home/u"))) == wanted
