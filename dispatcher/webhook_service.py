@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from dispatcher.clock import Clock, SystemClock
 from dispatcher.config import Config
 from dispatcher.controller.gatekeeper import DiscoveryBounds, Gatekeeper
 from dispatcher.kube import webhook
@@ -52,8 +53,12 @@ class WebhookService:
         *,
         connect: Connect,
         publish_keys: Callable[[list[bytes]], None],
+        clock: Clock | None = None,
     ) -> None:
         self._config = config
+        # Read and slept on in the webhook's own thread and loop: a ManualClock there must
+        # be advanced from that thread.
+        self._clock = clock or SystemClock()
         self._connect = connect
         self._publish_keys = publish_keys
         self.port = 0
@@ -121,7 +126,7 @@ class WebhookService:
         self, hub: KubeClient, members: Sequence[KubeClient]
     ) -> tuple[Any, list[asyncio.Task[Any]]]:
         settings = self._config.webhook
-        certs = self.certs = WebhookCerts(hub, settings, on_keys=self._hand_over)
+        certs = self.certs = WebhookCerts(hub, settings, clock=self._clock, on_keys=self._hand_over)
         await certs.start()
         client_auth = None
         if settings.client_ca_file:
@@ -149,7 +154,9 @@ class WebhookService:
                 unserved_seconds=settings.unserved_cache_seconds,
             ),
         )
-        registration = self.registration = Registration(hub, settings, path=webhook.MUTATE_PATH)
+        registration = self.registration = Registration(
+            hub, settings, path=webhook.MUTATE_PATH, clock=self._clock
+        )
         runner, self.port = await webhook.serve(
             host=settings.host,
             port=settings.port,
@@ -169,7 +176,9 @@ class WebhookService:
             await registration.start(self.port)
             tasks.append(self._task(registration.run(), "webhook-registration"))
             if client_auth is not None:
-                tasks.append(self._task(_reload_forever(client_auth), "webhook-client-ca"))
+                tasks.append(
+                    self._task(_reload_forever(client_auth, self._clock), "webhook-client-ca")
+                )
         except BaseException:
             await _close(runner, tasks, [])
             raise
@@ -186,10 +195,10 @@ class WebhookService:
             self._home.call_soon_threadsafe(self._publish_keys, list(keys))
 
 
-async def _reload_forever(client_auth: webhook.ClientAuth) -> None:
+async def _reload_forever(client_auth: webhook.ClientAuth, clock: Clock) -> None:
     """Take up the client CA file as it changes."""
     while True:
-        await asyncio.sleep(CLIENT_CA_CHECK_SECONDS)
+        await clock.sleep(CLIENT_CA_CHECK_SECONDS)
         client_auth.reload()
 
 

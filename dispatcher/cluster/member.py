@@ -365,7 +365,7 @@ class Member:
                 self.last_answer = self.clock.monotonic()
             except KubeError:
                 pass
-            await asyncio.sleep(every)
+            await self.clock.sleep(every)
 
     async def wait_synced(self) -> None:
         await self.nodes.synced.wait()

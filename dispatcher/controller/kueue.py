@@ -136,7 +136,7 @@ class KueueSource:
                 self._log.warning("kueue_crd_unreadable", crd=name, error=str(exc)[:200])
                 return DEFAULT_VERSION
             self.synced.set()
-            await asyncio.sleep(CRD_EVERY_SECONDS)
+            await self._clock.sleep(CRD_EVERY_SECONDS)
 
     def _cannot_read(self, what: str, exc: KubeError) -> None:
         """That sign is not looked at (every GUARD_EVERY_SECONDS: said once)."""
@@ -146,7 +146,7 @@ class KueueSource:
 
     async def _guard_loop(self) -> None:
         while True:
-            await asyncio.sleep(GUARD_EVERY_SECONDS)
+            await self._clock.sleep(GUARD_EVERY_SECONDS)
             await self._guard()
 
     async def _guard(self) -> None:

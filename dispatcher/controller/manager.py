@@ -51,10 +51,17 @@ from dispatcher.controller.workqueue import WorkQueue, serve
 from dispatcher.core.phase import Phase, phase_of_raw
 from dispatcher.core.quota.kueue import KueueQuotas
 from dispatcher.kube.api import KubeApi
-from dispatcher.kube.client import ResourceInfo
+from dispatcher.kube.client import RequestStats, ResourceInfo
 from dispatcher.kube.events import EventRecorder
 from dispatcher.kube.informer import Informer
-from dispatcher.metrics import Figures, ManagerCollector, Recorder, pending_figures
+from dispatcher.metrics import (
+    Figures,
+    ManagerCollector,
+    MetricsView,
+    PendingFigures,
+    Recorder,
+    count_pending,
+)
 
 Obj = dict[str, Any]
 PRIORITY_CLASSES = ResourceInfo(
@@ -82,7 +89,7 @@ class Manager:
         self.hub = hub
         self.members = {m.name: m for m in members}
         self.clock = clock or SystemClock()
-        self.queue = WorkQueue()
+        self.queue = WorkQueue(clock=self.clock)
         self.events = EventRecorder(hub)
         self.signing_keys: list[bytes] = []
         """Keys of the admission webhook's creator records (set before `run`)."""
@@ -128,7 +135,7 @@ class Manager:
             # the record's spec was stored (docs/security.md). With the API server's client
             # certificate checked, no other caller obtains a record: nothing to prove.
             witness=(
-                RecordWitness(self.hub, config.webhook.mutating_configuration)
+                RecordWitness(self.hub, config.webhook.mutating_configuration, clock=self.clock)
                 if config.webhook.enabled
                 and config.unattributed == "refuse"
                 and not config.webhook.client_ca_file
@@ -254,9 +261,27 @@ class Manager:
             member.capacity.follow_health(self.config.node_health.rules(), wake=self.queue.add)
             member.pods.add_handler(self._on_pod)
         self.figures = Figures(
-            lambda: pending_figures(self), every=self.config.metrics.refresh_seconds
+            self.pending_figures,
+            every=self.config.metrics.refresh_seconds,
+            sleep=self.clock.sleep,
         )
+        self.quotas.publish_to(self.figures.publish_queues)
         self.recorder.registry.register(ManagerCollector(self))
+
+    def pending_figures(self) -> PendingFigures:
+        """The pass over all pending work (run by the figures' timer, never by a scrape)."""
+        pending = self.cache.quota_usage(self.clock.time()).pending
+        return count_pending(pending, self.recorder.waits, self.quotas.tree())
+
+    # -- what /metrics reads (metrics.Counted): counters as they stand, the last view ----
+
+    @property
+    def metrics_view(self) -> MetricsView:
+        return self.figures.latest
+
+    @property
+    def request_stats(self) -> RequestStats:
+        return self.hub.stats
 
     @property
     def states(self) -> Counter[str]:
@@ -279,6 +304,10 @@ class Manager:
     @property
     def preemptions(self) -> int:
         return self.scheduler.preemptions
+
+    @property
+    def preemptions_by_queue(self) -> Counter[str]:
+        return self.scheduler.preemptions_by_queue
 
     async def run(self, *, loops: bool = True) -> None:
         """Watch, then (once every cache has synced) reconcile and schedule until cancelled.

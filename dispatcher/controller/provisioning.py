@@ -58,6 +58,7 @@ from dispatcher.core import checkstatus
 from dispatcher.core import conditions as cond
 from dispatcher.core.admissionchecks import Retry, Step, Verdict
 from dispatcher.core.model import Workload
+from dispatcher.core.phase import dispatched, finished
 from dispatcher.core.quota.flavors import with_flavors
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
@@ -501,7 +502,7 @@ class Provisioning:
                 return None
             current = self._reader.parse(obj)
             status = (current.status or AppWrapperStatus()).editable_copy()
-            if cond.is_dispatched(status) or cond.is_terminal(status):
+            if dispatched(status) or finished(status):
                 return None
             before = status.model_dump()
             now = datetime.fromtimestamp(self._clock.time(), UTC)

@@ -41,6 +41,7 @@ from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import KubeError, NotFound
 from dispatcher.kube.events import EventRecorder
 from dispatcher.kube.informer import Informer
+from dispatcher.metrics.view import QueueFigures
 
 Obj = dict[str, Any]
 INFOS = {
@@ -113,9 +114,10 @@ class Quotas:
         self._listeners: list[Callable[[], None]] = []
         self._usage: Usage = lambda now: QuotaUsage({}, {}, frozenset(), [])
         self.summaries: dict[str, QueueSummary] = {}
-        """Each cluster queue as its status was last computed (metrics read it)."""
+        """Each cluster queue as its status was last computed (the web view reads it)."""
         self.local_summaries: dict[str, QueueSummary] = {}
-        """Each AppQueue ("namespace/name") as its status was last computed (metrics)."""
+        """Each AppQueue ("namespace/name") as its status was last computed."""
+        self._publish: Callable[[QueueFigures], None] = lambda figures: None
         self._log = structlog.get_logger("quotas")
         for informer in [*self.informers.values(), self.namespaces]:
             informer.add_handler(self._on_change)
@@ -124,6 +126,10 @@ class Quotas:
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call `listener` when any quota object (or a namespace's labels) changes."""
         self._listeners.append(listener)
+
+    def publish_to(self, publish: Callable[[QueueFigures], None]) -> None:
+        """Where the queues are published for /metrics each time their status is computed."""
+        self._publish = publish
 
     def usage_from(self, usage: Usage) -> None:
         """Where the queues' usage is read (the scheduler cache)."""
@@ -246,7 +252,7 @@ class Quotas:
                 await self.write_status()
             except Exception as exc:  # status is a courtesy: never stop the loop
                 self._log.warning("queue_status_failed", error=str(exc)[:300])
-            await asyncio.sleep(STATUS_EVERY_SECONDS)
+            await self._clock.sleep(STATUS_EVERY_SECONDS)
 
     def summarize(self) -> tuple[dict[str, QueueSummary], dict[str, QueueSummary]]:
         """Each cluster queue and each AppQueue as the cache shows them now (the status
@@ -259,9 +265,11 @@ class Quotas:
     async def write_status(self) -> None:
         tree = self.tree()
         if not (tree.setup.enabled or tree.setup.cohorts or tree.setup.flavors):
+            self._publish(QueueFigures(tree.setup.queues, self.summaries, self.local_summaries))
             return
         queues, locals_ = self.summarize()
         self.summaries, self.local_summaries = queues, locals_
+        self._publish(QueueFigures(tree.setup.queues, queues, locals_))
         now = datetime.fromtimestamp(self._clock.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for name, summary in queues.items():
             await self._write("ClusterAppQueue", None, name, summary, now)

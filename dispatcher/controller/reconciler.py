@@ -58,7 +58,7 @@ from dispatcher.core.conditions import Transition
 from dispatcher.core.faulttolerance import effective_requeuing, retry_policy
 from dispatcher.core.lifecycle import Assessment, Progress, Verdict, assess
 from dispatcher.core.model import Workload, tracked_pod_count
-from dispatcher.core.phase import Phase, phase_of
+from dispatcher.core.phase import Phase, initialised, phase_of
 from dispatcher.core.workloads import InvalidSpec
 from dispatcher.metrics.recorder import Recorder
 
@@ -155,7 +155,7 @@ class Reconciler:
             obj = await self._status.set_finalizer(obj, present=True)
         if phase is Phase.SUSPENDED or (phase is Phase.DISPATCHED and aw.spec.suspend):
             return await self._suspend(aw, obj, status, dispatched=phase is Phase.DISPATCHED)
-        if cond.is_new(status):
+        if not initialised(status):
             await self._initialize(aw, obj, status)
             return Result.done()
         if phase is Phase.BACKOFF:

@@ -20,8 +20,8 @@ from dispatcher.api.constants import FINALIZER
 from dispatcher.api.models import AppWrapper, ConditionType, parse_time
 from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.core import checkstatus
-from dispatcher.core import conditions as cond
 from dispatcher.core.model import Workload
+from dispatcher.core.phase import dispatched, initialised, queueing
 from dispatcher.core.quota.flavors import charge_of, with_flavors
 from dispatcher.core.quota.model import Charge, Flavor, QueueSpec
 
@@ -98,15 +98,15 @@ def derive(
         return NOT_SCHEDULED
     status = aw.status
     deleting = bool(aw.metadata.deletionTimestamp)
-    if deleting and not cond.is_dispatched(status):
+    if deleting and not dispatched(status):
         return NOT_SCHEDULED
-    if cond.is_new(status) and FINALIZER not in aw.metadata.finalizers:
+    if not initialised(status) and FINALIZER not in aw.metadata.finalizers:
         return NOT_SCHEDULED  # the reconciler has not taken it in yet
-    if cond.is_dispatched(status):
+    if dispatched(status):
         return _dispatched(
             key, aw, models, now=now, flavors=flavors, queues=queues, only_member=only_member
         )
-    queued = cond.is_queued(status) or cond.is_new(status)
+    queued = queueing(status) or not initialised(status)
     if queued or (status is not None and status.admission is not None):
         priority, error = models.priority(aw)
         if error or models.refusal(aw, obj):

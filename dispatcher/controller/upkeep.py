@@ -140,7 +140,7 @@ class Upkeep:
 
     async def run(self, every: float = 2.0) -> None:
         while True:
-            await asyncio.sleep(every)
+            await self._clock.sleep(every)
             self.tick()
 
     def tick(self) -> None:

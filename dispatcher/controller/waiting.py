@@ -27,6 +27,7 @@ from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.status import Change, StatusWriter
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
+from dispatcher.core.phase import initialised, queueing
 from dispatcher.core.waiting import Situation, Written, due
 from dispatcher.kube.errors import Conflict, KubeError
 
@@ -132,7 +133,7 @@ class WaitingWriter:
     async def _deferrals(self) -> None:
         """Hand deferred messages to the writers when their time comes."""
         while True:
-            await asyncio.sleep(DEFERRAL_CHECK_SECONDS)
+            await self._clock.sleep(DEFERRAL_CHECK_SECONDS)
             now = self._clock.time()
             for key, (situation, when) in list(self._deferred.items()):
                 if when <= now:
@@ -160,10 +161,10 @@ class WaitingWriter:
             status = (aw.status or AppWrapperStatus()).editable_copy()
             moment = datetime.fromtimestamp(self._clock.time(), UTC)
             transitions: list[Transition | None] = []
-            if cond.is_new(status):
+            if not initialised(status):
                 priority, _ = self._models.priority(aw)
                 transitions.append(cond.initialize(status, priority=priority, now=moment))
-            elif not cond.is_queued(status):
+            elif not queueing(status):
                 return None
             transitions.append(
                 cond.mark_waiting(status, situation.message, now=moment, reason=situation.reason)

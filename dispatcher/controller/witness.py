@@ -4,8 +4,8 @@ port by someone else than the API server is not honoured (the rule:
 dispatcher.core.recordtime).
 
 Side effects: reads one MutatingWebhookConfiguration by name in the hub: in the background
-soon after AppWrappers arrive (at most one read per `min_interval`), and before a dispatch
-that no read after its AppWrapper's arrival covers yet.
+soon after AppWrappers arrive (at most one read per `min_interval` of its clock), and before
+a dispatch that no read after its AppWrapper's arrival covers yet.
 
 What it knows lives in memory: which version of each AppWrapper arrived when (in the order
 of its own counter, no clock), and the latest read of each configuration it saw. A leader
@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
 
+from dispatcher.clock import Clock
 from dispatcher.core.gatekeeping import SIGNATURE
 from dispatcher.core.recordtime import Read, record_time_problem, timestamp
 from dispatcher.kube.api import KubeApi
@@ -43,13 +44,13 @@ class RecordWitness:
         hub: KubeApi,
         name: str,
         *,
+        clock: Clock,
         min_interval: float = 1.0,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._hub = hub
         self.name = name
         self._min_interval = min_interval
-        self._sleep = sleep
+        self._clock = clock
         self._tick = 0
         """The counter's last value: arrivals and reads are ordered by it."""
         self._in_flight: tuple[int, asyncio.Future[Read]] | None = None
@@ -151,4 +152,4 @@ class RecordWitness:
             except (KubeError, OSError) as exc:
                 self._wanted.set()  # try again
                 self._log.warning("record_witness_read_failed", error=str(exc)[:200])
-            await self._sleep(self._min_interval)
+            await self._clock.sleep(self._min_interval)

@@ -2,7 +2,7 @@
 per-key exponential backoff on failure; the `Result` a handler returns; and the workers'
 error policy (`serve`).
 
-Side effects: none beyond asyncio timers and the workers' log lines. Keys are
+Side effects: none beyond timers on its clock and the workers' log lines. Keys are
 "namespace/name" strings; the handler reads the current object, so collapsing many changes
 into one run loses nothing.
 """
@@ -16,9 +16,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 
 import structlog
 
+from dispatcher.clock import Clock, SystemClock, Timer
 from dispatcher.kube.errors import Conflict, KubeError, NotFound
 
 CONFLICT_BACKOFF_SECONDS = 0.01
@@ -70,13 +72,17 @@ class Result:
 
 
 class WorkQueue:
-    def __init__(self, *, base_delay: float = 0.05, max_delay: float = 30.0) -> None:
+    def __init__(
+        self, *, base_delay: float = 0.05, max_delay: float = 30.0, clock: Clock | None = None
+    ) -> None:
         self._queue: deque[str] = deque()
         self._queued: set[str] = set()
         self._active: set[str] = set()
         self._again: set[str] = set()  # added while being processed: run once more after
         self._failures: dict[str, int] = {}
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._timers: dict[str, tuple[float, Timer]] = {}
+        """Key -> when its delayed add is due (the clock's monotonic time), and its timer."""
+        self._clock = clock or SystemClock()
         # Idle workers, each waiting on its own future: a key added wakes one of them, not
         # all (a shared Event woke every idle worker for each key, and all but one went
         # back to sleep: some 3% of the process's CPU with a dozen workers).
@@ -102,14 +108,13 @@ class WorkQueue:
         if delay <= 0:
             self.add(key)
             return
-        loop = asyncio.get_running_loop()
         existing = self._timers.get(key)
-        due = loop.time() + delay
-        if existing is not None and existing.when() <= due:
+        due = self._clock.monotonic() + delay
+        if existing is not None and existing[0] <= due:
             return
         if existing is not None:
-            existing.cancel()
-        self._timers[key] = loop.call_at(due, self._fire, key)
+            existing[1].cancel()
+        self._timers[key] = (due, self._clock.call_after(delay, partial(self._fire, key)))
 
     def _fire(self, key: str) -> None:
         self._timers.pop(key, None)
@@ -168,7 +173,7 @@ class WorkQueue:
             self.add(key)
 
     def shutdown(self) -> None:
-        for timer in self._timers.values():
+        for _, timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
 

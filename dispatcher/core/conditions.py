@@ -26,6 +26,7 @@ from dispatcher.api.models import (
     WrappedRef,
     format_micro_time,
 )
+from dispatcher.core.phase import initialised
 from dispatcher.core.validation import clip
 
 C = ConditionType
@@ -114,31 +115,6 @@ def check_types(status: AppWrapperStatus) -> list[str]:
     return [c.type for c in status.conditions if c.type.startswith(CHECK_CONDITION_PREFIX)]
 
 
-def is_terminal(status: AppWrapperStatus | None) -> bool:
-    return status is not None and (status.is_true(C.COMPLETED) or status.is_true(C.FAILED))
-
-
-def is_dispatched(status: AppWrapperStatus | None) -> bool:
-    """Dispatched in the current attempt and not finished: its objects exist or are being made."""
-    return status is not None and status.is_true(C.DISPATCHED) and not is_terminal(status)
-
-
-def is_new(status: AppWrapperStatus | None) -> bool:
-    """Not yet given its first conditions: the scheduler's first decision writes them."""
-    return status is None or status.condition(C.INIT) is None
-
-
-def is_queued(status: AppWrapperStatus | None) -> bool:
-    """Waiting for the scheduler: initialised, not dispatched, not backing off, not finished."""
-    return (
-        status is not None
-        and status.is_true(C.QUEUEING)
-        and not status.is_true(C.DISPATCHED)
-        and not status.is_true(C.BACKOFF)
-        and not is_terminal(status)
-    )
-
-
 # -- transitions ---------------------------------------------------------------------------
 
 
@@ -211,7 +187,7 @@ SUSPENDED_MESSAGE = "spec.suspend is true: not dispatched until it is set false"
 def mark_suspended(status: AppWrapperStatus, *, priority: int, now: datetime) -> Transition | None:
     """Held by `spec.suspend`: queued as any new one would be (Init, Queueing), not
     dispatched, and Dispatched False says why, as a wait for capacity would."""
-    first = initialize(status, priority=priority, now=now) if is_new(status) else None
+    first = None if initialised(status) else initialize(status, priority=priority, now=now)
     waiting = mark_waiting(status, SUSPENDED_MESSAGE, now=now, reason=Reason.SUSPENDED)
     if waiting is not None and waiting.reason:
         return waiting

@@ -1,8 +1,12 @@
 """Where an AppWrapper is in its life, from its conditions alone. Pure, no I/O.
 
-One function answers for the raw object of the watch cache (read on every event, where
-validating the whole model would cost too much) and for the parsed model, so the scheduler's
-index and the reconciler can never disagree about what an AppWrapper is.
+One function (`phase`) answers for the raw object of the watch cache (read on every event,
+where validating the whole model would cost too much), for the parsed model, and for a
+status alone (`status_phase`: what a status write checks before it writes, and what the
+standing reads), so the scheduler's index, the reconciler and the standing can never
+disagree about what an AppWrapper is. The status-level questions (`dispatched`, `finished`,
+`queueing`) are that phase; `initialised` is the one fact it does not hold: a new
+AppWrapper is QUEUED before its first conditions are written.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
-from dispatcher.api.models import AppWrapper, ConditionType, Reason
+from dispatcher.api.models import AppWrapper, AppWrapperStatus, ConditionType, Reason
 
 C = ConditionType
 
@@ -84,4 +88,41 @@ def phase_of(aw: AppWrapper) -> Phase:
         deleting=bool(aw.metadata.deletionTimestamp),
         suspended=aw.spec.suspend,
         held=any(_held(c.type, c.status, c.reason) for c in conditions),
+    )
+
+
+def status_phase(status: AppWrapperStatus | None) -> Phase:
+    """The phase a status alone gives: not deleting, not suspended, and quota held for
+    admission checks read as QUEUED (the object's metadata and spec, and `phase_of`, say
+    those). With no status, or no conditions yet, it is QUEUED: `initialised` tells a new
+    one apart. Where a type appears twice (a status MCAD wrote), its first entry counts,
+    as in `AppWrapperStatus.is_true`."""
+    if status is None:
+        return phase((), deleting=False)
+    first = {c.type: c.status for c in reversed(status.conditions)}
+    return phase((t for t, value in first.items() if value == "True"), deleting=False)
+
+
+def dispatched(status: AppWrapperStatus | None) -> bool:
+    """Dispatched in the current attempt and not finished (EVICTING too): its objects exist
+    or are being made."""
+    return status_phase(status) in (Phase.DISPATCHED, Phase.EVICTING)
+
+
+def finished(status: AppWrapperStatus | None) -> bool:
+    """Completed or Failed."""
+    return status_phase(status) is Phase.FINISHED
+
+
+def initialised(status: AppWrapperStatus | None) -> bool:
+    """Given its first conditions (Init), by the reconciler or the scheduler's first
+    decision. One that is not is QUEUED all the same, but not `queueing`."""
+    return status is not None and status.condition(C.INIT) is not None
+
+
+def queueing(status: AppWrapperStatus | None) -> bool:
+    """Waiting for the scheduler, and said so: QUEUED by its status and Queueing True (held
+    for its admission checks too). A new one is QUEUED but not yet queueing."""
+    return (
+        status is not None and status.is_true(C.QUEUEING) and status_phase(status) is Phase.QUEUED
     )

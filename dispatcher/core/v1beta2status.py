@@ -74,7 +74,7 @@ too (docs/autoscaling.md)."""
 _REASON_OK = re.compile(r"[^A-Za-z0-9_,:]")
 
 
-def phase_of(true_types: Iterable[str]) -> str:
+def v1beta2_phase(true_types: Iterable[str]) -> str:
     """The v1beta2 phase for the v1beta1 condition types that are True."""
     true = set(true_types)
     for needed, name in PHASES:
@@ -95,7 +95,7 @@ def v1beta2_status(status: Mapping[str, Any], *, spec: Any = None) -> dict[str, 
     by_type = {str(c.get("type")): c for c in conditions}
     true = {t for t, c in by_type.items() if c.get("status") == "True"}
     made = {OBJECTS_MADE} if objects_made(status) else set()
-    out: dict[str, Any] = {"phase": phase_of(true | made)}
+    out: dict[str, Any] = {"phase": v1beta2_phase(true | made)}
     requeues = status.get("requeueCount")
     if isinstance(requeues, int) and requeues > 0:
         out["resettingCount"] = requeues

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import structlog
 from cryptography import x509
 
+from dispatcher.clock import Clock, SystemClock
 from dispatcher.config import WebhookConfig
 from dispatcher.kube import certplan
 from dispatcher.kube.api import KubeApi
@@ -99,6 +100,7 @@ class WebhookCerts:
         config: WebhookConfig,
         *,
         now: Callable[[], float] = time.time,
+        clock: Clock | None = None,
         check_seconds: float = 30.0,
         on_keys: Callable[[tuple[bytes, ...]], None] = lambda keys: None,
     ) -> None:
@@ -108,6 +110,8 @@ class WebhookCerts:
         them: a record signed with a new key must not meet an old set there)."""
         self.config = config
         self.now = now
+        self._clock = clock or SystemClock()
+        """What the checks are paced with (`now` is what certificates are dated by)."""
         self.check_seconds = check_seconds
         self.policy = certplan.CertPolicy.from_config(config, check_seconds=check_seconds)
         self.ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -144,11 +148,7 @@ class WebhookCerts:
         try:
             while True:
                 wait = min(self.check_seconds, self._due_at - self.now())
-                # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
-                # that comes as the event is set, and the loop would run on after shutdown.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(wait, MIN_WAIT)):
-                        await changed.wait()
+                await self._changed_or_after(changed, max(wait, MIN_WAIT))
                 changed.clear()
                 try:
                     await self.check()
@@ -159,6 +159,20 @@ class WebhookCerts:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+
+    async def _changed_or_after(self, changed: asyncio.Event, seconds: float) -> None:
+        """Until `changed` is set or `seconds` of the clock have passed. Not wait_for:
+        Python 3.11's wait_for loses a cancellation that comes as the event is set, and the
+        loop would run on after shutdown; `asyncio.wait` raises it, and both waits end."""
+        waits = {
+            asyncio.ensure_future(changed.wait()),
+            asyncio.ensure_future(self._clock.sleep(seconds)),
+        }
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def _watch(self, changed: asyncio.Event) -> NoReturn:
         """Set `changed` at each change of the Secret. Only a hint: a watch that cannot be
@@ -181,7 +195,7 @@ class WebhookCerts:
                 continue  # too old a version: list again
             except (KubeError, OSError) as exc:
                 self.log.debug("webhook_secret_watch_failed", error=str(exc))
-            await asyncio.sleep(self.check_seconds)
+            await self._clock.sleep(self.check_seconds)
 
     async def check(self) -> None:
         """One round of what `run` does: converge the Secret, reload, republish."""

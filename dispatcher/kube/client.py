@@ -123,6 +123,8 @@ class RateLimiter:
         self._lock = asyncio.Lock()
 
     async def acquire(self) -> None:
+        # Real time, not a `Clock`: the bucket limits the rate requests reach the API server
+        # (its load), not when the controller decides anything.
         if self.qps <= 0:
             return
         async with self._lock:
@@ -356,7 +358,8 @@ class KubeClient:
                 return decode(data) if data else None
             error = error_from_response(response.status, data, dict(response.headers))
             if isinstance(error, TooManyRequests):
-                # The server asked us to slow down; honour its Retry-After.
+                # The server asked us to slow down; honour its Retry-After (real seconds:
+                # the server's time, not the controller's).
                 await asyncio.sleep(min(error.retry_after, 10))
                 continue
             raise error

@@ -171,6 +171,8 @@ class Informer:
                     await asyncio.sleep(ABSENT_RETRY_SECONDS)
                     continue
                 self._log.warning("watch_failed", error=str(exc)[:300], retry_in=round(backoff, 2))
+                # Real time, as the transport's: how soon a failed connection is tried again
+                # (spares the API server), not when the controller decides anything.
                 await asyncio.sleep(backoff * (1 + random.random() / 2))
                 backoff = min(backoff * 2, 10.0)
 

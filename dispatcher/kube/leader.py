@@ -15,15 +15,15 @@ The rules are client-go's:
   any follower can count the lease as expired: the deadline runs from when the renewal was
   sent, and a follower's count from when it saw the renewal, necessarily later.
 
-Times are read from a `Clock` (monotonic) and waits go through `sleep`, so tests drive both
-with `ManualClock`.
+Times are read from a `Clock` (monotonic) and waits go through its `sleep`, so tests drive
+both with `ManualClock`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar
 
@@ -70,7 +70,6 @@ class LeaderElector:
         renew_deadline: float = 10.0,
         retry_period: float = 2.0,
         clock: Clock | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if not 0 < retry_period < renew_deadline < lease_duration:
             raise ValueError("leader election needs retry period < renew deadline < lease")
@@ -82,7 +81,6 @@ class LeaderElector:
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
         self.clock = clock or SystemClock()
-        self._sleep = sleep
         self._observed: tuple[str, ...] | None = None
         self._observed_at = 0.0
         """Monotonic time this process saw the record as `_observed` for the first time."""
@@ -171,9 +169,9 @@ class LeaderElector:
         return True
 
     async def _within(self, seconds: float, attempt: Coroutine[Any, Any, T]) -> T:
-        """`attempt`, cancelled after `seconds` (TimeoutError), waiting on `sleep`."""
+        """`attempt`, cancelled after `seconds` (TimeoutError) of the clock."""
         task = asyncio.ensure_future(attempt)
-        timer = asyncio.ensure_future(self._sleep(max(seconds, 0.0)))
+        timer = asyncio.ensure_future(self.clock.sleep(max(seconds, 0.0)))
         try:
             await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # we were cancelled: so is the attempt
@@ -205,7 +203,7 @@ class LeaderElector:
                 pass  # another replica wrote it first; look again
             except (KubeError, TimeoutError) as exc:
                 self.log.warning("lease_unavailable", error=str(exc)[:200])
-            await self._sleep(self.retry_period)
+            await self.clock.sleep(self.retry_period)
 
     async def hold(self, on_lost: Callable[[], None] = lambda: None) -> None:
         """Renew until cancelled. When the lease is lost (taken, or not renewed by the renew
@@ -216,7 +214,9 @@ class LeaderElector:
         renewed_at = self._renewed_at
         while True:
             deadline = renewed_at + self.renew_deadline
-            await self._sleep(min(self.retry_period, max(0.0, deadline - self.clock.monotonic())))
+            await self.clock.sleep(
+                min(self.retry_period, max(0.0, deadline - self.clock.monotonic()))
+            )
             started = self.clock.monotonic()
             try:
                 if started >= deadline:

@@ -13,7 +13,6 @@ own. While this says "not registered", /mutate-appwrapper signs nothing.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Collection, Mapping
 from typing import Any, NoReturn
@@ -21,6 +20,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
+from dispatcher.clock import Clock, SystemClock
 from dispatcher.config import WebhookConfig
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.certs import MUTATING
@@ -78,8 +78,10 @@ class Registration:
         *,
         path: str,
         poll_seconds: float = 5.0,
+        clock: Clock | None = None,
     ) -> None:
         self._client = client
+        self._clock = clock or SystemClock()
         self._config = config
         self._path = path
         self._poll = poll_seconds
@@ -137,7 +139,7 @@ class Registration:
             except (KubeError, OSError) as exc:
                 # What was last seen stays believed until the next read succeeds.
                 self.log.warning("webhook_registration_watch_failed", error=str(exc)[:200])
-            await asyncio.sleep(RETRY_SECONDS)
+            await self._clock.sleep(RETRY_SECONDS)
 
     async def _watch(self) -> None:
         """List, then watch from there, until the watch ends or fails (Gone: relist)."""
@@ -158,7 +160,7 @@ class Registration:
 
     async def _poll_forever(self) -> NoReturn:
         while True:
-            await asyncio.sleep(self._poll)
+            await self._clock.sleep(self._poll)
             try:
                 await self._read()
             except (KubeError, OSError) as exc:

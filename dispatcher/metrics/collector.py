@@ -1,33 +1,30 @@
 """What /metrics reads at scrape time: the manager's counters and its queues' gauges.
 
-No I/O of its own, and nothing computed over the AppWrappers: the counters are ones the
-controller keeps anyway; the gauges are read from the queues' last computed status and
-from the pending work's last figures (`figures.py`, computed by the controller every
-`metrics.refresh_seconds`; `pending_figures` is that computation). Histograms are not
-here: the recorder observes them where the fact is known.
+No I/O of its own, nothing computed over the AppWrappers, and no call into the controller's
+parts: the counters are ones the controller keeps anyway and the gauges are read from the
+last `MetricsView` it published (view.py: the queues as their status was last computed,
+the pending work's figures as the leader's timer last counted them), both through the
+narrow `Counted` the manager satisfies. Histograms are not here: the recorder observes
+them where the fact is known.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from dispatcher.core.pending import PendingStatus
-from dispatcher.metrics.figures import PendingFigures, count_pending
 from dispatcher.metrics.recorder import PREFIX
-
-if TYPE_CHECKING:
-    from dispatcher.controller.manager import Manager
+from dispatcher.metrics.view import Counted, MetricsView, QueueFigures
 
 RESOURCE_LABELS = ["cohort", "cluster_queue", "flavor", "resource"]
 DEPRECATED = "Deprecated, removed in the next release: read {}. "
 
 
 class ManagerCollector(Collector):
-    def __init__(self, manager: Manager) -> None:
+    def __init__(self, manager: Counted) -> None:
         self._manager = manager
 
     def describe(self) -> list[Metric]:
@@ -50,10 +47,11 @@ class ManagerCollector(Collector):
             "AppWrappers chosen as preemption victims.",
             value=manager.preemptions,
         )
+        view = manager.metrics_view  # one view for the whole scrape
         yield from _api_metrics(manager)
-        yield from _queue_metrics(manager)
-        yield from _pending_metrics(manager)
-        yield from _deprecated_queue_metrics(manager)
+        yield from _queue_metrics(view.queues)
+        yield from _pending_metrics(view)
+        yield from _deprecated_queue_metrics(manager, view.queues)
         finished = manager.finished
         yield CounterMetricFamily(
             f"{PREFIX}_lifecycles",
@@ -72,8 +70,8 @@ class ManagerCollector(Collector):
             )
 
 
-def _api_metrics(manager: Manager) -> Iterator[Metric]:
-    stats = manager.hub.stats
+def _api_metrics(manager: Counted) -> Iterator[Metric]:
+    stats = manager.request_stats
     requests = CounterMetricFamily(
         f"{PREFIX}_api_requests",
         "API requests made to the hub, by verb, resource and HTTP code (<error>: no answer).",
@@ -85,10 +83,9 @@ def _api_metrics(manager: Manager) -> Iterator[Metric]:
     yield from stats.latency.collect()
 
 
-def _queue_metrics(manager: Manager) -> Iterator[Metric]:
+def _queue_metrics(view: QueueFigures) -> Iterator[Metric]:
     """Per cluster queue and AppQueue, as their status last showed them; quotas as set."""
-    tree = manager.quotas.tree()
-    queues = tree.setup.queues
+    queues = view.specs
     gauges = {
         name: GaugeMetricFamily(f"{PREFIX}_{name}", text, labels=["cluster_queue"])
         for name, text in (
@@ -111,7 +108,7 @@ def _queue_metrics(manager: Manager) -> Iterator[Metric]:
             ("borrowed", "The part of the usage above the nominal quota, borrowed."),
         )
     )
-    for queue, summary in sorted(manager.quotas.summaries.items()):
+    for queue, summary in sorted(view.summaries.items()):
         spec = queues.get(queue)
         cohort = (spec.cohort if spec else None) or ""
         gauges["admitted_active_workloads"].add_metric([queue], summary.admitted)
@@ -152,22 +149,16 @@ def _queue_metrics(manager: Manager) -> Iterator[Metric]:
         "AppWrappers admitted through the AppQueue and holding quota.",
         labels=["name", "namespace"],
     )
-    for key, summary in sorted(manager.quotas.local_summaries.items()):
+    for key, summary in sorted(view.local_summaries.items()):
         namespace, _, name = key.partition("/")
         local.add_metric([name, namespace], summary.admitted)
     yield local
 
 
-def pending_figures(manager: Manager) -> PendingFigures:
-    """The pass over all pending work (run by the controller on a timer, never a scrape)."""
-    pending = manager.cache.quota_usage(manager.clock.time()).pending
-    return count_pending(pending, manager.recorder.waits, manager.quotas.tree())
-
-
-def _pending_metrics(manager: Manager) -> Iterator[Metric]:
+def _pending_metrics(view: MetricsView) -> Iterator[Metric]:
     """Queued AppWrappers per cluster queue ("" without queues) and AppQueue, by status,
     as last computed."""
-    figures = manager.figures.latest
+    figures, queues = view.pending, view.queues
     queued, local = figures.queued, figures.local
     every = (PendingStatus.ACTIVE, PendingStatus.INADMISSIBLE)
     family = GaugeMetricFamily(
@@ -176,7 +167,7 @@ def _pending_metrics(manager: Manager) -> Iterator[Metric]:
         " inadmissible (waits for quota, its queue, or a matching cluster).",
         labels=["cluster_queue", "status"],
     )
-    for queue in sorted({q for q, _ in queued} | set(manager.quotas.summaries)):
+    for queue in sorted({q for q, _ in queued} | set(queues.summaries)):
         for status in every:
             family.add_metric([queue, status], queued.get((queue, status), 0))
     yield family
@@ -185,16 +176,16 @@ def _pending_metrics(manager: Manager) -> Iterator[Metric]:
         "Queued AppWrappers per AppQueue, by the same status.",
         labels=["name", "namespace", "status"],
     )
-    for key in sorted({k for k, _ in local} | set(manager.quotas.local_summaries)):
+    for key in sorted({k for k, _ in local} | set(queues.local_summaries)):
         namespace, _, name = key.partition("/")
         for status in every:
             family.add_metric([name, namespace, status], local.get((key, status), 0))
     yield family
 
 
-def _deprecated_queue_metrics(manager: Manager) -> Iterator[Metric]:
+def _deprecated_queue_metrics(manager: Counted, view: QueueFigures) -> Iterator[Metric]:
     """The names before Kueue's, label `queue`: kept one release so alerts keep firing."""
-    summaries = manager.quotas.summaries
+    summaries = view.summaries
     families = {
         name: GaugeMetricFamily(
             f"{PREFIX}_queue_{name}", DEPRECATED.format(instead) + text, labels=["queue"]
@@ -230,6 +221,6 @@ def _deprecated_queue_metrics(manager: Manager) -> Iterator[Metric]:
         DEPRECATED.format("preempted_workloads_total") + "Victims chosen for the queue.",
         labels=["queue"],
     )
-    for queue, count in sorted(manager.scheduler.preemptions_by_queue.items()):
+    for queue, count in sorted(manager.preemptions_by_queue.items()):
         preemptions.add_metric([queue], count)
     yield preemptions

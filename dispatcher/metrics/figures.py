@@ -1,12 +1,14 @@
 """The gauges that cost a pass over all pending work, computed by the controller on a timer
-and only read by a scrape.
+and only read by a scrape; and `Figures`, where the controller publishes the view a scrape
+reads (view.py).
 
 No I/O. `count_pending` is the pass (each pending AppWrapper resolved to its queue, with the
-status of its last wait); `Figures` keeps its last result, computed again by `refresh`,
-which the leader's manager runs every `metrics.refresh_seconds` (`run`). A scrape reads
-`Figures.latest` and computes nothing: however often /metrics is asked (it is served
-without authentication on the health port), the controller's loop pays at most one pass
-per period. The figures lag the queues by at most that period.
+status of its last wait); `Figures.latest` is the last `MetricsView`: its pending part is
+computed again by `refresh`, which the leader's manager runs every `metrics.refresh_seconds`
+(`run`), its queues' part replaced by `publish_queues` when the queues' status is computed.
+A scrape reads `Figures.latest` and computes nothing: however often /metrics is asked (it
+may be served without authentication on the health port), the controller's loop pays at
+most one pass per period. The pending figures lag the queues by at most that period.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 import structlog
 
@@ -23,14 +25,7 @@ from dispatcher.core.pending import PendingStatus, pending_status
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.scheduling import Wait
-
-
-@dataclass(frozen=True)
-class PendingFigures:
-    """Pending AppWrappers counted by (cluster queue, status) and (AppQueue, status)."""
-
-    queued: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    local: Mapping[tuple[str, str], int] = field(default_factory=dict)
+from dispatcher.metrics.view import MetricsView, PendingFigures, QueueFigures
 
 
 def count_pending(
@@ -54,7 +49,8 @@ def count_pending(
 
 
 class Figures:
-    """The last `PendingFigures`, and the loop that computes them again."""
+    """The last `MetricsView` published, and the loop that computes its pending figures
+    again."""
 
     def __init__(
         self,
@@ -66,13 +62,17 @@ class Figures:
         self._compute = compute
         self._every = every
         self._sleep = sleep
-        self.latest = PendingFigures()
+        self.latest = MetricsView()
         self.computed = 0
-        """How many times the figures were computed (tests: a scrape adds none)."""
+        """How many times the pending figures were computed (tests: a scrape adds none)."""
 
     def refresh(self) -> None:
-        self.latest = self._compute()
+        self.latest = replace(self.latest, pending=self._compute())
         self.computed += 1
+
+    def publish_queues(self, queues: QueueFigures) -> None:
+        """The queues as their status was just computed (the quotas' status loop)."""
+        self.latest = replace(self.latest, queues=queues)
 
     async def run(self) -> None:
         while True:

@@ -65,11 +65,27 @@ def converter() -> Iterator[Converter]:
 
 def apply_crd(cluster: Any, crd: dict[str, Any]) -> None:
     """Apply or, where its conversion was written another way (a URL over a Service),
-    replace the AppWrapper CRD."""
+    replace the AppWrapper CRD; then until kubectl's discovery shows the versions it serves."""
     text = json.dumps(crd)
     if cluster.kubectl("apply", "-f", "-", input=text, check=False).returncode != 0:
         cluster.kubectl("replace", "-f", "-", input=text)
     wait_established(cluster, "appwrappers.workload.codeflare.dev")
+    served = {f"{crd['spec']['group']}/{v['name']}" for v in crd["spec"]["versions"] if v["served"]}
+    wait_discovered(cluster, crd["spec"]["group"], served)
+
+
+def wait_discovered(cluster: Any, group: str, versions: set[str]) -> None:
+    """Until discovery lists exactly `versions` of `group`. kubectl caches discovery for
+    6 hours and asks again only for a kind it does not know (docs/api.md, "Who serves
+    v1beta2"): where a test changes the versions the CRD serves, a later `kubectl get aw`
+    would go on asking for the old preferred one. `kubectl api-versions` reads discovery
+    afresh and writes what it read to that cache."""
+
+    def listed() -> bool:
+        out = cluster.kubectl("api-versions", check=False).stdout.split()
+        return {v for v in out if v.startswith(f"{group}/")} == versions
+
+    wait_until(listed, timeout=60, what=f"discovery to list {sorted(versions)}")
 
 
 @pytest.fixture(scope="session")

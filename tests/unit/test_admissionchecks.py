@@ -15,7 +15,7 @@ from dispatcher.core import checkstatus
 from dispatcher.core import conditions as cond
 from dispatcher.core.admissionchecks import Retry, Step
 from dispatcher.core.model import QueueMode, Toleration
-from dispatcher.core.phase import Phase, phase_of_raw
+from dispatcher.core.phase import Phase, phase_of_raw, queueing
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling import schedule
@@ -185,13 +185,13 @@ def reserved() -> AppWrapperStatus:
     return status
 
 
-def phase_of(status: AppWrapperStatus) -> Phase:
+def raw_phase(status: AppWrapperStatus) -> Phase:
     return phase_of_raw({"metadata": {}, "status": status.model_dump()})
 
 
 def test_reserved_holds_until_every_check_is_ready_then_goes_back_to_the_fit() -> None:
     status = reserved()
-    assert phase_of(status) is Phase.RESERVED
+    assert raw_phase(status) is Phase.RESERVED
     assert status.admission is not None
     assert status.admission.clusterQueue == "team"
     assert status.condition("AdmissionCheck.prov").reason == Reason.CHECK_PENDING  # type: ignore[union-attr]
@@ -199,14 +199,14 @@ def test_reserved_holds_until_every_check_is_ready_then_goes_back_to_the_fit() -
         checkstatus.mark_check(status, "prov", Reason.CHECK_READY, "provisioned", now=MOMENT)
         is None
     )
-    assert phase_of(status) is Phase.RESERVED
+    assert raw_phase(status) is Phase.RESERVED
     assert not checkstatus.checks_ready(status)
     done = checkstatus.mark_check(status, "other", Reason.CHECK_READY, "provisioned", now=MOMENT)
     assert done is not None
     assert done.reason == Reason.CHECKS_READY
-    assert phase_of(status) is Phase.QUEUED
+    assert raw_phase(status) is Phase.QUEUED
     assert checkstatus.checks_ready(status)
-    assert cond.is_queued(status)
+    assert queueing(status)
 
 
 def test_the_same_check_state_twice_writes_nothing() -> None:
@@ -231,7 +231,7 @@ def test_a_retry_or_a_requeue_gives_the_quota_back_and_clears_the_checks(how: st
     else:
         cond.mark_dispatched(status, cluster="c", now=MOMENT)
         cond.mark_requeued(status, Reason.CLUSTER_UNREACHABLE, "gone", now=MOMENT, backoff=False)
-    assert phase_of(status) is Phase.QUEUED
+    assert raw_phase(status) is Phase.QUEUED
     assert not checkstatus.checks_ready(status)
     assert not status.is_true("AdmissionCheck.prov")
     assert not status.is_true(ConditionType.QUOTA_HELD)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from dispatcher.api.models import AppWrapperStatus, Reason
 from dispatcher.core import conditions as cond
+from dispatcher.core.phase import dispatched, finished, queueing
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -43,9 +44,9 @@ def test_requeue_turns_later_milestones_false_with_the_reason() -> None:
         assert condition.status == "False"
         assert condition.reason == Reason.PODS_NOT_RUNNING_IN_TIME
     assert status.stage == "Backoff"
-    assert not cond.is_queued(status)
+    assert not queueing(status)
     cond.end_backoff(status, now=T0 + timedelta(seconds=5))
-    assert cond.is_queued(status)
+    assert queueing(status)
     assert status.stage == "Queueing"
 
 
@@ -92,9 +93,9 @@ def test_terminal_states(terminal: str, state: str) -> None:
         cond.mark_failed(status, Reason.PODS_FAILED, "boom", now=T0)
     assert status.state == state
     assert status.stage == state
-    assert cond.is_terminal(status)
-    assert not cond.is_dispatched(status)
-    assert not cond.is_queued(status)
+    assert finished(status)
+    assert not dispatched(status)
+    assert not queueing(status)
 
 
 def _dispatched(*, running: bool) -> AppWrapperStatus:
@@ -178,7 +179,7 @@ def test_any_sequence_keeps_one_entry_per_type(steps: list[str]) -> None:
             cond.end_backoff(status, now=now)
         types = [c.type for c in status.conditions]
         assert len(types) == len(set(types))
-        assert not (cond.is_queued(status) and cond.is_dispatched(status))
+        assert not (queueing(status) and dispatched(status))
 
 
 @settings(max_examples=200, deadline=None)
@@ -195,7 +196,7 @@ def test_completed_is_never_shown_without_running(steps: list[str]) -> None:
             cond.mark_running(status, "ok", now=now)
         elif step == "requeue":
             cond.mark_requeued(status, Reason.PREEMPTED, "x", now=now, backoff=False)
-        elif step == "complete" and cond.is_dispatched(status):
+        elif step == "complete" and dispatched(status):
             cond.mark_completed(status, "done", now=now)
     assert status.is_true(cond.C.COMPLETED)
     assert status.is_true(cond.C.RUNNING)

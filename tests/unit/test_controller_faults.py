@@ -41,6 +41,21 @@ async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> N
         await asyncio.sleep(0.001)
 
 
+async def settle(turns: int = 200) -> None:
+    """Turns of the event loop, no time: what is ready to run runs (the fake answers at
+    once); what waits for the clock still waits."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+async def cycles(manager: Manager, count: int) -> None:
+    """`count` more scheduling cycles, each kicked so that each decides again."""
+    for _ in range(count):
+        done = manager.cycles
+        manager.scheduler.kick()
+        await until(lambda: manager.cycles > done, "a scheduling cycle")  # noqa: B023
+
+
 async def test_fence_cancels_in_flight_writes_and_refuses_new_ones() -> None:
     async with fake_env(loops=True, workers=4, dispatch_concurrency=4) as env:
         await env.add_node("n1", cpu="1000")
@@ -55,7 +70,11 @@ async def test_fence_cancels_in_flight_writes_and_refuses_new_ones() -> None:
         env.fake.latency = 0.0
         await env.apply(appwrapper("late", job("late", 1, {"cpu": "1"})))
         writes += 1  # the test's own create
-        await asyncio.sleep(0.2)
+        await settle()
+        # Nothing of the manager is left to write, now or when its loops' time comes.
+        assert not env.manager._children
+        env.clock.advance(3600)
+        await settle()
         assert env.fake.writes == writes
         assert env.manager.fenced
         assert env.manager.status.fenced
@@ -70,12 +89,21 @@ async def test_repeated_conflicts_back_off_and_a_success_resets() -> None:
         await env.apply(appwrapper("a", job("a", 1, {"cpu": "1"})))
         key = f"{NAMESPACE}/a"
         await until(lambda: env.manager.reconciles[key] >= 2, "the first retry, at once")
-        await asyncio.sleep(0.3)
-        # 10 ms, doubling: about six reconciles in 0.3 s; without backoff, thousands.
-        assert 3 <= env.manager.reconciles[key] <= 10, env.manager.reconciles[key]
-        assert env.manager.queue.failures(key) >= 3
+        await settle()
+        # The next ones wait for the clock: 10 ms, doubling. Without backoff, thousands.
+        assert env.manager.reconciles[key] == 2
+        for reconciles, delay in ((3, 0.01), (4, 0.02), (5, 0.04), (6, 0.08), (7, 0.16)):
+            env.clock.advance(delay / 2)
+            await settle()
+            assert env.manager.reconciles[key] == reconciles - 1, "retried before its time"
+            env.clock.advance(delay / 2 + 1e-6)
+            due = reconciles
+            await until(lambda: env.manager.reconciles[key] >= due, "a retry, when due")  # noqa: B023
+            assert env.manager.reconciles[key] == reconciles
+        assert env.manager.queue.failures(key) == 7  # each reconcile met a Conflict
         env.fake._faults.clear()
-        await until(lambda: env.manager.queue.failures(key) == 0, "a success resets", 15)
+        env.clock.advance(0.32)
+        await until(lambda: env.manager.queue.failures(key) == 0, "a success resets")
         assert "workload.codeflare.dev/finalizer" in (await env.get("a"))["metadata"]["finalizers"]
 
 
@@ -154,7 +182,7 @@ async def test_a_dead_member_at_start_does_not_hold_back_the_live_one(fault: str
             appwrapper("there", job("there", 1, {"cpu": "1"}), scheduling=placed(["remote"])),
         )
         await until(lambda: status_of(hub, "here").get("clusterName") == "local", "dispatched")
-        await asyncio.sleep(0.1)
+        await cycles(manager, 3)
         # Never dispatched to a member whose pods are not known.
         assert status_of(hub, "there").get("clusterName") is None
         # The member answers: it joins, and what waited for it goes there.

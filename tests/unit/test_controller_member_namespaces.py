@@ -27,7 +27,7 @@ from dispatcher.kube.client import ResourceInfo
 from dispatcher.testing.fakeenv import node
 from dispatcher.testing.fakekube import FakeKube
 from dispatcher.testing.manifests import appwrapper, deployment
-from tests.unit.test_controller_faults import until
+from tests.unit.test_controller_faults import cycles, until
 
 DEPLOYMENTS = ResourceInfo("apps/v1", "Deployment", "deployments", namespaced=True)
 Obj = dict[str, Any]
@@ -116,7 +116,7 @@ async def test_an_unmapped_namespace_waits_and_never_reaches_the_member() -> Non
         await env.apply("team-a", "x")
         want = "cluster west: namespace team-a is not mapped to it (members[].namespaces)"
         await until(lambda: env.status("team-a", "x").get("message") == want, "the message")
-        await asyncio.sleep(0.05)  # many cycles: none may send it there
+        await cycles(env.manager, 3)  # none may send it there
         assert not env.status("team-a", "x").get("clusterName")
         assert env.deployments() == {}
         assert not created_namespaces(env.west)

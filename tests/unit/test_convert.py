@@ -26,7 +26,7 @@ from dispatcher.core.convert import (
 from dispatcher.core.v1beta2status import (
     OBJECTS_MADE,
     component_status,
-    phase_of,
+    v1beta2_phase,
     v1beta2_status,
 )
 
@@ -363,7 +363,7 @@ def test_v1beta1_fields_too_large_for_an_annotation_are_left_out_and_a_write_bac
     ],
 )
 def test_phase_table(true: set[str], want: str) -> None:
-    assert phase_of(true) == want
+    assert v1beta2_phase(true) == want
 
 
 def condition(type_: str, status: str = "True", reason: str = "R") -> dict[str, Any]:

@@ -120,7 +120,6 @@ class Replica:
             name="lease",
             identity=identity,
             clock=self.clock,
-            sleep=self.clock.sleep,
         )
         self.leading_at: float | None = None
         self.fenced_at: float | None = None

@@ -1,14 +1,30 @@
-"""/metrics reads the last computed figures (metrics/figures.py): a scrape never makes the
-controller pass over pending work, and the figures follow changes on the controller's timer."""
+"""/metrics reads the last published view (metrics/view.py, kept by figures.py): a scrape
+never makes the controller pass over pending work nor drives its cache, and the figures
+follow changes on the controller's timer."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from collections.abc import Callable
+from typing import NoReturn, cast
 
+import pytest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from dispatcher import metrics
-from dispatcher.metrics import Figures, pending_figures
+from dispatcher.core.quota.model import FlavorQuotas, QueueSpec, Quota, ResourceGroup
+from dispatcher.core.quota.summary import QueueSummary
+from dispatcher.kube.client import RequestStats
+from dispatcher.metrics import (
+    Counted,
+    Figures,
+    ManagerCollector,
+    MetricsView,
+    PendingFigures,
+    QueueFigures,
+)
 from dispatcher.testing.fakeenv import fake_env
 from dispatcher.testing.manifests import appwrapper, job
 
@@ -30,10 +46,10 @@ async def test_a_scrape_computes_nothing_and_the_figures_follow_on_the_timer() -
         manager = env.manager
         passes = 0
 
-        def counted() -> metrics.figures.PendingFigures:
+        def counted() -> PendingFigures:
             nonlocal passes
             passes += 1
-            return pending_figures(manager)
+            return manager.pending_figures()
 
         # The manager's own Figures, its timer on the test's clock.
         manager.figures = Figures(counted, every=5, sleep=env.clock.sleep)
@@ -76,12 +92,12 @@ async def test_a_pass_that_fails_is_logged_and_the_timer_goes_on() -> None:
     async with fake_env(metrics={"refresh_seconds": 5}) as env:
         passes = 0
 
-        def failing() -> metrics.figures.PendingFigures:
+        def failing() -> PendingFigures:
             nonlocal passes
             passes += 1
             if passes == 1:
                 raise RuntimeError("a bug")
-            return pending_figures(env.manager)
+            return env.manager.pending_figures()
 
         figures = Figures(failing, every=5, sleep=env.clock.sleep)
         timer = asyncio.create_task(figures.run())
@@ -92,3 +108,98 @@ async def test_a_pass_that_fails_is_logged_and_the_timer_goes_on() -> None:
             assert not timer.done()
         finally:
             timer.cancel()
+
+
+def _untouchable(what: str) -> Callable[..., NoReturn]:
+    def touched(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError(f"a scrape called {what}")
+
+    return touched
+
+
+async def test_a_scrape_never_drives_the_cache_nor_the_quota_tree() -> None:
+    """The scheduler cache's `refresh` has its callers (the cycle, the queues' status, the
+    figures' timer): a scrape is not one of them, nor does it rebuild the quota tree."""
+    async with fake_env(metrics={"refresh_seconds": 5}) as env:
+        manager = env.manager
+        await env.add_node("n1", cpu="1")
+        for name in ("a", "b"):  # neither fits: both wait
+            await env.apply(appwrapper(name, job(name, 1, {"cpu": "2"})))
+            await env.reconcile(name)
+        await env.cycle()
+        manager.figures.refresh()  # the timer's pass, published
+        for part, method in (
+            (manager.cache, "refresh"),
+            (manager.cache, "quota_usage"),
+            (manager.quotas, "tree"),
+            (manager.quotas, "summarize"),
+        ):
+            setattr(part, method, _untouchable(method))  # shadows the method on this object
+        for _ in range(5):
+            text = metrics.render(manager)
+            assert pending(text) == 2
+        assert manager.figures.computed == 1
+        with pytest.raises(AssertionError, match="a scrape called quota_usage"):
+            manager.pending_figures()  # the stand-ins are where a scrape would have hit them
+
+
+class StandIn:
+    """Only what `metrics.Counted` names; the rest of a manager raises if touched."""
+
+    def __init__(self, view: MetricsView) -> None:
+        self.states = Counter({"Running": 2, "Pending": 1, "Failed": 0})
+        self.cycles = 7
+        self.preemptions = 3
+        self.preemptions_by_queue = {"cq": 3}
+        self.finished = Counter({"count": 4, "reconciles": 10, "cycles": 5, "writes": 12})
+        self.request_stats = RequestStats({})
+        self.metrics_view = view
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"a scrape read manager.{name}")
+
+
+def test_a_scrape_reads_the_published_view_and_the_counters_only() -> None:
+    spec = QueueSpec(
+        "cq",
+        groups=(ResourceGroup(("cpu",), (FlavorQuotas("default", {"cpu": Quota(4000, 2000)}),)),),
+        cohort="all",
+    )
+    summary = QueueSummary(
+        pending=1,
+        admitted=2,
+        reserving=3,
+        usage={("default", "cpu"): 5000},
+        borrowed={("default", "cpu"): 1000},
+    )
+    view = MetricsView(
+        QueueFigures({"cq": spec}, {"cq": summary}, {"ns/team": QueueSummary(admitted=2)}),
+        PendingFigures({("cq", "inadmissible"): 1}, {("ns/team", "inadmissible"): 1}),
+    )
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(ManagerCollector(cast(Counted, StandIn(view))))
+
+    def sample(metric: str, **labels: str) -> float | None:
+        return registry.get_sample_value(f"appwrapper_dispatcher_{metric}", labels)
+
+    resource = {"cohort": "all", "cluster_queue": "cq", "flavor": "default", "resource": "cpu"}
+    assert sample("appwrappers", state="Running") == 2
+    assert sample("appwrappers", state="Failed") is None  # zero counts are left out
+    assert sample("cycles_total") == 7
+    assert sample("preemptions_total") == 3
+    assert sample("lifecycle_writes_total") == 12
+    assert sample("admitted_active_workloads", cluster_queue="cq") == 2
+    assert sample("reserving_active_workloads", cluster_queue="cq") == 3
+    assert sample("cluster_queue_status", cluster_queue="cq", status="active") == 1
+    assert sample("cluster_queue_resource_usage", **resource) == 5
+    assert sample("cluster_queue_resource_borrowed", **resource) == 1
+    assert sample("cluster_queue_nominal_quota", **resource) == 4
+    assert sample("cluster_queue_borrowing_limit", **resource) == 2
+    assert sample("cluster_queue_lending_limit", **resource) is None
+    assert sample("pending_workloads", cluster_queue="cq", status="inadmissible") == 1
+    assert sample("pending_workloads", cluster_queue="cq", status="active") == 0
+    team = {"name": "team", "namespace": "ns"}
+    assert sample("local_queue_pending_workloads", status="inadmissible", **team) == 1
+    assert sample("local_queue_admitted_active_workloads", **team) == 2
+    assert sample("queue_pending", queue="cq") == 1
+    assert sample("queue_preemptions_total", queue="cq") == 3

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dispatcher.clock import ManualClock
 from dispatcher.controller.gatekeeper import objects_made
 from dispatcher.controller.witness import RecordWitness
 from dispatcher.core.gatekeeping import (
@@ -222,7 +223,7 @@ def appwrapper_obj(created: float) -> dict[str, Any]:
 async def test_a_proof_made_while_in_place_outlives_an_outage() -> None:
     hub = Hub()
     hub.configuration = {**configuration(), "metadata": {"uid": "c1", "creationTimestamp": at(0)}}
-    witness = RecordWitness(hub, NAME)  # type: ignore[arg-type]
+    witness = RecordWitness(hub, NAME, clock=ManualClock())  # type: ignore[arg-type]
     queued = appwrapper_obj(100)
     witness.receive(queued)
     await witness.read()  # what `run` does soon after it arrived
@@ -254,7 +255,7 @@ async def test_dispatches_that_ask_at_once_share_one_read() -> None:
     that arrives later gets a read of its own."""
     hub = SlowHub()
     hub.configuration = {**configuration(), "metadata": {"uid": "c1", "creationTimestamp": at(0)}}
-    witness = RecordWitness(hub, NAME)  # type: ignore[arg-type]
+    witness = RecordWitness(hub, NAME, clock=ManualClock())  # type: ignore[arg-type]
     objs = []
     for number in range(20):
         obj = appwrapper_obj(100)
@@ -277,7 +278,7 @@ async def test_dispatches_that_ask_at_once_share_one_read() -> None:
 async def test_a_waiter_cancelled_leaves_the_others_their_read() -> None:
     hub = SlowHub()
     hub.configuration = {**configuration(), "metadata": {"uid": "c1", "creationTimestamp": at(0)}}
-    witness = RecordWitness(hub, NAME)  # type: ignore[arg-type]
+    witness = RecordWitness(hub, NAME, clock=ManualClock())  # type: ignore[arg-type]
     one, two = appwrapper_obj(100), appwrapper_obj(100)
     two["metadata"]["uid"] = "u2"
     witness.receive(one)
