@@ -2,9 +2,9 @@
 # (IMAGE=registry.example.com/appwrapper-dispatcher:TAG to name it; docker, podman or buildah).
 #
 # Only the runtime goes in: the Python dependencies at the exact versions and hashes of
-# requirements/image.txt, and the package without dispatcher/testing (the test kit and the
-# demo: .dockerignore keeps it out of the build context, setup.cfg out of the wheel;
-# tests/unit/test_runtime_imports.py proves nothing at run time imports it). Regenerate the lock with the command at its top.
+# requirements/image.txt, and the dispatcher package (the test kit and the demo live in
+# testenv/, outside it; tests/unit/test_runtime_imports.py proves nothing at run time imports
+# them). Regenerate the lock with the command at its top.
 #
 # The base is any image with Python 3.11 as `python3`, its venv module and `useradd`:
 # python:3.11-slim by default, or Debian bookworm's own python3 built from Debian's packages
@@ -26,10 +26,7 @@ RUN python3 -m venv /opt/build \
        -r requirements/build.txt
 COPY setup.cfg pyproject.toml README.md ./
 COPY dispatcher ./dispatcher
-# Refuse a context that still holds the left-out modules (a builder that ignored
-# .dockerignore) rather than ship them.
-RUN test ! -e dispatcher/testing \
-    && /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation \
+RUN /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation \
        --wheel-dir /wheels .
 
 # The runtime's environment: every dependency pinned and hash-checked, binary wheels only (no

@@ -35,8 +35,8 @@ testenv:
 	bash testenv/build.sh
 
 lint: venv
-	$(VENV)/bin/ruff check dispatcher tests benchmarks
-	$(VENV)/bin/ruff format --check dispatcher tests benchmarks
+	$(VENV)/bin/ruff check dispatcher testenv tests benchmarks
+	$(VENV)/bin/ruff format --check dispatcher testenv tests benchmarks
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/vulture
 
@@ -77,10 +77,10 @@ test-deps:
 # The main job: a local control plane with fake GPU nodes and KubeRay, the dispatcher
 # running on it, the samples applied, their conditions shown.
 demo: venv testenv
-	$(PY) -m dispatcher.testing.demo
+	$(PY) -m testenv.demo
 
 demo-multi: venv testenv
-	$(PY) -m dispatcher.testing.demo --members 2
+	$(PY) -m testenv.demo --members 2
 
 # The peer benchmark needs `make peers` first. Two runs of 3 alternated pairs each: ours, MCAD
 # and Kueue at the full sizes (1,000 workloads; 2,000 for 100 slots; 200 gangs for 20; about

@@ -44,8 +44,8 @@ from benchmarks.e2e_bench import (
 )
 from benchmarks.report import save
 from dispatcher.kube.client import KubeClient
-from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
-from dispatcher.testing.manifests import appwrapper, deployment
+from testenv.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
+from testenv.manifests import appwrapper, deployment
 
 NAMESPACE = "backlog"
 

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks import report
-from dispatcher.testing.converter import install_appwrapper_crd
-from dispatcher.testing.localcluster import (
+from testenv.converter import install_appwrapper_crd
+from testenv.localcluster import (
     DEFAULT_CACHE,
     LocalCluster,
     ensure_binaries,

@@ -50,7 +50,7 @@ from benchmarks.conformance_appwrapper_systems import (
     start_ours,
     start_reference,
 )
-from dispatcher.testing.localcluster import DEFAULT_CACHE, LocalCluster, ensure_binaries
+from testenv.localcluster import DEFAULT_CACHE, LocalCluster, ensure_binaries
 
 VERSION = peers.APPWRAPPER_VERSION
 SUITE = f"{peers.APPWRAPPER_MODULE}@{VERSION} test/e2e"

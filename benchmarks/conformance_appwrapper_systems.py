@@ -30,8 +30,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from benchmarks import conformance, peers
 from dispatcher.kube.registration import webhook_configurations
 from dispatcher.kube.webhook import CONVERT_PATH
-from dispatcher.testing.converter import install_appwrapper_crd
-from dispatcher.testing.localcluster import LocalCluster, free_port
+from testenv.converter import install_appwrapper_crd
+from testenv.localcluster import LocalCluster, free_port
 
 NAMESPACE = "e2e-test"
 SYSTEM_NAMESPACE = peers.APPWRAPPER_NAMESPACE

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dispatcher.testing.localcluster import LocalCluster, ensure_binaries
+from testenv.localcluster import LocalCluster, ensure_binaries
 
 
 def main() -> None:

@@ -46,9 +46,9 @@ from dispatcher.config import Config
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import NotFound
 from dispatcher.kube.informer import Informer
-from dispatcher.testing.converter import install_appwrapper_crd
-from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
-from dispatcher.testing.manifests import (
+from testenv.converter import install_appwrapper_crd
+from testenv.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
+from testenv.manifests import (
     app_flavor,
     app_queue,
     appwrapper,

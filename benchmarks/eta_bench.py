@@ -37,8 +37,8 @@ from typing import Any
 from benchmarks.peer_systems import HOLD_ANNOTATION, kwok_stages
 from dispatcher.app import running
 from dispatcher.config import Config, MemberConfig
-from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries
-from dispatcher.testing.manifests import appwrapper, job
+from testenv.localcluster import REPO_ROOT, LocalCluster, ensure_binaries
+from testenv.manifests import appwrapper, job
 
 NAMESPACE = "eta"
 

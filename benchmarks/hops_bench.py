@@ -49,8 +49,8 @@ from dispatcher.app import running
 from dispatcher.config import Config
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import Conflict, NotFound
-from dispatcher.testing.converter import install_appwrapper_crd
-from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries
+from testenv.converter import install_appwrapper_crd
+from testenv.localcluster import REPO_ROOT, LocalCluster, ensure_binaries
 
 if TYPE_CHECKING:
     from dispatcher.controller.manager import Manager
@@ -191,7 +191,7 @@ def instrument_manager(_manager: Manager | None, probe: Probe) -> None:
     the workers hold the bound method from their start) and the `schedule` that
     `core.queues.take` calls (the scheduler skips the cycle when nothing is queued; one
     whose work is all parked calls it with none: an empty cycle)."""
-    from dispatcher.controller.reconciler import Reconciler
+    from dispatcher.controller.lifecycle.reconciler import Reconciler
     from dispatcher.core.queues import cycle
 
     reconcile = _saved.setdefault("reconcile", Reconciler.reconcile)
@@ -206,7 +206,7 @@ def instrument_manager(_manager: Manager | None, probe: Probe) -> None:
 
 
 def uninstrument_manager() -> None:
-    from dispatcher.controller.reconciler import Reconciler
+    from dispatcher.controller.lifecycle.reconciler import Reconciler
     from dispatcher.core.queues import cycle
 
     if "reconcile" in _saved:

@@ -57,7 +57,7 @@ from benchmarks.peer_scenarios import Sizes, scenarios
 from benchmarks.peer_systems import System, parse_systems
 from benchmarks.report import save
 from benchmarks.report import workdir as kept_or_temporary
-from dispatcher.testing.localcluster import DEFAULT_CACHE, REPO_ROOT, ensure_binaries
+from testenv.localcluster import DEFAULT_CACHE, REPO_ROOT, ensure_binaries
 
 Obj = dict[str, Any]
 

@@ -46,7 +46,7 @@ from benchmarks.peer_systems import (
 )
 from benchmarks.peer_watch import AuditTail, Recorder, tree_stats
 from dispatcher.kube.client import KubeClient
-from dispatcher.testing.localcluster import Binaries, LocalCluster, node_manifest
+from testenv.localcluster import Binaries, LocalCluster, node_manifest
 
 Obj = dict[str, Any]
 

@@ -33,9 +33,9 @@ from benchmarks import peers
 from benchmarks.e2e_bench import start_dispatcher
 from dispatcher.api.constants import API_VERSION, KIND, PLURAL
 from dispatcher.kube.client import ResourceInfo
-from dispatcher.testing.converter import install_appwrapper_crd
-from dispatcher.testing.localcluster import Binaries, LocalCluster, free_port
-from dispatcher.testing.manifests import appwrapper, job
+from testenv.converter import install_appwrapper_crd
+from testenv.localcluster import Binaries, LocalCluster, free_port
+from testenv.manifests import appwrapper, job
 
 Obj = dict[str, Any]
 

@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from benchmarks import conformance
-from dispatcher.testing.localcluster import DEFAULT_CACHE, LocalCluster, free_port
+from testenv.localcluster import DEFAULT_CACHE, LocalCluster, free_port
 
 MCAD_VERSION = conformance.VERSION
 KUEUE_MODULE = "sigs.k8s.io/kueue"

@@ -5,7 +5,7 @@
 One KWOK node of 1 CPU runs one AppWrapper of 1 CPU (priority 100, so nothing preempts it);
 `--pending` AppWrappers of 1 CPU each wait behind it. The dispatcher runs as its own process
 serving the visibility API, registered with the API server as the e2e tests register it
-(`dispatcher.testing.manifests.visibility_registration`). Once the pending list shows them
+(`testenv.manifests.visibility_registration`). Once the pending list shows them
 all, each command below runs `--repeat` times as its own process, all of them in every
 round, the order rotated each round so that the machine's load falls on all alike (one
 warm-up round first, not counted; it also fills kubectl's discovery cache):
@@ -42,11 +42,11 @@ from typing import Any
 from benchmarks import report
 from benchmarks.e2e_bench import percentile, start_dispatcher, wait_ready
 from benchmarks.report import save
-from dispatcher.controller.visibility_api import BASE
-from dispatcher.testing.converter import install_appwrapper_crd
-from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
-from dispatcher.testing.manifests import appwrapper, pod_template, visibility_registration
-from dispatcher.testing.waits import wait_until
+from dispatcher.controller.visibility.api import BASE
+from testenv.converter import install_appwrapper_crd
+from testenv.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
+from testenv.manifests import appwrapper, pod_template, visibility_registration
+from testenv.waits import wait_until
 
 NAMESPACE = "plugin-bench"
 BIN = Path(sys.executable).parent  # the virtualenv's bin, where kubectl-aw is installed

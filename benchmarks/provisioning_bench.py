@@ -7,7 +7,7 @@ ProvisioningRequest and runs; many at once are never left partially placed.
 A gang is an AppWrapper of a head (1 CPU) and 8 GPU workers (1 CPU, 1 GPU each), submitted to
 a ClusterAppQueue whose `admissionChecks` name the ProvisioningRequest check (quota for all
 the gangs). The cluster has one 4-CPU node and no GPU: every gang fits nowhere, holds its
-quota, and asks for nodes. The test kit's provisioner (dispatcher/testing/provisioner.py,
+quota, and asks for nodes. The test kit's provisioner (testenv/provisioner.py,
 run in this process) answers: after `--delay` seconds a KWOK node per pod, then
 `Provisioned`. The dispatcher runs as its own process, with its production settings
 (`provisioning.poll_seconds` 5 s: the watch of requests wakes a gang, not the poll).
@@ -80,16 +80,16 @@ from dispatcher.api.constants import LABEL_NAME
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import KubeError, NotFound
 from dispatcher.kube.informer import Informer
-from dispatcher.testing.converter import install_appwrapper_crd
-from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
-from dispatcher.testing.manifests import (
+from testenv.converter import install_appwrapper_crd
+from testenv.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
+from testenv.manifests import (
     app_flavor,
     app_queue,
     appwrapper,
     cluster_queue,
     deployment,
 )
-from dispatcher.testing.provisioner import TestProvisioner
+from testenv.provisioner import TestProvisioner
 
 NAMESPACE = "prov"
 POOL = {"bench/pool": "prov"}

@@ -43,7 +43,7 @@ from typing import Any
 
 from benchmarks.core_bench import NOW, STARVATION_AFTER, _policy, machine
 from benchmarks.quota_bench import QuotaScenario, build_quota_scenario
-from dispatcher.controller.scheduler import DECISIONS_PER_CYCLE
+from dispatcher.controller.scheduling.scheduler import DECISIONS_PER_CYCLE
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Reservation, Workload
 from dispatcher.core.queues import QueueManager, take
 from dispatcher.core.quota.flavors import with_flavors

@@ -39,9 +39,9 @@ from dispatcher.app import running
 from dispatcher.config import Config, WebhookConfig
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.registration import webhook_configurations
-from dispatcher.testing.converter import install_appwrapper_crd
-from dispatcher.testing.localcluster import LocalCluster, ensure_binaries, free_port
-from dispatcher.testing.manifests import appwrapper, deployment, job
+from testenv.converter import install_appwrapper_crd
+from testenv.localcluster import LocalCluster, ensure_binaries, free_port
+from testenv.manifests import appwrapper, deployment, job
 
 APPWRAPPERS = ResourceInfo(API_VERSION, KIND, PLURAL, True)
 AGENT = "appwrapper-dispatcher/"

@@ -37,8 +37,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from dispatcher.controller.gatekeeper import AccessReviews
-from dispatcher.controller.visibility_api import BASE, FrontProxy, VisibilityApi
+from dispatcher.controller.access.gatekeeper import AccessReviews
+from dispatcher.controller.visibility.api import BASE, FrontProxy, VisibilityApi
 from dispatcher.core.visibility import Active, Durations, Waiting, pending_view
 from dispatcher.kube import certplan
 

@@ -31,8 +31,8 @@ import yaml
 from dispatcher import health, metrics
 from dispatcher.cluster.member import Member, mapping_problems
 from dispatcher.config import Config, MemberConfig
+from dispatcher.controller.access.metrics import MetricsAccess
 from dispatcher.controller.manager import Manager
-from dispatcher.controller.metrics_access import MetricsAccess
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import KubeClient, ResourceInfo, replica_identity
 from dispatcher.kube.leader import LeaderElector

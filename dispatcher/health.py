@@ -3,7 +3,7 @@ given a TLS context (`metrics.cert_file`), HTTPS.
 
 /metrics is open to whoever reaches the port unless `access` is given
 (`metrics.auth: kubernetes`): then only a caller whose bearer token and right to get
-/metrics the API server confirms is served (controller/metrics_access.py). /healthz and
+/metrics the API server confirms is served (controller/access/metrics.py). /healthz and
 /readyz stay open either way: the kubelet's probes carry no token.
 
 Side effects: listens on a TCP port.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from dispatcher.controller.metrics_access import MetricsAccess
+from dispatcher.controller.access.metrics import MetricsAccess
 
 
 async def serve(

@@ -1,4 +1,4 @@
-"""Starts the visibility API (controller/visibility_api.py) in the controller's own loop.
+"""Starts the visibility API (controller/visibility/api.py) in the controller's own loop.
 
 Side effects: reads ConfigMap kube-system/extension-apiserver-authentication (the front
 proxy's CA and names) and, on a standby's answer, the Lease; listens on a TCP port with TLS
@@ -22,11 +22,11 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 
 from dispatcher.config import Config
-from dispatcher.controller.gatekeeper import AccessReviews
+from dispatcher.controller.access.gatekeeper import AccessReviews
+from dispatcher.controller.access.reviews import ReviewBudget
 from dispatcher.controller.manager import Manager
-from dispatcher.controller.visibility_api import FrontProxy, VisibilityApi
-from dispatcher.controller.visibility_reviews import ReviewBudget
-from dispatcher.controller.webview import QueueRow, Usage
+from dispatcher.controller.visibility.api import FrontProxy, VisibilityApi
+from dispatcher.controller.visibility.webview import QueueRow, Usage
 from dispatcher.core.visibility import audiences
 from dispatcher.kube import certplan
 from dispatcher.kube.client import KubeClient, ResourceInfo

@@ -6,7 +6,7 @@ What runs there: certificates made, rotated and reloaded (dispatcher.kube.certs)
 endpoint (dispatcher.kube.webhook), with the API server's client certificate checked when
 `webhook.client_ca_file` is set; whether its MutatingWebhookConfiguration calls this replica
 (dispatcher.kube.registration: no record is signed otherwise); and the answers
-(dispatcher.controller.gatekeeper, an `Gatekeeper` of its own with bounded discovery).
+(dispatcher.controller.access.gatekeeper, an `Gatekeeper` of its own with bounded discovery).
 
 What crosses between the threads: the settings (read only), the signing keys (handed to the
 controller's loop with `call_soon_threadsafe`, so that loop's state changes only on that
@@ -30,7 +30,7 @@ import structlog
 
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.config import Config
-from dispatcher.controller.gatekeeper import DiscoveryBounds, Gatekeeper
+from dispatcher.controller.access.gatekeeper import DiscoveryBounds, Gatekeeper
 from dispatcher.kube import webhook
 from dispatcher.kube.certs import WebhookCerts
 from dispatcher.kube.client import KubeClient

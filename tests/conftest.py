@@ -1,7 +1,7 @@
 """Session-wide test wiring.
 
 Unit tests (tests/unit) need nothing. Tests that talk to Kubernetes use the `cluster`
-fixture: one local control plane per session (see dispatcher/testing), or the cluster
+fixture: one local control plane per session (see testenv), or the cluster
 named by APPWRAPPER_KUBECONFIG (e.g. one made with kind). Each test gets its own namespace.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.testing.localcluster import ExistingCluster, LocalCluster
+from testenv.localcluster import ExistingCluster, LocalCluster
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

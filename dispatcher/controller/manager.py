@@ -32,21 +32,21 @@ from dispatcher.clock import Clock, SystemClock
 from dispatcher.cluster.capacity import pod_owner
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config, DeclaredPodResources
-from dispatcher.controller.cache import SchedulerCache
-from dispatcher.controller.gatekeeper import Gatekeeper
-from dispatcher.controller.ledger import Ledger
-from dispatcher.controller.making import Maker
+from dispatcher.controller.access.gatekeeper import Gatekeeper
+from dispatcher.controller.access.witness import RecordWitness
+from dispatcher.controller.lifecycle.ledger import Ledger
+from dispatcher.controller.lifecycle.making import Maker
+from dispatcher.controller.lifecycle.provisioning import Provisioning
+from dispatcher.controller.lifecycle.reconciler import Reconciler
+from dispatcher.controller.lifecycle.upkeep import Upkeep
 from dispatcher.controller.outbox import Notice, Outbox
-from dispatcher.controller.provisioning import Provisioning
-from dispatcher.controller.quotas import Quotas
+from dispatcher.controller.quota.objects import Quotas
 from dispatcher.controller.reading import AppWrapperReader, key_of, slimmer
-from dispatcher.controller.reconciler import Reconciler
-from dispatcher.controller.scheduler import Scheduler
+from dispatcher.controller.scheduling.cache import SchedulerCache
+from dispatcher.controller.scheduling.scheduler import Scheduler
+from dispatcher.controller.scheduling.waiting import WaitingWriter
 from dispatcher.controller.status import APPWRAPPERS, StatusWriter
-from dispatcher.controller.upkeep import Upkeep
-from dispatcher.controller.visibility import Visibility
-from dispatcher.controller.waiting import WaitingWriter
-from dispatcher.controller.witness import RecordWitness
+from dispatcher.controller.visibility.pending import Visibility
 from dispatcher.controller.workqueue import WorkQueue, serve
 from dispatcher.core.phase import Phase, phase_of_raw
 from dispatcher.core.quota.kueue import KueueQuotas

@@ -87,7 +87,8 @@ def mark_check(
     pending = [c for c in cond.check_types(status) if not status.is_true(c)]
     held = status.condition(ConditionType.QUOTA_HELD)
     if not pending and held is not None and held.status == "True":
-        # Stays True (its transition time names this reservation: controller/provisioning.py).
+        # Stays True (its transition time names this reservation:
+        # controller/lifecycle/provisioning.py).
         text = "admission checks ready; fitting on the nodes"
         cond.set_condition(
             status,

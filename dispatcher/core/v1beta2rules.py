@@ -1,6 +1,6 @@
 """What the admission webhook refuses of a request made in v1beta2 (and of no v1beta1 one):
 the AppWrapper controller's structural invariants at create, and its immutable components
-at update. Pure, no I/O; the gatekeeper (controller/gatekeeper.py) calls these for requests
+at update. Pure, no I/O; the gatekeeper (controller/access/gatekeeper.py) calls these for requests
 whose `requestKind` is v1beta2 and hands them the objects as v1beta1 (its webhook names
 v1beta1 with matchPolicy Equivalent), where `components[i]` is `GenericItems[i]`.
 

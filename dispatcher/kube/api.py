@@ -1,6 +1,6 @@
 """What the rest of the dispatcher needs from an API server connection, as a Protocol. No I/O.
 
-`KubeClient` (client.py) is the real implementation; `dispatcher.testing.fakekube.FakeKube`
+`KubeClient` (client.py) is the real implementation; `testenv.fakekube.FakeKube`
 is an in-memory one for tests. The members are exactly those the other modules use: lifecycle
 (`close`) stays on the concrete client, which whoever connected it owns.
 """

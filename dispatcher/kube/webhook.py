@@ -2,7 +2,7 @@
 the CRD's conversion webhook, ConversionReview v1 in and out (`CONVERT_PATH`).
 
 Side effects: listens on a TCP port with TLS; with `ClientAuth`, reads the client CA file.
-What to answer is decided by the handlers it is given (dispatcher.controller.gatekeeper); this
+What to answer is decided by the handlers it is given (controller/access/gatekeeper.py); this
 module only speaks the protocol, checks who calls (`ClientAuth`: the API server's client
 certificate) and bounds how many requests are handled at once. Conversions are answered
 by dispatcher.core.convert, pure functions of the objects sent, to any caller: the API

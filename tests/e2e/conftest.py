@@ -20,11 +20,11 @@ import yaml
 from dispatcher.app import running
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.manager import Manager
-from dispatcher.testing.converter import Converter, crd_calling
-from dispatcher.testing.manifests import appwrapper, deployment, job, pod_template, service
-from dispatcher.testing.waits import wait_until
+from testenv.converter import Converter, crd_calling
+from testenv.manifests import appwrapper, deployment, job, pod_template, service
+from testenv.waits import wait_until
 
-# The builders live in dispatcher.testing.manifests (the benchmarks use them too); the tests
+# The builders live in testenv.manifests (the benchmarks use them too); the tests
 # import them from here with the other e2e helpers.
 __all__ = ["appwrapper", "deployment", "job", "pod_template", "service"]
 
@@ -56,7 +56,7 @@ def wait_established(cluster: Any, crd: str) -> None:
 @pytest.fixture(scope="session")
 def converter() -> Iterator[Converter]:
     """The conversion endpoint for the session: the CRD serves v1beta2, its preferred
-    version, so every `kubectl get aw` converts (dispatcher/testing/converter.py)."""
+    version, so every `kubectl get aw` converts (testenv/converter.py)."""
     running_converter = Converter()
     running_converter.start()
     yield running_converter

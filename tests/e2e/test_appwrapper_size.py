@@ -20,8 +20,8 @@ import yaml
 
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.kube.client import KubeClient
-from dispatcher.testing.manifests import appwrapper, deployment
-from dispatcher.testing.waits import async_wait_until
+from testenv.manifests import appwrapper, deployment
+from testenv.waits import async_wait_until
 
 pytestmark = [pytest.mark.cluster]
 

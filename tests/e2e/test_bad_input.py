@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.testing.localcluster import KubectlError
-from dispatcher.testing.waits import async_holds_for
+from testenv.localcluster import KubectlError
+from testenv.waits import async_holds_for
 from tests.e2e.conftest import (
     QUIET_SECONDS,
     apply,

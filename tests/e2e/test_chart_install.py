@@ -28,9 +28,9 @@ import yaml
 from dispatcher.core.crdforms import readable
 from dispatcher.core.gatekeeping import USER
 from dispatcher.kube.preflight import APPWRAPPER_CRD
-from dispatcher.testing.converter import Converter, crd_calling
-from dispatcher.testing.localcluster import LocalCluster, free_port
-from dispatcher.testing.waits import holds_for, wait_until
+from testenv.converter import Converter, crd_calling
+from testenv.localcluster import LocalCluster, free_port
+from testenv.waits import holds_for, wait_until
 from tests.e2e.conftest import CRD, apply_crd, wait_established
 from tests.e2e.test_chart import CHART, HELM, REPO, helm
 from tests.e2e.test_manifests import (

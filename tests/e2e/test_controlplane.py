@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from dispatcher.testing.localcluster import LocalCluster, ensure_binaries
-from dispatcher.testing.manifests import deployment as build_deployment
-from dispatcher.testing.waits import wait_until
+from testenv.localcluster import LocalCluster, ensure_binaries
+from testenv.manifests import deployment as build_deployment
+from testenv.waits import wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -1,6 +1,6 @@
 """The conversion boundary against the real API server, tried as a tenant would: the
 AppWrapper CRD serves v1beta2 (its preferred version) through the dispatcher's /convert
-(dispatcher/testing/converter.py for the session), so every `kubectl get aw` converts.
+(testenv/converter.py for the session), so every `kubectl get aw` converts.
 
 - a status forged in the reserved annotation never becomes the AppWrapper's status, even with
   no webhook and no dispatcher to write one first; with the webhook, it is refused at apply;
@@ -27,10 +27,10 @@ from aiohttp import web
 from dispatcher.core import jsontext
 from dispatcher.core.convert import V1BETA2_FIELDS
 from dispatcher.kube import webhook
-from dispatcher.testing.converter import loopback_server_context
-from dispatcher.testing.kubectl import KubectlError
-from dispatcher.testing.localcluster import free_port
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv.converter import loopback_server_context
+from testenv.kubectl import KubectlError
+from testenv.localcluster import free_port
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import QUIET_SECONDS, appwrapper, wait_condition
 from tests.e2e.test_security import Secure, pod, secure  # noqa: F401 (a fixture)
 

@@ -1,5 +1,5 @@
 """The commands the docs give a user, run as written against the local control plane, read
-from the Markdown itself (dispatcher/testing/docblocks.py), so that the docs cannot drift from
+from the Markdown itself (testenv/docblocks.py), so that the docs cannot drift from
 what works.
 
 Every command of every `sh` block in DOC_FILES is accounted for here: run (the sections in
@@ -40,10 +40,10 @@ from dispatcher.devmode import (
     probe_loopback,
 )
 from dispatcher.kube.client import KubeClient
-from dispatcher.testing.converter import Converter, crd_calling
-from dispatcher.testing.docblocks import Block, blocks, without_comment
-from dispatcher.testing.localcluster import LocalCluster
-from dispatcher.testing.waits import async_wait_until
+from testenv.converter import Converter, crd_calling
+from testenv.docblocks import Block, blocks, without_comment
+from testenv.localcluster import LocalCluster
+from testenv.waits import async_wait_until
 from tests.e2e.conftest import CRD, apply_crd
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ NOT_RUN = {
     "is a tool users run, built and used by make chart-test, whose tests/e2e/test_chart_install.py "
     "installs the chart this way (replicas 0: no image can be pulled here)",
     "cd /etc/kubernetes/pki": "kubeadm's control-plane node only; the local control plane "
-    "makes the same client certificate itself (dispatcher/testing/pki.py)",
+    "makes the same client certificate itself (testenv/pki.py)",
     "openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=webhook-client-ca "
     "-keyout webhook-client-ca.key -out webhook-client-ca.crt": "kubeadm's node (above)",
     "openssl req -newkey rsa:2048 -nodes -subj /CN=kube-apiserver-webhook-client "

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from dispatcher.core.claims import NOT_CHARGED
-from dispatcher.testing.kubectl import KubectlError
-from dispatcher.testing.waits import async_holds_for
+from testenv.kubectl import KubectlError
+from testenv.waits import async_holds_for
 from tests.e2e.conftest import QUIET_SECONDS, appwrapper, deployment, get_aw, wait_condition
 from tests.e2e.test_security import Secure, secure
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from dispatcher.kube.client import KubeClient
 from dispatcher.kube.events import CUT, EVENTS, MESSAGE_LIMIT, EventRecorder
-from dispatcher.testing.localcluster import ExistingCluster, LocalCluster
+from testenv.localcluster import ExistingCluster, LocalCluster
 
 
 def _about(namespace: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import pytest_asyncio
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import AlreadyExists, Conflict, NotFound
-from dispatcher.testing.fakekube import FakeKube
+from testenv.fakekube import FakeKube
 
 CM = ResourceInfo("v1", "ConfigMap", "configmaps", namespaced=True)
 AW = ResourceInfo("workload.codeflare.dev/v1beta1", "AppWrapper", "appwrappers", namespaced=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     QUIET_SECONDS,
     apply,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dispatcher.core.validation import MAX_ITEMS, MAX_MESSAGE_CHARS
-from dispatcher.testing.localcluster import KubectlError
+from testenv.localcluster import KubectlError
 from tests.e2e.conftest import apply, appwrapper, deployment, get_aw, wait_condition
 
 pytestmark = [pytest.mark.cluster]

@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatcher.testing.localcluster import LocalCluster, free_port
-from dispatcher.testing.waits import wait_until
+from testenv.localcluster import LocalCluster, free_port
+from testenv.waits import wait_until
 from tests.e2e.test_manifests import (
     MANIFESTS,
     SYSTEM_NAMESPACE,

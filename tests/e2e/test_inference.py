@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     QUIET_SECONDS,
     apply,

@@ -8,7 +8,7 @@ from typing import Any
 
 from dispatcher.kube.client import TLS_READ_BUFFER, KubeClient, ResourceInfo
 from dispatcher.kube.informer import Informer
-from dispatcher.testing.waits import async_wait_until
+from testenv.waits import async_wait_until
 
 CONFIGMAPS = ResourceInfo("v1", "ConfigMap", "configmaps", namespaced=True)
 

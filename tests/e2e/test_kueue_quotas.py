@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from dispatcher.core.quota.kueue import KUEUE_PRIORITY_LABEL, KUEUE_WEBHOOK
-from dispatcher.testing.binaries import ensure_binaries
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv.binaries import ensure_binaries
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     QUIET_SECONDS,
     apply,

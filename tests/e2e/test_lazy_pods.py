@@ -13,7 +13,7 @@ from dispatcher.cluster.member import PODS
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.jsoncodec import decode
 from dispatcher.kube.lazyjson import LazyEvents
-from dispatcher.testing.waits import async_wait_until
+from testenv.waits import async_wait_until
 
 RUNTIME_CLASSES = ResourceInfo("node.k8s.io/v1", "RuntimeClass", "runtimeclasses", namespaced=False)
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dispatcher.testing.faultproxy import FaultProxy
-from dispatcher.testing.localcluster import free_port
-from dispatcher.testing.manifests import appwrapper, job, webhook_configurations
-from dispatcher.testing.waits import holds_for, wait_until
+from testenv.faultproxy import FaultProxy
+from testenv.localcluster import free_port
+from testenv.manifests import appwrapper, job, webhook_configurations
+from testenv.waits import holds_for, wait_until
 
 pytestmark = [pytest.mark.cluster]
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dispatcher.app import running
-from dispatcher.testing.waits import async_wait_until
+from testenv.waits import async_wait_until
 from tests.e2e.conftest import (
     apply,
     appwrapper,

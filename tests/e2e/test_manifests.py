@@ -38,8 +38,8 @@ from dispatcher import cli
 from dispatcher.config import Config
 from dispatcher.core.quota.kueue import KUEUE_WEBHOOK
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
-from dispatcher.testing.localcluster import LocalCluster, free_port
-from dispatcher.testing.waits import wait_until
+from testenv.localcluster import LocalCluster, free_port
+from testenv.waits import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -1037,7 +1037,7 @@ def test_provisioning_component_grants_what_the_admission_check_uses(
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    # controller/provisioning.py: templates and requests made, requests listed and watched.
+    # controller/lifecycle/provisioning.py: templates and requests made, listed and watched.
     for resource, group, verbs in (
         ("podtemplates", "", ("create", "get")),
         ("provisioningrequests", "autoscaling.x-k8s.io", ("create", "list", "watch")),

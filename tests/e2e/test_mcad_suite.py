@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.conformance import build, run_one
-from dispatcher.testing.localcluster import DEFAULT_CACHE
+from testenv.localcluster import DEFAULT_CACHE
 
 pytestmark = [pytest.mark.cluster]
 

@@ -16,8 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dispatcher import health, metrics
-from dispatcher.testing.manifests import appwrapper, job
-from dispatcher.testing.ports import free_port
+from testenv.manifests import appwrapper, job
+from testenv.ports import free_port
 from tests.e2e.conftest import apply, get_aw, wait_condition
 from tests.e2e.test_quotas import get_table, one_queue, wait_message, work
 

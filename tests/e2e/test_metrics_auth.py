@@ -18,8 +18,8 @@ import pytest
 
 from dispatcher.app import start_health
 from dispatcher.kube import certplan
-from dispatcher.testing import pki
-from dispatcher.testing.ports import free_port
+from testenv import pki
+from testenv.ports import free_port
 from tests.e2e.conftest import dispatcher_config
 
 pytestmark = [pytest.mark.cluster]

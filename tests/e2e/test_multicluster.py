@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from dispatcher.config import MemberConfig
-from dispatcher.testing.localcluster import LocalCluster, ensure_binaries
-from dispatcher.testing.manifests import app_flavor, app_queue, cluster_queue
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv.localcluster import LocalCluster, ensure_binaries
+from testenv.manifests import app_flavor, app_queue, cluster_queue
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     QUIET_SECONDS,
     apply,

@@ -14,7 +14,7 @@ import pytest
 
 from dispatcher.core.faulttolerance import FAILURE_GRACE, RETRY_PAUSE
 from dispatcher.core.nodehealth import AUTOPILOT_LABEL
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     QUIET_SECONDS,
     apply,

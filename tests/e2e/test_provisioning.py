@@ -1,5 +1,5 @@
 """Queued gangs grow the cluster: admission checks that create ProvisioningRequests, on the
-real control plane, answered by the test kit's provisioner (dispatcher/testing/provisioner.py),
+real control plane, answered by the test kit's provisioner (testenv/provisioner.py),
 which adds KWOK nodes for a whole request or refuses, expires or revokes it."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from dispatcher.testing.manifests import app_flavor, app_queue, cluster_queue
-from dispatcher.testing.provisioner import TestProvisioner
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv.manifests import app_flavor, app_queue, cluster_queue
+from testenv.provisioner import TestProvisioner
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     QUIET_SECONDS,
     apply,

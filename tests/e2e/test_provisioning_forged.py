@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from dispatcher.core import admissionchecks as checks
-from dispatcher.testing.provisioner import TestProvisioner
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv.provisioner import TestProvisioner
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import QUIET_SECONDS, apply, get_aw
 from tests.e2e.test_provisioning import provisioning_crd, ray_like, requests_of, settings
 from tests.e2e.test_security import grant

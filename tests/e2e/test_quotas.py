@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from dispatcher import metrics
-from dispatcher.testing.manifests import app_cohort, app_flavor, app_queue, cluster_queue
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv.manifests import app_cohort, app_flavor, app_queue, cluster_queue
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     QUIET_SECONDS,
     apply,

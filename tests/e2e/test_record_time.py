@@ -23,7 +23,7 @@ import pytest
 
 from dispatcher.core.gatekeeping import SIGNATURE, USER
 from dispatcher.kube.webhook import MUTATE_PATH
-from dispatcher.testing.waits import async_wait_until
+from testenv.waits import async_wait_until
 from tests.e2e.conftest import appwrapper, get_aw, wait_condition
 from tests.e2e.test_security import Secure, pod, secure
 from tests.e2e.test_webhook_caller import call_webhook, forged_review

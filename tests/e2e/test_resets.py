@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dispatcher.core.faulttolerance import FAILURE_GRACE, RETRY_LIMIT, RETRY_PAUSE
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import QUIET_SECONDS, apply, pods_of
 from tests.e2e.test_v1beta2 import V1, V2, read, v1beta2_app, wait_phase
 

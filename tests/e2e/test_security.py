@@ -23,9 +23,9 @@ from dispatcher.api.constants import FINALIZER
 from dispatcher.app import running
 from dispatcher.config import WebhookConfig
 from dispatcher.core.gatekeeping import SIGNATURE, USER, PriorityPolicy, PriorityRule
-from dispatcher.testing.localcluster import KubectlError, free_port
-from dispatcher.testing.manifests import webhook_configurations
-from dispatcher.testing.waits import async_wait_until
+from testenv.localcluster import KubectlError, free_port
+from testenv.manifests import webhook_configurations
+from testenv.waits import async_wait_until
 from tests.e2e.conftest import (
     appwrapper,
     dispatcher_config,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import QUIET_SECONDS, appwrapper, deployment, get_aw, wait_condition
 from tests.e2e.test_kueue_quotas import kueue_crds
 from tests.e2e.test_security import grant

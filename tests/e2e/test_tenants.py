@@ -22,9 +22,9 @@ import pytest
 from dispatcher.config import WebhookConfig
 from dispatcher.core.gatekeeping import SIGNATURE, USER, attribution
 from dispatcher.kube.certplan import SIGNING_KEY, KeyPolicy, verification_keys
-from dispatcher.testing import manifests
-from dispatcher.testing.localcluster import KubectlError
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv import manifests
+from testenv.localcluster import KubectlError
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e import test_security
 from tests.e2e.conftest import QUIET_SECONDS, appwrapper, get_aw, wait_condition
 from tests.e2e.test_security import Secure, pod

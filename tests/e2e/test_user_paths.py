@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     QUIET_SECONDS,
     apply,

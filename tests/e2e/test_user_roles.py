@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatcher.testing.waits import wait_until
+from testenv.waits import wait_until
 
 pytestmark = pytest.mark.cluster
 

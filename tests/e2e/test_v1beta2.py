@@ -1,5 +1,5 @@
 """AppWrapper v1beta2 beside v1beta1 on the real API server: conversion through the API
-server (its webhook is dispatcher/testing/converter.py, the dispatcher's /convert alone,
+server (its webhook is testenv/converter.py, the dispatcher's /convert alone,
 for the session), an upgrade from a v1beta1-only CRD, and v1beta2 AppWrappers run by the
 dispatcher, read back as v1beta1."""
 
@@ -13,9 +13,9 @@ import pytest
 from dispatcher.api.names import generated_name
 from dispatcher.core.convert import V1BETA1_FIELDS
 from dispatcher.core.gatekeeping import SIGNATURE, USER
-from dispatcher.testing.converter import crd_calling, v1beta1_only
-from dispatcher.testing.kubectl import KubectlError
-from dispatcher.testing.waits import async_holds_for, async_wait_until
+from testenv.converter import crd_calling, v1beta1_only
+from testenv.kubectl import KubectlError
+from testenv.waits import async_holds_for, async_wait_until
 from tests.e2e.conftest import (
     CRD,
     QUIET_SECONDS,

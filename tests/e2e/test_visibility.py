@@ -4,7 +4,7 @@ user types it, and the web view.
 
 The dispatcher serves the visibility API on 127.0.0.1; an APIService names an ExternalName
 Service pointing there (the local control plane runs no kube-proxy), as
-`dispatcher.testing.manifests.visibility_registration` builds it. Each test gets the same
+`testenv.manifests.visibility_registration` builds it. Each test gets the same
 queue: a node with room for one AppWrapper, one running for at most an hour, three waiting.
 """
 
@@ -24,15 +24,15 @@ import pytest_asyncio
 
 from dispatcher.config import VisibilityConfig
 from dispatcher.controller.manager import Manager
-from dispatcher.controller.visibility_api import BASE
-from dispatcher.testing.localcluster import KubectlError, free_port
-from dispatcher.testing.manifests import (
+from dispatcher.controller.visibility.api import BASE
+from testenv.localcluster import KubectlError, free_port
+from testenv.manifests import (
     app_flavor,
     app_queue,
     cluster_queue,
     visibility_registration,
 )
-from dispatcher.testing.waits import async_wait_until
+from testenv.waits import async_wait_until
 from tests.e2e.conftest import (
     StartDispatcher,
     apply,

@@ -39,9 +39,9 @@ from dispatcher.kube.client import KubeClient
 from dispatcher.kube.errors import KubeError
 from dispatcher.kube.leader import LEASES
 from dispatcher.kube.webhook import MUTATE_PATH, VALIDATE_PATH
-from dispatcher.testing import pki
-from dispatcher.testing.localcluster import WEBHOOK_CLIENT_NAME, free_port
-from dispatcher.testing.waits import async_wait_until
+from testenv import pki
+from testenv.localcluster import WEBHOOK_CLIENT_NAME, free_port
+from testenv.waits import async_wait_until
 from tests.e2e.conftest import appwrapper, get_aw, service, wait_condition
 from tests.e2e.test_security import Secure, pod, secure
 

@@ -26,7 +26,7 @@ from dispatcher.config import WebhookConfig
 from dispatcher.kube import certplan
 from dispatcher.kube.certs import MUTATING, SECRETS, VALIDATING, WebhookCerts
 from dispatcher.kube.client import KubeClient
-from dispatcher.testing.waits import async_wait_until
+from testenv.waits import async_wait_until
 
 pytestmark = [pytest.mark.cluster]
 

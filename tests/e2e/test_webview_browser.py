@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from dispatcher.controller.visibility_api import BASE
-from dispatcher.testing.localcluster import free_port
-from dispatcher.testing.manifests import app_flavor, app_queue, cluster_queue
-from dispatcher.testing.waits import async_wait_until
+from dispatcher.controller.visibility.api import BASE
+from testenv.localcluster import free_port
+from testenv.manifests import app_flavor, app_queue, cluster_queue
+from testenv.waits import async_wait_until
 from tests.e2e.conftest import StartDispatcher, apply, appwrapper, wait_condition
 from tests.e2e.test_visibility import pod, start_visible, unregister
 

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import pytest
 
-from dispatcher.controller.gatekeeper import AccessReviews
+from dispatcher.controller.access.gatekeeper import AccessReviews
 from dispatcher.core.gatekeeping import Access, Creator
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.errors import KubeError

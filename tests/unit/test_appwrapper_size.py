@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from dispatcher.config import Config
-from dispatcher.controller.gatekeeper import Gatekeeper
+from dispatcher.controller.access.gatekeeper import Gatekeeper
 from dispatcher.controller.reading import OVERSIZE, AppWrapperReader, slimmer
 from dispatcher.core.validation import (
     DEFAULT_MAX_APPWRAPPER_BYTES,
@@ -22,9 +22,9 @@ from dispatcher.core.validation import (
     size_problem,
 )
 from dispatcher.core.workloads import InvalidSpec
-from dispatcher.testing.fakeenv import fake_env
-from dispatcher.testing.fakekube import FakeKube
-from dispatcher.testing.manifests import appwrapper, deployment
+from testenv.fakeenv import fake_env
+from testenv.fakekube import FakeKube
+from testenv.manifests import appwrapper, deployment
 
 KIB = 1024
 LIMIT = 64 * KIB

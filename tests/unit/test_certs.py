@@ -34,8 +34,8 @@ from dispatcher.kube.certplan import (
 )
 from dispatcher.kube.certs import CRDS, MUTATING, SECRETS, VALIDATING, WebhookCerts
 from dispatcher.kube.errors import Conflict
-from dispatcher.testing.fakekube import FakeKube
-from dispatcher.testing.waits import async_wait_until
+from testenv.fakekube import FakeKube
+from testenv.waits import async_wait_until
 
 T0 = 1_700_000_000.0
 CONFIG = WebhookConfig(

@@ -14,8 +14,8 @@ import pytest
 from dispatcher.controller.status import APPWRAPPERS, UPDATE_ATTEMPTS
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import Conflict
-from dispatcher.testing.fakeenv import NAMESPACE, FakeEnv, fake_env
-from dispatcher.testing.manifests import appwrapper, deployment, job
+from testenv.fakeenv import NAMESPACE, FakeEnv, fake_env
+from testenv.manifests import appwrapper, deployment, job
 
 JOB = ("batch/v1", "Job")
 DEPLOYMENT = ("apps/v1", "Deployment")

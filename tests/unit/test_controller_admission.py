@@ -8,8 +8,8 @@ from typing import Any
 
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.core.gatekeeping import Creator, PriorityPolicy, PriorityRule, record_patch
-from dispatcher.testing.fakeenv import NAMESPACE, fake_env
-from dispatcher.testing.manifests import appwrapper, job
+from testenv.fakeenv import NAMESPACE, fake_env
+from testenv.manifests import appwrapper, job
 from tests.unit.test_admission_rules import apply_patch
 
 KEY = b"s" * 32

@@ -31,8 +31,8 @@ from dispatcher.kube.errors import (
     UnknownKind,
     Unreachable,
 )
-from dispatcher.testing.fakeenv import fake_env
-from dispatcher.testing.manifests import appwrapper
+from testenv.fakeenv import fake_env
+from testenv.manifests import appwrapper
 
 Obj = dict[str, Any]
 

@@ -14,12 +14,12 @@ from dispatcher.cluster.member import NODES, Member
 from dispatcher.cluster.objects import ensure_namespace
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.manager import Manager
+from dispatcher.controller.scheduling.waiting import RETRY_SECONDS
 from dispatcher.controller.status import APPWRAPPERS
-from dispatcher.controller.waiting import RETRY_SECONDS
 from dispatcher.kube.errors import Conflict, Forbidden, ServerError
-from dispatcher.testing.fakeenv import NAMESPACE, fake_env, node
-from dispatcher.testing.fakekube import FakeKube
-from dispatcher.testing.manifests import appwrapper, job
+from testenv.fakeenv import NAMESPACE, fake_env, node
+from testenv.fakekube import FakeKube
+from testenv.manifests import appwrapper, job
 
 JOB = ("batch/v1", "Job")
 

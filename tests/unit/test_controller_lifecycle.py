@@ -4,8 +4,8 @@ waiting writers), counting what each life costs: reconciles, cycles, status writ
 from __future__ import annotations
 
 from dispatcher.kube.client import ResourceInfo
-from dispatcher.testing.fakeenv import APPWRAPPER, NAMESPACE, FakeEnv, fake_env
-from dispatcher.testing.manifests import appwrapper, job
+from testenv.fakeenv import APPWRAPPER, NAMESPACE, FakeEnv, fake_env
+from testenv.manifests import appwrapper, job
 
 JOB = ("batch/v1", "Job")
 JOBS = ResourceInfo("batch/v1", "Job", "jobs", namespaced=True)

@@ -24,9 +24,9 @@ from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.manager import Manager
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.kube.client import ResourceInfo
-from dispatcher.testing.fakeenv import node
-from dispatcher.testing.fakekube import FakeKube
-from dispatcher.testing.manifests import appwrapper, deployment
+from testenv.fakeenv import node
+from testenv.fakekube import FakeKube
+from testenv.manifests import appwrapper, deployment
 from tests.unit.test_controller_faults import cycles, until
 
 DEPLOYMENTS = ResourceInfo("apps/v1", "Deployment", "deployments", namespaced=True)

@@ -9,7 +9,7 @@ from typing import Any
 from dispatcher.controller import reading as reading_module
 from dispatcher.controller.reading import LAST_APPLIED, AppWrapperReader
 from dispatcher.controller.reading import without_bookkeeping as _without_bookkeeping
-from dispatcher.testing.manifests import appwrapper, deployment
+from testenv.manifests import appwrapper, deployment
 
 
 def stored(name: str, version: str) -> dict[str, Any]:

@@ -14,8 +14,8 @@ from dispatcher.cluster.member import PODS
 from dispatcher.cluster.objects import ensure_namespace
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.kube.client import ResourceInfo
-from dispatcher.testing.fakeenv import NAMESPACE, FakeEnv, fake_env
-from dispatcher.testing.manifests import appwrapper, deployment, job
+from testenv.fakeenv import NAMESPACE, FakeEnv, fake_env
+from testenv.manifests import appwrapper, deployment, job
 
 DEPLOYMENT = ("apps/v1", "Deployment")
 DEPLOYMENTS = ResourceInfo("apps/v1", "Deployment", "deployments", namespaced=True)

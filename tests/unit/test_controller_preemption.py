@@ -5,8 +5,8 @@ evicts twice for one need."""
 from __future__ import annotations
 
 from dispatcher.kube.errors import Conflict
-from dispatcher.testing.fakeenv import NAMESPACE, FakeEnv, fake_env
-from dispatcher.testing.manifests import appwrapper, deployment
+from testenv.fakeenv import NAMESPACE, FakeEnv, fake_env
+from testenv.manifests import appwrapper, deployment
 
 DEPLOYMENT = ("apps/v1", "Deployment")
 

@@ -8,8 +8,8 @@ walks of tests/unit/test_controller_random.py hold the controller's rules over i
 
 from __future__ import annotations
 
-from dispatcher.testing.fakeenv import NAMESPACE, FakeEnv, fake_env
-from dispatcher.testing.manifests import appwrapper, job
+from testenv.fakeenv import NAMESPACE, FakeEnv, fake_env
+from testenv.manifests import appwrapper, job
 
 
 async def queued(env: FakeEnv, name: str, pods: int, cpu: str) -> None:

@@ -25,7 +25,7 @@ import pytest
 from dispatcher.core.phase import Phase, phase_of_raw
 from dispatcher.core.scheduling import CycleResult
 from dispatcher.kube.errors import Conflict, KubeError, ServerError, Unreachable
-from dispatcher.testing.chaos import (
+from testenv.chaos import (
     Chaos,
     Kubelet,
     cpu_milli,
@@ -36,8 +36,8 @@ from dispatcher.testing.chaos import (
     pod_phase,
     true_conditions,
 )
-from dispatcher.testing.fakeenv import APPWRAPPER, NAMESPACE, FakeEnv, fake_env
-from dispatcher.testing.manifests import appwrapper, deployment, job
+from testenv.fakeenv import APPWRAPPER, NAMESPACE, FakeEnv, fake_env
+from testenv.manifests import appwrapper, deployment, job
 
 Obj = dict[str, Any]
 SEEDS = int(os.environ.get("APPWRAPPER_RANDOM_SEEDS", "30"))

@@ -15,7 +15,7 @@ import yaml
 from dispatcher.core.crdcheck import CrdVersions, crd_problem, versions_of
 from dispatcher.kube.errors import Forbidden
 from dispatcher.kube.preflight import APPWRAPPER_CRD, CRDS, StartRefused, check_appwrapper_crd
-from dispatcher.testing.fakekube import FakeKube
+from testenv.fakekube import FakeKube
 
 NAME = APPWRAPPER_CRD
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "appwrapper.yaml"

@@ -20,7 +20,7 @@ import yaml
 
 from dispatcher import chartschema, cli, docgen
 from dispatcher.core.crdcheck import CrdVersions, crd_problem
-from dispatcher.testing.docblocks import FENCE, HEADING, blocks
+from testenv.docblocks import FENCE, HEADING, blocks
 
 REPO = Path(__file__).resolve().parents[2]
 DOC_FILES = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
@@ -212,7 +212,8 @@ OTHER_TOOLS = {
 
 def flags_defined_in_this_repository() -> set[str]:
     found = {o for opts in dispatcher_options().values() for o in opts}
-    for source in [*REPO.glob("dispatcher/**/*.py"), *REPO.glob("benchmarks/*.py")]:
+    sources = ("dispatcher/**/*.py", "testenv/*.py", "benchmarks/*.py")
+    for source in (path for pattern in sources for path in REPO.glob(pattern)):
         found.update(re.findall(r"""["'](--[a-z0-9-]+)["']""", source.read_text()))
     return found
 
@@ -430,7 +431,7 @@ def test_kubectl_get_aw_shows_the_crds_columns() -> None:
 
 
 def test_the_readme_shows_what_the_demo_prints() -> None:
-    """The README's example is the demo's `kubectl get aw -n demo` (dispatcher/testing/demo.py):
+    """The README's example is the demo's `kubectl get aw -n demo` (testenv/demo.py):
     the columns of v1beta2, which the demo serves from the start (the CRD in its converting
     form, before kubectl first reads discovery), and its samples."""
     readme = read("README.md")

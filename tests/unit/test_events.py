@@ -18,7 +18,7 @@ from dispatcher.kube.events import (
     EventRecorder,
     cut,
 )
-from dispatcher.testing.fakekube import FakeKube
+from testenv.fakekube import FakeKube
 
 NS = "default"
 

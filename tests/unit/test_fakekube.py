@@ -25,9 +25,9 @@ from dispatcher.kube.errors import (
     Unreachable,
 )
 from dispatcher.kube.informer import Informer
-from dispatcher.testing.fakekube import FakeKube
-from dispatcher.testing.fakekube_store import label_selector, merge_patch
-from dispatcher.testing.waits import async_wait_until
+from testenv.fakekube import FakeKube
+from testenv.fakekube_store import label_selector, merge_patch
+from testenv.waits import async_wait_until
 
 CM = ResourceInfo("v1", "ConfigMap", "configmaps", namespaced=True)
 AW = ResourceInfo("workload.codeflare.dev/v1beta1", "AppWrapper", "appwrappers", namespaced=True)

@@ -10,9 +10,9 @@ import pytest
 
 from dispatcher.api.constants import FINALIZER
 from dispatcher.config import Config
-from dispatcher.controller.gatekeeper import Gatekeeper
-from dispatcher.testing.fakekube import FakeKube
-from dispatcher.testing.manifests import appwrapper, deployment
+from dispatcher.controller.access.gatekeeper import Gatekeeper
+from testenv.fakekube import FakeKube
+from testenv.manifests import appwrapper, deployment
 
 
 def _request(operation: str, finalizers: list[str] | None) -> dict[str, Any]:

@@ -52,8 +52,8 @@ from dispatcher.kube.client import (
 )
 from dispatcher.kube.errors import NotFound, Undecodable, UnknownKind
 from dispatcher.kube.store import ObjectStore
-from dispatcher.testing.fakeenv import NAMESPACE, FakeEnv, fake_env
-from dispatcher.testing.manifests import appwrapper
+from testenv.fakeenv import NAMESPACE, FakeEnv, fake_env
+from testenv.manifests import appwrapper
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 Obj = dict[str, Any]

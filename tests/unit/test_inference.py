@@ -34,7 +34,7 @@ from dispatcher.core.scheduling import Wait, schedule
 from dispatcher.core.scheduling.placement import ClusterState, NodeAssignment
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
 from dispatcher.core.workloads import InvalidSpec, item_pod_sets, workload_of
-from dispatcher.testing.manifests import appwrapper
+from testenv.manifests import appwrapper
 from tests.unit.builders import (
     GPU,
     cluster,

@@ -11,7 +11,7 @@ import yaml
 
 from dispatcher.app import SECRETS, _kubeconfig_from_secret, refuse_plugins
 from dispatcher.cluster.objects import ensure_namespace
-from dispatcher.testing.fakekube import FakeKube
+from testenv.fakekube import FakeKube
 
 EXEC = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "/bin/sh"}}
 AUTH_PROVIDER = {"auth-provider": {"name": "oidc", "config": {}}}

@@ -22,8 +22,8 @@ from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.informer import Informer, object_key
 from dispatcher.kube.jsoncodec import decode, encode
 from dispatcher.kube.lazyjson import LazyEvents
-from dispatcher.testing.fakekube import FakeKube
-from dispatcher.testing.waits import async_wait_until
+from testenv.fakekube import FakeKube
+from testenv.waits import async_wait_until
 
 Obj = dict[str, Any]
 OWNER_LABELS = (LABEL_NAME, LABEL_NAMESPACE, LABEL_UID)

@@ -15,7 +15,7 @@ from dispatcher.clock import ManualClock
 from dispatcher.kube.client import RequestStats, ResourceInfo
 from dispatcher.kube.errors import TooManyRequests
 from dispatcher.kube.leader import LEASES, LeaderElector, LostLease
-from dispatcher.testing.fakekube import FakeKube
+from testenv.fakekube import FakeKube
 
 WRITES = ("create", "replace", "merge_patch", "delete")
 

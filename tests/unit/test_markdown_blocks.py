@@ -1,10 +1,10 @@
-"""The Markdown shell-block extractor the docs test runs on (dispatcher/testing/docblocks.py)."""
+"""The Markdown shell-block extractor the docs test runs on (testenv/docblocks.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dispatcher.testing.docblocks import blocks, commands, without_comment
+from testenv.docblocks import blocks, commands, without_comment
 
 DOC = """\
 # Title

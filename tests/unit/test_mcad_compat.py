@@ -13,7 +13,7 @@ from dispatcher.api.models import AppWrapper
 from dispatcher.cluster.objects import wrapped_objects
 from dispatcher.core.validation import is_label_value
 from dispatcher.core.workloads import InvalidSpec, workload_of
-from dispatcher.testing.manifests import appwrapper, deployment, job, service
+from testenv.manifests import appwrapper, deployment, job, service
 
 
 def _built(aw: dict[str, Any]) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from dispatcher.config import Config, MemberConfig
 from dispatcher.core.model import ClusterSnapshot, Placement, QueueMode, Workload
 from dispatcher.core.namespaces import Wildcard
 from dispatcher.core.scheduling import schedule
-from dispatcher.testing.fakekube import FakeKube
+from testenv.fakekube import FakeKube
 from tests.unit.builders import cluster, node, pods, res, workload
 
 NOW = 10_000.0

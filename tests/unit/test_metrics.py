@@ -8,8 +8,8 @@ import pytest
 from dispatcher.api.models import Reason
 from dispatcher.core.pending import PendingStatus, pending_status
 from dispatcher.kube.client import RequestStats
-from dispatcher.testing.fakeenv import fake_env
-from dispatcher.testing.manifests import appwrapper, deployment
+from testenv.fakeenv import fake_env
+from testenv.manifests import appwrapper, deployment
 from tests.unit.test_controller_preemption import fill_with_low
 
 ACTIVE, INADMISSIBLE = PendingStatus.ACTIVE, PendingStatus.INADMISSIBLE

@@ -16,9 +16,9 @@ import pytest_asyncio
 
 from dispatcher import health
 from dispatcher.config import MetricsConfig
-from dispatcher.controller.metrics_access import MetricsAccess, bearer_token
+from dispatcher.controller.access.metrics import MetricsAccess, bearer_token
 from dispatcher.kube.errors import ServerError
-from dispatcher.testing.ports import free_port
+from testenv.ports import free_port
 
 GOOD = "token-of-prometheus"
 NOBODY = "token-of-a-pod-without-the-right"

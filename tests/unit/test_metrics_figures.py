@@ -25,8 +25,8 @@ from dispatcher.metrics import (
     PendingFigures,
     QueueFigures,
 )
-from dispatcher.testing.fakeenv import fake_env
-from dispatcher.testing.manifests import appwrapper, job
+from testenv.fakeenv import fake_env
+from testenv.manifests import appwrapper, job
 
 PENDING = "appwrapper_dispatcher_pending_workloads"
 

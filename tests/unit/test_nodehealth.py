@@ -19,7 +19,7 @@ from dispatcher.api.resources import Resources
 from dispatcher.cluster.capacity import CapacityCache, slim_pod
 from dispatcher.cluster.objects import wrapped_objects
 from dispatcher.config import Config
-from dispatcher.controller.making import keep_off_unhealthy_nodes
+from dispatcher.controller.lifecycle.making import keep_off_unhealthy_nodes
 from dispatcher.core.faulttolerance import Retry
 from dispatcher.core.lifecycle import Progress, Verdict, assess
 from dispatcher.core.model import Taint
@@ -428,7 +428,7 @@ def test_label_problem(key: str, value: str, ok: bool) -> None:
     assert (label_problem(key, value) == "") is ok
 
 
-# -- the objects made (controller/making.py) ---------------------------------------------
+# -- the objects made (controller/lifecycle/making.py) ---------------------------------------------
 
 
 def test_every_gpu_pod_template_of_an_appwrapper_gets_the_terms() -> None:

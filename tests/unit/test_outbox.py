@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from dispatcher.controller.lifecycle.reconciler import Reconciler
 from dispatcher.controller.outbox import Notice, Outbox
-from dispatcher.controller.reconciler import Reconciler
 from dispatcher.kube.client import ResourceInfo
-from dispatcher.testing.fakeenv import NAMESPACE, fake_env
-from dispatcher.testing.manifests import appwrapper, job
+from testenv.fakeenv import NAMESPACE, fake_env
+from testenv.manifests import appwrapper, job
 
 JOBS = ResourceInfo("batch/v1", "Job", "jobs", namespaced=True)
 

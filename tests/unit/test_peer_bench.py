@@ -50,7 +50,7 @@ from benchmarks.peer_systems import (
     plain,
 )
 from benchmarks.peer_watch import AuditTail, job_finished
-from dispatcher.testing.localcluster import Binaries
+from testenv.localcluster import Binaries
 
 Obj = dict[str, Any]
 

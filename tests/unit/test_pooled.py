@@ -8,8 +8,8 @@ from dispatcher.config import Fit
 from dispatcher.core.model import AdmittedWorkload, QueueMode, Reservation
 from dispatcher.core.scheduling import Admit, Wait, schedule
 from dispatcher.core.scheduling.pooled import POOL, anywhere, pooled
-from dispatcher.testing.fakeenv import fake_env
-from dispatcher.testing.manifests import appwrapper, deployment
+from testenv.fakeenv import fake_env
+from testenv.manifests import appwrapper, deployment
 from tests.unit.builders import cluster, node, pods, res, workload
 
 # MCAD's CI nodes after its suite's first AppWrapper (2 x 550m): 500m and 350m free.

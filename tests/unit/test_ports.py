@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.testing import ports
+from testenv import ports
 
 
 @pytest.mark.parametrize(

@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 from dispatcher.api.models import AppWrapper
 from dispatcher.clock import ManualClock
 from dispatcher.config import ProvisioningConfig
-from dispatcher.controller.provisioning import REQUESTS, Provisioning
+from dispatcher.controller.lifecycle.provisioning import REQUESTS, Provisioning
 from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.status import StatusWriter
 from dispatcher.core import admissionchecks as checks
 from dispatcher.kube.api import KubeApi
-from dispatcher.testing.fakekube import FakeKube
-from dispatcher.testing.waits import async_wait_until
+from testenv.fakekube import FakeKube
+from testenv.waits import async_wait_until
 
 UID = "0d6c0d84-victim"
 OWNER = {

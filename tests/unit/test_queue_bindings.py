@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from dispatcher.api.queues import AppQueue, ClusterAppQueue
 from dispatcher.clock import ManualClock
 from dispatcher.config import Config
-from dispatcher.controller.quotas import Quotas
+from dispatcher.controller.quota.objects import Quotas
 from dispatcher.core.quota.kueue import KueueObjects, KueueQuotas, with_kueue
 from dispatcher.core.quota.read import setup_of
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
@@ -25,7 +25,7 @@ from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.events import EventRecorder
 from dispatcher.kube.informer import Informer
-from dispatcher.testing.fakekube import FakeKube
+from testenv.fakekube import FakeKube
 
 Obj = dict[str, Any]
 UNSET = object()

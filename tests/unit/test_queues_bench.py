@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from benchmarks.queues_bench import compare
 from benchmarks.quota_bench import build_quota_scenario
-from dispatcher.controller.scheduler import DECISIONS_PER_CYCLE
+from dispatcher.controller.scheduling.scheduler import DECISIONS_PER_CYCLE
 from dispatcher.core.model import QueueMode
 
 

@@ -1,5 +1,5 @@
 """A signed creator record is honoured only if the webhook configuration was in place when
-its spec was stored (dispatcher.core.recordtime, dispatcher.controller.witness)."""
+its spec was stored (dispatcher.core.recordtime, dispatcher.controller.access.witness)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from dispatcher.clock import ManualClock
-from dispatcher.controller.gatekeeper import objects_made
-from dispatcher.controller.witness import RecordWitness
+from dispatcher.controller.access.gatekeeper import objects_made
+from dispatcher.controller.access.witness import RecordWitness
 from dispatcher.core.gatekeeping import (
     SIGNATURE,
     Creator,

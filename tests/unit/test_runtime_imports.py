@@ -1,7 +1,7 @@
 """The runtime never imports what the image leaves out.
 
 The image (Dockerfile, .dockerignore) and the wheel (setup.cfg) ship the package without
-`dispatcher/testing` (the test kit and the demo): it needs the local control plane's binaries
+`testenv` (the test kit and the demo): it needs the local control plane's binaries
 and is for tests, the demo and the benchmarks only. A runtime module that imported it
 would start on a laptop and fail in the cluster, so every runtime module is imported here in
 a fresh interpreter in which it cannot be imported (a meta path hook, installed by a
@@ -22,7 +22,7 @@ import pytest
 import dispatcher
 
 PACKAGE_DIR = Path(dispatcher.__file__).parent
-LEFT_OUT = ("dispatcher.testing",)
+LEFT_OUT = ("testenv",)
 """Modules the image does not contain (with everything under them)."""
 
 HOOK = f"""
@@ -107,7 +107,7 @@ def test_every_runtime_module_imports_without_the_left_out_ones(
 ) -> None:
     modules = runtime_modules()
     assert "dispatcher.app" in modules  # what `run` imports once the arguments are read
-    assert "dispatcher.testing.fakekube" not in modules
+    assert "testenv.fakekube" not in modules
     script = (
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"
@@ -134,23 +134,20 @@ def test_imports_read_from_source_resolve_relative_names(tmp_path: Path) -> None
     # The check above is only as good as this resolution.
     source = tmp_path / "x.py"
     source.write_text(
-        "from ..testing import fakekube\n"
-        "from . import api\n"
-        "def later():\n"
-        "    import dispatcher.testing.demo\n"
+        "from testenv import fakekube\nfrom . import api\ndef later():\n    import testenv.demo\n"
     )
     names = imported_names(source, "dispatcher.kube.x")
     assert names == [
-        "dispatcher.testing",
-        "dispatcher.testing.fakekube",
+        "testenv",
+        "testenv.fakekube",
         "dispatcher.kube",
         "dispatcher.kube.api",
-        "dispatcher.testing.demo",
+        "testenv.demo",
     ]
     assert [name for name in names if left_out(name)] == [
-        "dispatcher.testing",
-        "dispatcher.testing.fakekube",
-        "dispatcher.testing.demo",
+        "testenv",
+        "testenv.fakekube",
+        "testenv.demo",
     ]
     assert module_name(PACKAGE_DIR / "kube" / "__init__.py") == "dispatcher.kube"
 

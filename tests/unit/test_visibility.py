@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatcher.api.models import Reason
-from dispatcher.controller.visibility import (
+from dispatcher.controller.visibility.pending import (
     NOT_JUDGED,
     Found,
     Visibility,

@@ -1,4 +1,4 @@
-"""The visibility API's answers (controller/visibility_api.py) over plain HTTP, its front-proxy
+"""The visibility API's answers (controller/visibility/api.py) over plain HTTP, its front-proxy
 check stood in for: the leader alone answers lists, pages, errors as Kubernetes Status."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
-from dispatcher.controller.visibility_api import BASE, FrontProxy, VisibilityApi
+from dispatcher.controller.visibility.api import BASE, FrontProxy, VisibilityApi
 from dispatcher.core.visibility import Durations, Waiting, pending_view
 
 NOW = 1_800_000_000.0

@@ -1,5 +1,5 @@
-"""What one tenant reads of the visibility API (controller/visibility_api.py) and what its
-requests cost (controller/visibility_reviews.py): queues only where their namespaces may
+"""What one tenant reads of the visibility API (controller/visibility/api.py) and what its
+requests cost (controller/access/reviews.py): queues only where their namespaces may
 wait, other namespaces' names hidden, access checks on a budget of their own, kept."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
-from dispatcher.controller.gatekeeper import AccessReviews
-from dispatcher.controller.visibility_api import BASE, FrontProxy, VisibilityApi
-from dispatcher.controller.visibility_reviews import ReviewBudget
-from dispatcher.controller.webview import QueueRow
+from dispatcher.controller.access.gatekeeper import AccessReviews
+from dispatcher.controller.access.reviews import ReviewBudget
+from dispatcher.controller.visibility.api import BASE, FrontProxy, VisibilityApi
+from dispatcher.controller.visibility.webview import QueueRow
 from dispatcher.core.mentions import OTHER
 from dispatcher.core.visibility import Active, Durations, Waiting, pending_view
 

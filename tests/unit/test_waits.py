@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dispatcher.testing.waits import async_holds_for, holds_for, wait_until
+from testenv.waits import async_holds_for, holds_for, wait_until
 
 
 def test_holds_for_samples_the_whole_window() -> None:

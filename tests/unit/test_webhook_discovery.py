@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 
 from dispatcher.config import Config, WebhookConfig
-from dispatcher.controller.gatekeeper import DiscoveryBounds, Gatekeeper
+from dispatcher.controller.access.gatekeeper import DiscoveryBounds, Gatekeeper
 from dispatcher.core.kindgroups import group_problem
 from dispatcher.kube.client import RequestStats, ResourceInfo
 from dispatcher.kube.errors import Forbidden, UnknownKind
 from dispatcher.kube.registration import MUTATING as REGISTRATION_INFO
 from dispatcher.kube.registration import Registration, calls_us
 from dispatcher.kube.webhook import MUTATE_PATH
-from dispatcher.testing.fakekube import FakeKube
-from dispatcher.testing.manifests import appwrapper, pod_template
-from dispatcher.testing.waits import async_wait_until
 from dispatcher.webhook_service import registered_only
+from testenv.fakekube import FakeKube
+from testenv.manifests import appwrapper, pod_template
+from testenv.waits import async_wait_until
 
 MUTATING_KIND = (
     REGISTRATION_INFO.group_version,

@@ -18,7 +18,7 @@ import pytest_asyncio
 
 from dispatcher.kube import webhook
 from dispatcher.kube.certplan import issue_serving, make_ca
-from dispatcher.testing import pki
+from testenv import pki
 
 SERVER_CA = make_ca(time.time(), 3600)
 

@@ -1,13 +1,18 @@
-"""The web view's HTML (controller/webview.py) and the front proxy's checks
-(controller/visibility_api.py): names and messages are user input, callers must be the
+"""The web view's HTML (controller/visibility/webview.py) and the front proxy's checks
+(controller/visibility/api.py): names and messages are user input, callers must be the
 API server's front proxy."""
 
 from __future__ import annotations
 
 import time
 
-from dispatcher.controller.visibility_api import FrontProxy, item_of
-from dispatcher.controller.webview import QueueRow, Usage, appwrapper_page, queues_page
+from dispatcher.controller.visibility.api import FrontProxy, item_of
+from dispatcher.controller.visibility.webview import (
+    QueueRow,
+    Usage,
+    appwrapper_page,
+    queues_page,
+)
 from dispatcher.core.visibility import Eta, Pending
 from dispatcher.kube import certplan
 

@@ -50,7 +50,7 @@ from dispatcher.api.models import (
 )
 from dispatcher.clock import Clock
 from dispatcher.config import ProvisioningConfig
-from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
+from dispatcher.controller.quota.objects import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.status import Change, StatusWriter
 from dispatcher.core import admissionchecks as checks

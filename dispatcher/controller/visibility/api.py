@@ -48,8 +48,8 @@ from aiohttp import web
 from cryptography import x509
 
 from dispatcher.api.constants import GROUP as APPWRAPPER_GROUP
-from dispatcher.controller.gatekeeper import AccessReviews
-from dispatcher.controller.webview import QueueRow, appwrapper_page, queues_page
+from dispatcher.controller.access.gatekeeper import AccessReviews
+from dispatcher.controller.visibility.webview import QueueRow, appwrapper_page, queues_page
 from dispatcher.core.gatekeeping import Access, Creator
 from dispatcher.core.visibility import (
     Pending,

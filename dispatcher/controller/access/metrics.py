@@ -23,9 +23,9 @@ from typing import Any
 
 import structlog
 
-from dispatcher.controller.answers import KeptAnswers
-from dispatcher.controller.gatekeeper import AccessReviews, Creates
-from dispatcher.controller.visibility_reviews import ReviewBudget
+from dispatcher.controller.access.answers import KeptAnswers
+from dispatcher.controller.access.gatekeeper import AccessReviews, Creates
+from dispatcher.controller.access.reviews import ReviewBudget
 from dispatcher.core.gatekeeping import Creator, PathAccess
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import KubeError, TooManyRequests

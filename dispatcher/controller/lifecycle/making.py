@@ -28,8 +28,8 @@ from dispatcher.cluster.objects import (
     prepare_namespace,
     wrapped_objects,
 )
-from dispatcher.controller.gatekeeper import Gatekeeper
-from dispatcher.controller.quotas import QuotaLookup
+from dispatcher.controller.access.gatekeeper import Gatekeeper
+from dispatcher.controller.quota.objects import QuotaLookup
 from dispatcher.core.declared import item_pod_templates
 from dispatcher.core.nodehealth import OFF, NodeHealth, inject_anti_affinities
 from dispatcher.kube.errors import KubeError

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from dispatcher.api.constants import FINALIZER
 from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason
 from dispatcher.cluster.member import Member
-from dispatcher.controller.making import Maker
+from dispatcher.controller.lifecycle.making import Maker
 from dispatcher.controller.status import StatusWriter
 from dispatcher.controller.workqueue import Result
 from dispatcher.core import conditions as cond

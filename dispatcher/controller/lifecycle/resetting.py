@@ -16,8 +16,8 @@ from datetime import datetime
 
 from dispatcher.api.models import AppWrapper, AppWrapperStatus
 from dispatcher.cluster.member import Member
-from dispatcher.controller.making import Maker
-from dispatcher.controller.progress import seconds_since
+from dispatcher.controller.lifecycle.making import Maker
+from dispatcher.controller.lifecycle.progress import seconds_since
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
 

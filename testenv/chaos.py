@@ -28,7 +28,7 @@ from dispatcher.api.quantity import parse_milli
 from dispatcher.cluster.member import PODS
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import KubeError, Unreachable
-from dispatcher.testing.fakeenv import APPWRAPPER, NAMESPACE, FakeEnv
+from testenv.fakeenv import APPWRAPPER, NAMESPACE, FakeEnv
 
 Obj = dict[str, Any]
 OBJECT_UID = "chaos.testing/object-uid"

@@ -20,7 +20,7 @@ from dispatcher.cluster.objects import ensure_namespace
 from dispatcher.config import Config, MemberConfig
 from dispatcher.controller.manager import Manager
 from dispatcher.controller.status import APPWRAPPERS
-from dispatcher.testing.fakekube import FakeKube
+from testenv.fakekube import FakeKube
 
 Obj = dict[str, Any]
 NAMESPACE = "team"

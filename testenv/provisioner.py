@@ -37,7 +37,7 @@ from typing import Any, Literal
 from dispatcher.api.quantity import parse_milli
 from dispatcher.kube.client import KubeClient, ResourceInfo
 from dispatcher.kube.errors import AlreadyExists, KubeError, NotFound
-from dispatcher.testing.kubectl import node_manifest
+from testenv.kubectl import node_manifest
 
 REQUESTS = ResourceInfo(
     "autoscaling.x-k8s.io/v1", "ProvisioningRequest", "provisioningrequests", True

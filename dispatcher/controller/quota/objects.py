@@ -28,8 +28,8 @@ from dispatcher.api.models import AppWrapperStatus
 from dispatcher.api.queues import QUEUE_KINDS, parse
 from dispatcher.clock import Clock
 from dispatcher.config import Config
-from dispatcher.controller.cache import QuotaUsage
-from dispatcher.controller.kueue import KueueSource
+from dispatcher.controller.quota.kueue import KueueSource
+from dispatcher.controller.scheduling.cache import QuotaUsage
 from dispatcher.core.quota.kueue import KueueQuotas, with_kueue
 from dispatcher.core.quota.model import CohortSpec, Flavor, QuotaSetup, StopPolicy
 from dispatcher.core.quota.read import setup_of

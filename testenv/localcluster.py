@@ -29,22 +29,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatcher.testing import pki
-from dispatcher.testing.binaries import (
+from testenv import pki
+from testenv.binaries import (
     DEFAULT_CACHE,
     REPO_ROOT,
     Binaries,
     ClusterStartError,
     ensure_binaries,
 )
-from dispatcher.testing.kubectl import (
+from testenv.kubectl import (
     FAKE_NODE_ANNOTATION,
     ExistingCluster,
     KubectlError,
     KubectlMixin,
     node_manifest,
 )
-from dispatcher.testing.ports import free_port
+from testenv.ports import free_port
 
 BIND_ATTEMPTS = 4
 """Starts of one component, each on fresh ports, when another program took its port."""

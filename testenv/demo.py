@@ -33,9 +33,9 @@ from dispatcher.core.crdforms import converting
 from dispatcher.kube.registration import webhook_configurations
 from dispatcher.kube.webhook import CONVERT_PATH
 from dispatcher.logs import configure_logging
-from dispatcher.testing.converter import Converter, crd_calling
-from dispatcher.testing.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
-from dispatcher.testing.provisioner import TestProvisioner
+from testenv.converter import Converter, crd_calling
+from testenv.localcluster import REPO_ROOT, LocalCluster, ensure_binaries, free_port
+from testenv.provisioner import TestProvisioner
 
 SAMPLES = [
     "ray-glue-1.yaml",

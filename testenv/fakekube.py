@@ -38,7 +38,7 @@ from dispatcher.kube.errors import (
     UnknownKind,
     Unreachable,
 )
-from dispatcher.testing.fakekube_store import (
+from testenv.fakekube_store import (
     BUILTIN_KINDS,
     CLIENT_MANAGER,
     Change,

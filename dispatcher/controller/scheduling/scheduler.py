@@ -37,11 +37,11 @@ from dispatcher.api.models import (
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config, Fit
-from dispatcher.controller.cache import SchedulerCache
 from dispatcher.controller.reading import AppWrapperReader
+from dispatcher.controller.scheduling.cache import SchedulerCache
+from dispatcher.controller.scheduling.waiting import WaitingWriter
 from dispatcher.controller.status import Change, StatusWriter
-from dispatcher.controller.visibility import Found, Pending, in_line_order
-from dispatcher.controller.waiting import WaitingWriter
+from dispatcher.controller.visibility.pending import Found, Pending, in_line_order
 from dispatcher.core import checkstatus
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
@@ -96,7 +96,9 @@ class Scheduler:
     ) -> None:
         self._config = config
         self._recorder = recorder or Recorder()
-        self._observe = observe  # sees each cycle's order and waits (controller/visibility.py)
+        self._observe = (
+            observe  # sees each cycle's order and waits (controller/visibility/pending.py)
+        )
         self._waits: dict[str, Wait] = {}
         """The last wait of each pending one (and of some that left: pruned in bulk)."""
         self._resolved: dict[str, Queued | QueueProblem | None] = {}

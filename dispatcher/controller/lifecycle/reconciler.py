@@ -43,13 +43,13 @@ from dispatcher.cluster.objects import (
     spec_change,
 )
 from dispatcher.config import Config
-from dispatcher.controller.ending import Endings
-from dispatcher.controller.making import Maker, NotYet, Refused
-from dispatcher.controller.progress import Pacing, measure, seconds_since
-from dispatcher.controller.provisioning import Provisioning
-from dispatcher.controller.quotas import NO_QUOTAS, QuotaLookup
+from dispatcher.controller.lifecycle.ending import Endings
+from dispatcher.controller.lifecycle.making import Maker, NotYet, Refused
+from dispatcher.controller.lifecycle.progress import Pacing, measure, seconds_since
+from dispatcher.controller.lifecycle.provisioning import Provisioning
+from dispatcher.controller.lifecycle.resetting import Resets
+from dispatcher.controller.quota.objects import NO_QUOTAS, QuotaLookup
 from dispatcher.controller.reading import AppWrapperReader
-from dispatcher.controller.resetting import Resets
 from dispatcher.controller.status import StatusWriter
 from dispatcher.controller.workqueue import Result
 from dispatcher.core import checkstatus
@@ -170,7 +170,7 @@ class Reconciler:
             phase is Phase.RESERVED or checkstatus.checks_ready(status)
         ):
             # Held for its admission checks, or passed them and not fitted yet (a booking
-            # can expire meanwhile): controller/provisioning.py carries them a step.
+            # can expire meanwhile): controller/lifecycle/provisioning.py carries them a step.
             checks_after = await self._provisioning.follow(aw, obj)
             if phase is Phase.RESERVED:
                 return Result.done() if checks_after is None else Result.after(checks_after)

@@ -25,8 +25,8 @@ from pydantic import ValidationError
 from dispatcher.api.constants import FINALIZER
 from dispatcher.api.models import AppWrapper
 from dispatcher.config import Config, DeclaredPodResources
-from dispatcher.controller.answers import KeptAnswers
-from dispatcher.controller.witness import RecordWitness
+from dispatcher.controller.access.answers import KeptAnswers
+from dispatcher.controller.access.witness import RecordWitness
 from dispatcher.core import gatekeeping as rules
 from dispatcher.core import v1beta2rules as v1beta2
 from dispatcher.core.convert import reserved_annotation_problems, reserved_field_problems

@@ -29,7 +29,7 @@ from typing import Any
 from dispatcher.cluster.capacity import Owner
 from dispatcher.cluster.member import Member
 from dispatcher.controller.reading import AppWrapperReader, resource_version
-from dispatcher.controller.standing import (
+from dispatcher.controller.scheduling.standing import (
     Eviction,
     Standing,
     derive,

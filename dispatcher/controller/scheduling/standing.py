@@ -3,7 +3,7 @@
 `derive` reads the AppWrapper's current object (its status as last written) into a
 `Standing`: queued (its workload), dispatched (what it holds, in which member, its quota
 charge) or neither; `eviction_of` reads the record an eviction leaves on its victim. The
-scheduler cache derives a standing once per resourceVersion (`controller/cache.py`).
+scheduler cache derives a standing once per resourceVersion (`controller/scheduling/cache.py`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dispatcher.controller.gatekeeper import Creates
+from dispatcher.controller.access.gatekeeper import Creates
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import TooManyRequests
 

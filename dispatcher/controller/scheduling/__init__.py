@@ -1,0 +1,2 @@
+"""Deciding what runs where: the scheduler cache, the scheduler, and the writer of why
+work waits."""

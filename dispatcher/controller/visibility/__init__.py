@@ -1,0 +1,3 @@
+"""What the leader shows of its queues: the pending list, the aggregated visibility API, the web
+view.
+"""
