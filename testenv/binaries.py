@@ -11,7 +11,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE = Path(
     os.environ.get("APPWRAPPER_CACHE_DIR", Path.home() / ".cache/appwrapper-dispatcher")
 )

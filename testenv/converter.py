@@ -25,7 +25,7 @@ from dispatcher.core.crdforms import converting
 from dispatcher.kube import certplan, webhook
 
 DAY = 86400.0
-REPO_CRD = Path(__file__).resolve().parents[2] / "crds" / "appwrapper.yaml"
+REPO_CRD = Path(__file__).resolve().parents[1] / "crds" / "appwrapper.yaml"
 
 
 class Converter:

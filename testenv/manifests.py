@@ -177,7 +177,7 @@ def service(name: str) -> dict[str, Any]:
     }
 
 
-STATUS_POLICY = Path(__file__).resolve().parents[2] / "manifests" / "status-policy.yaml"
+STATUS_POLICY = Path(__file__).resolve().parents[1] / "manifests" / "status-policy.yaml"
 
 
 def status_policy(writers: list[str]) -> list[dict[str, Any]]:
