@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -249,6 +250,75 @@ def test_parked_work_is_never_left_behind(
         )
         assert full.admits == ()
     assert set(kept.pending) == {w.key for w in _all(manager)}
+
+
+@dataclass(frozen=True)
+class HeadCase:
+    """Workloads `(size, priority, line)` arrive as `ns/aw-00`, `ns/aw-01`, ...; cycles of
+    `limit` decisions run until one admits nothing and says no `again`."""
+
+    id: str
+    arrivals: tuple[tuple[int, int, str], ...]
+    limit: int | None
+    want_admits: tuple[str, ...]
+    want_heads: frozenset[str]
+
+
+HEAD_CASES = [
+    # The falsifying example of `test_parked_work_is_never_left_behind`: q0's first
+    # (aw-03) would borrow, so `nominal_first` tries aw-00 (within nominal) before it; both
+    # are refused by quota (aw-02 borrowed q0's unused nominal), and the head is aw-03,
+    # the first of the line, not aw-00.
+    HeadCase(
+        id="falsifying-example-limit-2",
+        arrivals=((1, 0, "q0"), (5, 1, "q0"), (5, 1, "q1"), (2, 1, "q0")),
+        limit=2,
+        want_admits=("ns/aw-01", "ns/aw-02"),
+        want_heads=frozenset({"ns/aw-03"}),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", HEAD_CASES, ids=[c.id for c in HEAD_CASES])
+def test_a_line_whose_first_would_borrow_still_names_it_head(case: HeadCase) -> None:
+    tree = _quotas()
+    kept = _Side(usage=Usage(tree))
+    manager = QueueManager()
+    for index, (size, priority, line) in enumerate(case.arrivals):
+        item = workload(f"ns/aw-{index:02d}", pods(size, cpu=1), priority=priority)
+        item = replace(item, queue_name=line, created_at=float(index))
+        kept.pending[item.key] = item
+        manager.upsert(item, line)
+    heads: set[str] = set()
+    for _ in range(len(case.arrivals) + 1):
+        result = take(
+            manager,
+            [_cluster(kept.admitted)],
+            mode=QueueMode.STRICT_FIFO,
+            now=float(len(case.arrivals)),
+            starvation_after=1e9,
+            preemption=None,
+            quotas=QuotaView(tree, usage=kept.usage),
+            limit=case.limit,
+        )
+        heads |= result.heads
+        kept.admit(result)
+        if not result.admits and not result.again:
+            break
+    assert tuple(kept.order) == case.want_admits
+    assert heads == case.want_heads
+    assert all(manager.is_first(key) for key in heads)
+    # A full cycle over every pending workload names the same head.
+    full = schedule(
+        list(kept.pending.values()),
+        [_cluster(kept.admitted)],
+        mode=QueueMode.STRICT_FIFO,
+        now=float(len(case.arrivals)),
+        starvation_after=1e9,
+        preemption=None,
+        quotas=QuotaView(tree, usage=kept.usage),
+    )
+    assert full.heads == case.want_heads
 
 
 def _strict_line(queue: str, mode: QueueMode, quotas: bool) -> bool:

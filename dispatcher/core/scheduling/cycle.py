@@ -364,7 +364,8 @@ class _Decisions:
     admits: list[Admit] = field(default_factory=list)
     waits: list[Wait] = field(default_factory=list)
     preemptions: list[Preempt] = field(default_factory=list)
-    heads: dict[str, str] = field(default_factory=dict)  # queue ("" = none) -> first not admitted
+    # queue ("" = none) -> its first refused in queue order (`_head`)
+    heads: dict[str, Workload] = field(default_factory=dict)
     blocked: str | None = None  # StrictFIFO: the message of every workload after the head
     blocked_queues: dict[str, Wait] = field(default_factory=dict)  # the same, per cluster queue
     blocking: set[str] = field(default_factory=set)  # the heads that block them
@@ -412,7 +413,7 @@ class _Decisions:
         head it blocks its queue, unless waiting cannot help it (`never`)."""
         message = self.cycle.messages.setdefault(refusal.message, refusal.message)
         self._wait(workload.key, message, Reason.QUOTA_EXCEEDED)
-        self.heads.setdefault(queued.queue, workload.key)
+        self._head(queued.queue, workload)
         if strict and not refusal.never:
             self._block(workload.key, queued, Reason.QUOTA_EXCEEDED)
 
@@ -452,7 +453,7 @@ class _Decisions:
         why, preempts if victims were chosen, and then, as a StrictFIFO head, blocks those
         after it, or, starving under BestEffortFIFO, holds every cluster it could fit."""
         cycle = self.cycle
-        self.heads.setdefault(queued.queue if queued else "", workload.key)
+        self._head(queued.queue if queued else "", workload)
         message = cycle.message(fitted, tried.reasons, tried.why)
         if assignment is not None and assignment.admissible:
             # Capacity refused it in the flavor its quota came from: say which nodes those are.
@@ -474,6 +475,14 @@ class _Decisions:
                 self._block(workload.key, queued, reason)
         elif self.now - workload.queued_since > self.starvation_after:
             self._guard_starving(workload, gang, usable)
+
+    def _head(self, queue: str, workload: Workload) -> None:
+        """`workload` was refused in `queue`: the queue's head is the first refused in
+        queue order, not the first tried (with quotas a later one within nominal quota is
+        tried before an earlier one that would borrow: `nominal_first`)."""
+        known = self.heads.get(queue)
+        if known is None or queue_order_key(workload) < queue_order_key(known):
+            self.heads[queue] = workload
 
     def _preempt(self, workload: Workload, chosen: Preempt, queued: Queued | None) -> str:
         """Record the preemption and hold its cluster for the preemptor (its victims' room is
@@ -519,8 +528,8 @@ class _Decisions:
             admits=tuple(self.admits),
             waits=tuple(self.waits),
             preemptions=tuple(self.preemptions),
-            head_key=next(iter(heads.values()), None),
-            heads=frozenset(heads.values()),
+            head_key=next((w.key for w in heads.values()), None),
+            heads=frozenset(w.key for w in heads.values()),
             order=tuple(self.order),
             resolved=resolved,
             held=frozenset(self.cycle.held),
