@@ -5,8 +5,11 @@ Side effects: all of them, through its parts — watches on the hub and members,
 reconcile workers, the scheduler, the waiting writers, upkeep, Events.
 
 Who does what (each step of an AppWrapper's life has one owner):
-- `SchedulerCache` (cache.py) knows what the scheduler needs and hands out snapshots;
-- `Scheduler` (scheduler.py) decides and writes admissions and evictions as status;
+- `SchedulerCache` (scheduling/cache.py) indexes what the scheduler needs to know of each
+  AppWrapper, passively;
+- `Scheduler` (scheduling/scheduler.py) owns its state (the queues, the quota in use, who
+  holds room: scheduling/state.py), decides, writes admissions and evictions as status,
+  and publishes what a cycle left (`SchedulerView`) for those who only read it;
 - `WaitingWriter` (waiting.py) writes "why it waits";
 - `Reconciler` (reconciler.py) creates (through its `Maker`, making.py) and deletes
   wrapped objects and writes every later step (Running, Completed, Failed, requeues,
@@ -23,7 +26,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 import structlog
@@ -70,6 +74,8 @@ PRIORITY_CLASSES = ResourceInfo(
 STRANDED = frozenset({Phase.DISPATCHED, Phase.EVICTING})
 
 
+Runnable = tuple[str, Callable[[], Coroutine[Any, Any, None]]]
+"""A task the manager runs, by name (`fence` cancels them all)."""
 COLD_PHASES = frozenset({Phase.FINISHED, Phase.QUEUED, Phase.SUSPENDED})
 """AppWrappers the watch cache keeps packed (kube/store.py)."""
 
@@ -125,6 +131,7 @@ class Manager:
             cold=lambda obj: phase_of_raw(obj) in COLD_PHASES,
         )
         self.priority_classes = Informer(self.hub, PRIORITY_CLASSES)
+        self.quotas = Quotas(hub=self.hub, config=config, events=self.events, clock=self.clock)
         self.gatekeeper = Gatekeeper(
             config=config,
             hub=self.hub,
@@ -145,25 +152,21 @@ class Manager:
         self.reader = AppWrapperReader(
             allowed_kinds=frozenset(config.allowed_kinds),
             declared_as_written=config.declared_pod_resources is DeclaredPodResources.AS_WRITTEN,
-            # Through the informer each time: a relist replaces its store.
-            priority_class=lambda name: self.priority_classes.store.get(name),
+            priority_class=self.priority_classes.get,
             attribution=self.gatekeeper.attribution_problem,
             priority_policy=config.priority_policy,
             workload_priority_class=(
-                None
-                if config.kueue_quotas is KueueQuotas.OFF
-                else lambda name: self.quotas.kueue.priority_class(name)
+                None if config.kueue_quotas is KueueQuotas.OFF else self.quotas.kueue.priority_class
             ),
         )
         self.outbox = Outbox(self._deliver)
         self.status = StatusWriter(
             self.hub,
             self.events,
-            watched=lambda key: self.appwrappers.store.get(key),
+            watched=self.appwrappers.get,
             on_written=self._on_written,
             slim=slim,
         )
-        self.quotas = Quotas(hub=self.hub, config=config, events=self.events, clock=self.clock)
 
     def _build_deciding(self) -> None:
         """The scheduler cache, the scheduler and the waiting writers."""
@@ -171,17 +174,10 @@ class Manager:
             models=self.reader,
             current=self.status.current,
             members=self.members,
-            flavors=lambda: self.quotas.tree().setup.flavors,
-            queues=lambda: self.quotas.tree().setup.queues,
+            setup=self.quotas.setup,
         )
         self.waiting = WaitingWriter(
             models=self.reader, status=self.status, clock=self.clock, on_conflict=self._kick
-        )
-        self.visibility = Visibility(
-            running=self.cache.running,
-            current=self.status.current,
-            finished=lambda key: self.cache.phase(key) is Phase.FINISHED,
-            changes=lambda: self.cache.queues.changes,
         )
         self.scheduler = Scheduler(
             config=self.config,
@@ -194,8 +190,14 @@ class Manager:
             wrote=self.queue.add,
             quota_tree=self.quotas.tree,
             recorder=self.recorder,
-            observe=self.visibility.observe,
         )
+        self.visibility = Visibility(
+            running=self.scheduler.running,
+            current=self.status.current,
+            finished=self.cache.finished,
+            changes=self.scheduler.pending_changes,
+        )
+        self.scheduler.observe_with(self.visibility.observe)
 
     def _build_acting(self) -> None:
         """The reconciler, upkeep and the ledger of lives."""
@@ -233,14 +235,14 @@ class Manager:
             timeout=self.config.member_timeout_seconds,
             reconcile=self.queue.add,
             current=self.status.current,
-            appwrappers=lambda: self.appwrappers.store,
-            dispatched=lambda: self.cache.keys(STRANDED),
+            appwrappers=lambda: self.appwrappers.store,  # a relist replaces the store
+            dispatched=partial(self.cache.keys, STRANDED),
             assumed_cluster=self.cache.assumed_cluster,
         )
         self.ledger = Ledger(
             cycles=self.scheduler.considered,
             writes=self.status.writes,
-            live=lambda key: self.cache.phase(key) not in (None, Phase.FINISHED),
+            live=self.cache.alive,
             on_finished=[self.reader.forget, self.reconciler.forget, self.waiting.forget],
             on_deleted=[
                 self.reader.forget,
@@ -255,7 +257,8 @@ class Manager:
         self.appwrappers.add_handler(self._on_appwrapper)
         self.priority_classes.add_handler(self._on_priority_class)
         self.quotas.on_change(self._on_quota_object)
-        self.quotas.usage_from(self.cache.quota_usage)
+        self.quotas.usage_from(self.scheduler.view)
+        self.scheduler.on_published(self.quotas.touch)
         for member in self.members.values():
             member.capacity.on_change = self._on_capacity
             member.capacity.follow_health(self.config.node_health.rules(), wake=self.queue.add)
@@ -267,11 +270,40 @@ class Manager:
         )
         self.quotas.publish_to(self.figures.publish_queues)
         self.recorder.registry.register(ManagerCollector(self))
+        self._register()
+
+    def _register(self) -> None:
+        """What `run` starts: the watches at once, the loops once the caches synced."""
+        self._watches: list[Runnable] = [
+            ("appwrappers", self.appwrappers.run),
+            ("priorityclasses", self.priority_classes.run),
+            ("quotas", self.quotas.run),
+            ("events", self.events.run),
+        ]
+        if self.gatekeeper.witness is not None:
+            self._watches.append(("record-witness", self.gatekeeper.witness.run))
+        if self.config.provisioning.enabled:
+            self._watches.append(("provisioningrequests", self.provisioning.requests.run))
+        self._watches += [(f"member-{m.name}", m.run) for m in self.members.values()]
+        worker = partial(
+            serve,
+            self.queue,
+            self.reconciler.reconcile,
+            taken=self.ledger.reconciled,
+            around=self.outbox.holding,
+        )
+        self._loops: list[Runnable] = [
+            *((f"worker-{index}", worker) for index in range(self.config.workers)),
+            ("scheduler", self.scheduler.run),
+            ("waiting-writers", self.waiting.run),
+            ("upkeep", self.upkeep.run),
+            ("metrics-figures", self.figures.run),
+        ]
 
     def pending_figures(self) -> PendingFigures:
         """The pass over all pending work (run by the figures' timer, never by a scrape)."""
-        pending = self.cache.quota_usage(self.clock.time()).pending
-        return count_pending(pending, self.recorder.waits, self.quotas.tree())
+        view = self.scheduler.view()
+        return count_pending(view.pending, view.waits, self.quotas.tree())
 
     # -- what /metrics reads (metrics.Counted): counters as they stand, the last view ----
 
@@ -321,16 +353,8 @@ class Manager:
         self.recorder.leading(True)  # only the Lease holder runs its manager
         async with asyncio.TaskGroup() as group:
             self._group = group
-            self._child(self.appwrappers.run(), "appwrappers")
-            self._child(self.priority_classes.run(), "priorityclasses")
-            self._child(self.quotas.run(), "quotas")
-            self._child(self.events.run(), "events")
-            if self.gatekeeper.witness is not None:
-                self._child(self.gatekeeper.witness.run(), "record-witness")
-            if self.config.provisioning.enabled:
-                self._child(self.provisioning.requests.run(), "provisioningrequests")
-            for member in self.members.values():
-                self._child(member.run(), f"member-{member.name}")
+            for name, start in self._watches:
+                self._child(start(), name)
             # Workers start only once the hub's caches have synced: decisions on a partial
             # view could overcommit or double-create (dispatches not yet seen).
             await self.appwrappers.synced.wait()
@@ -348,18 +372,8 @@ class Manager:
                 return
             for key in list(self.appwrappers.store):
                 self.queue.add(key)
-            for index in range(self.config.workers):
-                worker = serve(
-                    self.queue,
-                    self.reconciler.reconcile,
-                    taken=self.ledger.reconciled,
-                    around=self.outbox.holding,
-                )
-                self._child(worker, f"worker-{index}")
-            self._child(self.scheduler.run(), "scheduler")
-            self._child(self.waiting.run(), "waiting-writers")
-            self._child(self.upkeep.run(), "upkeep")
-            self._child(self.figures.run(), "metrics-figures")
+            for name, start in self._loops:
+                self._child(start(), name)
             for name in late:
                 self._child(self._join(self.members[name]), f"join-{name}")
             self.ready.set()
@@ -455,8 +469,7 @@ class Manager:
         elif notice.finished:
             self.ledger.finish(notice.key)
         if notice.decision or notice.deleted:
-            self._kick()
-            self.quotas.touch()
+            self._kick()  # the queues' status follows the cycle (`on_published`)
 
     def _on_priority_class(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         # A queued AppWrapper's priority comes from its class: derive every standing again.
@@ -466,7 +479,7 @@ class Manager:
     def _on_quota_object(self) -> None:
         queues, locals_ = self.quotas.draining_queues()
         if queues or locals_:
-            for key in self.cache.admitted_in(queues, locals_):
+            for key in self.scheduler.view().admitted_in(queues, locals_):
                 self.queue.add(key)  # the reconciler requeues them
         # A flavor's labels shape what dispatched ones hold, a queue's quotaCharge what
         # they are charged: derive every standing again.

@@ -105,6 +105,10 @@ class Informer:
         self._reported: dict[tuple[str, str], None] = {}
         """(key, resourceVersion) of objects whose failure was logged, most recent last."""
 
+    def get(self, key: str) -> Obj | None:
+        """The object of `key` in the cache now (through the store a relist replaces)."""
+        return self.store.get(key)
+
     def add_handler(self, handler: Handler) -> None:
         self._handlers.append(handler)
 

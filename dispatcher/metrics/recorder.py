@@ -10,7 +10,6 @@ AppWrappers: what is counted at scrape time (gauges) is in `collector.py`.
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterable
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,7 +24,6 @@ from prometheus_client import (
 
 from dispatcher import __version__
 from dispatcher.api.models import AppWrapper, AppWrapperStatus
-from dispatcher.core.scheduling import Wait
 
 PREFIX = "appwrapper_dispatcher"
 WAIT_BUCKETS = (1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200, 86400)
@@ -102,8 +100,6 @@ class Recorder:
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         GCCollector(registry=registry)
-        self.waits: dict[str, Wait] = {}
-        """The last cycle's wait per AppWrapper key: the pending `status` label reads it."""
 
     def admitted(self, aw: AppWrapper, status: AppWrapperStatus, waited: float) -> None:
         queue, priority_class = labels_of(aw, status)
@@ -120,11 +116,10 @@ class Recorder:
     def preempted(self, preempting_queue: str, reason: str, victims: int = 1) -> None:
         self.preempted_total.labels(preempting_queue, reason).inc(victims)
 
-    def cycle(self, seconds: float, *, admitted: bool, waits: Iterable[Wait]) -> None:
+    def cycle(self, seconds: float, *, admitted: bool) -> None:
         result = "success" if admitted else "inadmissible"
         self.attempts.labels(result).inc()
         self.attempt_seconds.labels(result).observe(seconds)
-        self.waits = {wait.key: wait for wait in waits}
 
     def leading(self, leads: bool) -> None:
         self.leader.set(1 if leads else 0)

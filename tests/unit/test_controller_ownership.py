@@ -12,6 +12,7 @@ from typing import Any
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.cluster.member import PODS
 from dispatcher.cluster.objects import ensure_namespace
+from dispatcher.controller.scheduling.cache import Assumed
 from dispatcher.controller.status import APPWRAPPERS
 from dispatcher.kube.client import ResourceInfo
 from testenv.fakeenv import NAMESPACE, FakeEnv, fake_env
@@ -330,13 +331,14 @@ async def test_an_edit_between_the_fit_and_the_admission_write_is_not_admitted()
         await env.add_node("n1", cpu="2")
         await env.apply(appwrapper("a", deployment("a", 1, {"cpu": "1"})))
         await env.reconcile("a")
-        env.manager.cache.refresh(env.clock.time(), env.manager.quotas.tree())
-        fitted = env.manager.cache.pending("team/a")
+        state = env.manager.scheduler.state
+        state.refresh(env.clock.time(), env.manager.quotas.tree())
+        fitted = state.queues.workload("team/a")
         assert fitted is not None
         await edit(env, "a", deployment("a", 4, {"cpu": "1"}))
         await env.caught_up()
         # The write for the decision made on the old spec finds the new one: no dispatch.
-        env.manager.cache.assume(fitted.key, fitted, "local", env.clock.time())
+        state.assume(fitted.key, Assumed(fitted, "local", env.clock.time()))
         await env.manager.scheduler._admit(fitted.key, "local", fitted)
         assert (await env.conditions("a")).get("Dispatched") is None
         await env.cycle()  # 4 cpu do not fit in 2

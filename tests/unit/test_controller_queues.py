@@ -25,7 +25,7 @@ async def test_refused_work_is_parked_until_room_is_freed() -> None:
         big, small = f"{NAMESPACE}/big", f"{NAMESPACE}/small"
         await queued(env, "big", 2, "3")  # 6 cpu do not fit in 4
         await env.cycle()
-        scheduler, queues = env.manager.scheduler, env.manager.cache.queues
+        scheduler, queues = env.manager.scheduler, env.manager.scheduler.state.queues
         assert scheduler.considered[big] == 1
         assert queues.is_parked(big)
         written = (await env.get("big"))["metadata"]["resourceVersion"]
@@ -56,10 +56,44 @@ async def test_a_deleted_parked_appwrapper_leaves_the_queues() -> None:
         await queued(env, "big", 1, "4")
         await env.cycle()
         key = f"{NAMESPACE}/big"
-        assert env.manager.cache.queues.is_parked(key)
+        assert env.manager.scheduler.state.queues.is_parked(key)
         await env.delete("big")
         await env.reconcile("big")
         await env.cycle()
-        assert key not in env.manager.cache.queues
+        assert key not in env.manager.scheduler.state.queues
         assert key not in env.manager.scheduler.waits()
         assert env.manager.visibility.view().items == ()
+
+
+async def test_the_schedulers_state_changes_in_its_cycle_alone_and_readers_see_the_last() -> None:
+    """Arrivals, admissions written, deletions and the readers' reads (the queues' status, the
+    metrics' figures, the pending list) between two cycles change nothing the scheduler
+    keeps; the view they read is what the last cycle left, until the next one runs."""
+    async with fake_env(preemption=False) as env:
+        manager = env.manager
+        state = manager.scheduler.state
+        await env.add_node("n1", cpu="4")
+        await queued(env, "a", 1, "3")
+        await env.cycle()
+        assert (await env.conditions("a"))["Dispatched"] == "True"
+        before = manager.scheduler.view()
+        kept = (state.queues.changes, state.charges_changed, len(state.queues))
+        await queued(env, "b", 1, "3")  # does not fit beside a
+        await queued(env, "c", 1, "1")
+        await env.delete("a")
+        await env.reconcile("a")
+        manager.quotas.summarize()
+        manager.pending_figures()
+        manager.visibility.view()
+        await manager.quotas.write_status()
+        assert (state.queues.changes, state.charges_changed, len(state.queues)) == kept
+        assert manager.scheduler.view() is before
+        assert before.pending == ()
+        assert [key for key, _, _ in before.running] == [f"{NAMESPACE}/a"]
+        await env.cycle()
+        after = manager.scheduler.view()
+        assert after is not before
+        assert {w.key for w in after.pending} | {k for k, _, _ in after.running} == {
+            f"{NAMESPACE}/b",
+            f"{NAMESPACE}/c",
+        }

@@ -69,6 +69,7 @@ async def test_a_scrape_computes_nothing_and_the_figures_follow_on_the_timer() -
             assert pending(metrics.render(manager)) == 2
             await env.delete("a")
             await env.reconcile("a")
+            await env.cycle()  # the figures read what a cycle left (`Scheduler.view`)
             assert pending(metrics.render(manager)) == 2
             env.clock.advance(5)
             await env.until(lambda: passes == 3, "the next pass")
@@ -118,8 +119,8 @@ def _untouchable(what: str) -> Callable[..., NoReturn]:
 
 
 async def test_a_scrape_never_drives_the_cache_nor_the_quota_tree() -> None:
-    """The scheduler cache's `refresh` has its callers (the cycle, the queues' status, the
-    figures' timer): a scrape is not one of them, nor does it rebuild the quota tree."""
+    """The scheduler's state is refreshed by its cycle alone and read through the view it
+    publishes (built once per cycle): a scrape does neither, nor rebuilds the quota tree."""
     async with fake_env(metrics={"refresh_seconds": 5}) as env:
         manager = env.manager
         await env.add_node("n1", cpu="1")
@@ -129,8 +130,8 @@ async def test_a_scrape_never_drives_the_cache_nor_the_quota_tree() -> None:
         await env.cycle()
         manager.figures.refresh()  # the timer's pass, published
         for part, method in (
-            (manager.cache, "refresh"),
-            (manager.cache, "quota_usage"),
+            (manager.scheduler.state, "refresh"),
+            (manager.scheduler.state, "view"),
             (manager.quotas, "tree"),
             (manager.quotas, "summarize"),
         ):
@@ -139,7 +140,7 @@ async def test_a_scrape_never_drives_the_cache_nor_the_quota_tree() -> None:
             text = metrics.render(manager)
             assert pending(text) == 2
         assert manager.figures.computed == 1
-        with pytest.raises(AssertionError, match="a scrape called quota_usage"):
+        with pytest.raises(AssertionError, match="a scrape called tree"):
             manager.pending_figures()  # the stand-ins are where a scrape would have hit them
 
 

@@ -29,7 +29,7 @@ from dispatcher.api.queues import QUEUE_KINDS, parse
 from dispatcher.clock import Clock
 from dispatcher.config import Config
 from dispatcher.controller.quota.kueue import KueueSource
-from dispatcher.controller.scheduling.cache import QuotaUsage
+from dispatcher.controller.scheduling.view import EMPTY, SchedulerView
 from dispatcher.core.quota.kueue import KueueQuotas, with_kueue
 from dispatcher.core.quota.model import CohortSpec, Flavor, QuotaSetup, StopPolicy
 from dispatcher.core.quota.read import setup_of
@@ -51,11 +51,9 @@ INFOS = {
 NAMESPACES = ResourceInfo("v1", "Namespace", "namespaces", namespaced=False)
 STATUS_EVERY_SECONDS = 1.0
 
-Usage = Callable[[float], QuotaUsage]
-"""now -> (charges of the dispatched, the queued workloads, dispatched key -> AppQueue, the
-queued ones still charged while their last dispatch's pods go): the scheduler cache's."""
-"""(charges of admitted AppWrappers, pending ones' queues, admitted key -> AppQueue, keys
-of queued ones still charged while their last dispatch's pods go)."""
+Usage = Callable[[], SchedulerView]
+"""What the last scheduling cycle left: the charges held, the pending workloads, each
+admitted one's AppQueue, the requeued ones still charged while their pods go."""
 
 
 class QuotaLookup(Protocol):
@@ -112,7 +110,7 @@ class Quotas:
         self._tree: QuotaTree | None = None
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
-        self._usage: Usage = lambda now: QuotaUsage({}, {}, frozenset(), [])
+        self._usage: Usage = lambda: EMPTY
         self.summaries: dict[str, QueueSummary] = {}
         """Each cluster queue as its status was last computed (the web view reads it)."""
         self.local_summaries: dict[str, QueueSummary] = {}
@@ -132,12 +130,12 @@ class Quotas:
         self._publish = publish
 
     def usage_from(self, usage: Usage) -> None:
-        """Where the queues' usage is read (the scheduler cache)."""
+        """Where the queues' usage is read (the scheduler's published view)."""
         self._usage = usage
 
-    def _queued_usage(self) -> tuple[QuotaUsage, list[Queued]]:
+    def _queued_usage(self) -> tuple[SchedulerView, list[Queued]]:
         """The usage, each queued workload resolved to the queue it waits in."""
-        usage = self._usage(self._clock.time())
+        usage = self._usage()
         tree = self.tree()
         queued = []
         for workload in usage.pending:
@@ -197,6 +195,10 @@ class Quotas:
             await informer.synced.wait()
         await self.kueue.synced.wait()
 
+    def setup(self) -> QuotaSetup:
+        """The quota objects as read now."""
+        return self.tree().setup
+
     def tree(self) -> QuotaTree:
         if self._tree is None:
             self._tree = QuotaTree(self._read())
@@ -255,8 +257,8 @@ class Quotas:
             await self._clock.sleep(STATUS_EVERY_SECONDS)
 
     def summarize(self) -> tuple[dict[str, QueueSummary], dict[str, QueueSummary]]:
-        """Each cluster queue and each AppQueue as the cache shows them now (the status
-        written last may be up to STATUS_EVERY_SECONDS older)."""
+        """Each cluster queue and each AppQueue as the last scheduling cycle left them (the
+        status written last may be up to STATUS_EVERY_SECONDS older)."""
         usage, pending = self._queued_usage()
         return summarize(
             self.tree(), usage.charges.values(), pending, usage.local_of, usage.releasing

@@ -1,18 +1,22 @@
-"""The scheduler: refresh -> snapshot -> take -> assume -> a status-only write.
+"""The scheduler: refresh -> snapshot -> take -> assume -> a status-only write -> publish.
 
 Side effects: status writes on the hub (admissions and evictions), Events.
 
-It wakes on anything that can change a decision (an AppWrapper queued, capacity freed, a
-node changed), has the scheduler cache carry what changed into its queue manager and usage,
-takes a snapshot of the members, runs `core.queues.take` (the cycle over the work not
-parked; what it refuses is parked until an event can change its answer, keeping its last
-waiting status), and for each decision:
+It owns what it keeps between cycles (`SchedulerState`, state.py: the queues, the quota in
+use, who holds room) and is the only one to change it, inside `cycle`. It wakes on anything
+that can change a decision (an AppWrapper queued, capacity freed, a node changed), carries
+what changed in the passive scheduler cache into its state, takes a snapshot of the members,
+runs `core.queues.take` (the cycle over the work not parked; what it refuses is parked until
+an event can change its answer, keeping its last waiting status), and for each decision:
 - an admission is assumed in the cache at once (the next cycle sees the room in use), then
   written as the `Dispatched` condition; the reconciler, woken by the write, creates the
   objects. A failed write drops the assumption and the AppWrapper is decided again;
 - an eviction is written as the victim's `Preempted` condition (with `preemptedBy`); the
   reconciler removes the victim's objects and requeues it;
 - a wait goes to the waiting writer, which decides whether it is worth a status write.
+
+Then it publishes: those who only read (the queues' status, the metrics) get a frozen
+`SchedulerView` of what the cycle left (`view`), and are told when it changed.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config, Fit
 from dispatcher.controller.reading import AppWrapperReader
-from dispatcher.controller.scheduling.cache import SchedulerCache
+from dispatcher.controller.scheduling.cache import Assumed, SchedulerCache
+from dispatcher.controller.scheduling.state import SchedulerState
+from dispatcher.controller.scheduling.view import EMPTY, SchedulerView
 from dispatcher.controller.scheduling.waiting import WaitingWriter
 from dispatcher.controller.status import Change, StatusWriter
 from dispatcher.controller.visibility.pending import Found, Pending, in_line_order
@@ -92,13 +98,10 @@ class Scheduler:
         wrote: Callable[[str], None],
         quota_tree: Callable[[], QuotaTree] | None = None,
         recorder: Recorder | None = None,
-        observe: Observer | None = None,
     ) -> None:
         self._config = config
         self._recorder = recorder or Recorder()
-        self._observe = (
-            observe  # sees each cycle's order and waits (controller/visibility/pending.py)
-        )
+        self._observe: Observer | None = None
         self._waits: dict[str, Wait] = {}
         """The last wait of each pending one (and of some that left: pruned in bulk)."""
         self._resolved: dict[str, Queued | QueueProblem | None] = {}
@@ -106,6 +109,14 @@ class Scheduler:
         self._kept = KeptStates()  # each member's free room, brought from cycle to cycle
         self._quota_tree = quota_tree
         self._cache = cache
+        self.state = SchedulerState(cache, members)
+        """What the scheduler keeps between cycles: changed by `cycle` alone."""
+        self._published: tuple[int, SchedulerView] = (-1, EMPTY)
+        self._cycles_run = 0  # every cycle, one that found nothing to decide too
+        self._running: tuple[tuple[str, float, str], ...] = ()
+        """What held room as the last cycle ended (`running`)."""
+        self._told: tuple[int, int] = (-1, -1)
+        self._listeners: list[Callable[[], None]] = []
         self._models = models
         self._status = status
         self._waiting = waiting
@@ -150,19 +161,22 @@ class Scheduler:
     def cycle(self) -> CycleResult | None:
         """One scheduling cycle; its writes run in the background. None if nothing waits."""
         self._kick.clear()
+        self._cycles_run += 1
         started = time.perf_counter()
         now = self._clock.time()
         tree = self._quota_tree() if self._quota_tree is not None else None
         # 1. What changed since the last cycle is carried into the queues and the usage
         #    (a deletion too: what left must leave the pending list).
-        self._cache.refresh(now, tree)
-        queues = self._cache.queues
+        self.state.refresh(now, tree)
+        queues = self.state.queues
         if not self._cache.anything_queued() or not len(queues):
+            self._running = tuple(self.state.running())
             self._observe_none(now)
             self._cycle_seconds = time.perf_counter() - started
+            self._publish()
             return None
         # 2. The members' room (waking capacity-parked work if it changed) and the claims.
-        snapshot = self._cache.snapshot(now)
+        snapshot = self.state.snapshot(now)
         policy = None
         if self._policy is not None:
             policy = HonourClaims(self._policy, snapshot.claims)
@@ -173,7 +187,7 @@ class Scheduler:
         self._kept.keep_only([c.name for c in clusters])
         quotas = None
         if tree is not None:
-            quotas = QuotaView(tree, usage=self._cache.usage(), place_flavors=not pooled_fit)
+            quotas = QuotaView(tree, usage=self.state.usage(), place_flavors=not pooled_fit)
         judged: list[Workload] = []
 
         def prepare(active: list[Workload]) -> list[Workload]:
@@ -202,13 +216,13 @@ class Scheduler:
         self.considered.update(w.key for w in judged)
         # 4. Assume, write, note the waits.
         self._apply(result, judged, now, tree)
+        self._running = tuple(self.state.running())
         self._keep_waits(result)
         if self._observe is not None:
             self._observe(result, judged, now, self._pending_now)
         self._cycle_seconds = time.perf_counter() - started
-        self._recorder.cycle(self._cycle_seconds, admitted=bool(result.admits), waits=())
-        # The metrics count every pending one by its last wait, parked ones included.
-        self._recorder.waits = self._waits
+        self._recorder.cycle(self._cycle_seconds, admitted=bool(result.admits))
+        self._publish()
         self._log.debug(
             "cycle",
             cycle=self.cycles,
@@ -218,6 +232,40 @@ class Scheduler:
             seconds=round(self._cycle_seconds, 4),
         )
         return result
+
+    def _publish(self) -> None:
+        """The cycle is over: readers are told if who is pending or what is charged moved
+        (they then read `view`, built once for all of them)."""
+        moved = (self.state.queues.changes, self.state.charges_changed)
+        if moved != self._told:
+            self._told = moved
+            for listener in self._listeners:
+                listener()
+
+    def pending_changes(self) -> int:
+        """Moves when who is pending changed (only ever in a cycle)."""
+        return self.state.queues.changes
+
+    def running(self) -> Iterator[tuple[str, float, str]]:
+        """(key, dispatched at, cluster queue or "") of what held room as the last cycle
+        ended."""
+        return iter(self._running)
+
+    def observe_with(self, observe: Observer) -> None:
+        """Hand every cycle's order and waits to `observe` (controller/visibility/pending.py)."""
+        self._observe = observe
+
+    def on_published(self, listener: Callable[[], None]) -> None:
+        """Call `listener` after a cycle that changed the pending work or the charges."""
+        self._listeners.append(listener)
+
+    def view(self) -> SchedulerView:
+        """What the last cycle left, frozen: the same copy for every read until the next."""
+        built, view = self._published
+        if built != self._cycles_run:
+            view = self.state.view(self._waits, self.cycles, self._running)
+            self._published = (self._cycles_run, view)
+        return view
 
     def _observe_none(self, now: float) -> None:
         self._held = frozenset()
@@ -234,7 +282,7 @@ class Scheduler:
         for wait in result.waits:
             waits[wait.key] = wait
             resolved[wait.key] = result.resolved.get(wait.key)
-        queues = self._cache.queues
+        queues = self.state.queues
         if len(waits) > 2 * len(queues) + 64:  # amortized: those that left the queues
             for key in [k for k in waits if k not in queues]:
                 del waits[key]
@@ -242,7 +290,7 @@ class Scheduler:
 
     def waits(self) -> dict[str, Wait]:
         """Why each pending AppWrapper waits: its wait in the last cycle that judged it."""
-        queues = self._cache.queues
+        queues = self.state.queues
         return {k: w for k, w in self._waits.items() if k in queues}
 
     def _pending_now(self) -> Iterator[Found]:
@@ -255,7 +303,7 @@ class Scheduler:
                 return None
             return resolve(workload.key.partition("/")[0], workload.queue_name, tree.setup, tree)
 
-        return in_line_order(self._cache.queues, self._waits, self._resolved, resolve_now)
+        return in_line_order(self.state.queues, self._waits, self._resolved, resolve_now)
 
     def _apply(
         self, result: CycleResult, pending: list[Workload], now: float, tree: QuotaTree | None
@@ -265,13 +313,14 @@ class Scheduler:
             decided = by_key[admit.key]
             admission: Admission | None = None
             if admit.assignment is None or tree is None:
-                self._cache.assume(admit.key, decided, admit.cluster, now)
+                self.state.assume(admit.key, Assumed(decided, admit.cluster, now))
             else:
                 chosen = admit.assignment.flavors
                 made = with_flavors(decided, chosen, tree.setup.flavors)
                 spec = tree.setup.queues.get(admit.queue)
                 charge = charge_of(admit.key, admit.queue, made, chosen, admitted_at=now, spec=spec)
-                self._cache.assume(admit.key, made, admit.cluster, now, charge, admit.local)
+                assumed = Assumed(made, admit.cluster, now, charge, admit.local)
+                self.state.assume(admit.key, assumed)
                 admission = Admission(
                     queue=admit.local,
                     clusterQueue=admit.queue,
@@ -303,7 +352,7 @@ class Scheduler:
                 )
             uid = str((obj or {}).get("metadata", {}).get("uid") or "")
             for victim in victims:
-                self._cache.start(victim)
+                self.state.start(victim)
                 reason, message = why_evicted(
                     victim,
                     self._cache.charge_of(victim),

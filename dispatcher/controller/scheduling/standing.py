@@ -9,7 +9,7 @@ scheduler cache derives a standing once per resourceVersion (`controller/schedul
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -23,7 +23,7 @@ from dispatcher.core import checkstatus
 from dispatcher.core.model import Workload
 from dispatcher.core.phase import dispatched, initialised, queueing
 from dispatcher.core.quota.flavors import charge_of, with_flavors
-from dispatcher.core.quota.model import Charge, Flavor, QueueSpec
+from dispatcher.core.quota.model import Charge, QuotaSetup
 
 Obj = dict[str, Any]
 
@@ -84,8 +84,7 @@ def derive(
     models: AppWrapperReader,
     *,
     now: datetime,
-    flavors: Callable[[], Mapping[str, Flavor]],
-    queues: Callable[[], Mapping[str, QueueSpec]],
+    setup: Callable[[], QuotaSetup],
     only_member: Callable[[], str],
 ) -> Standing:
     """`key`'s standing from its current object (None: gone). `only_member`: the member
@@ -103,9 +102,7 @@ def derive(
     if not initialised(status) and FINALIZER not in aw.metadata.finalizers:
         return NOT_SCHEDULED  # the reconciler has not taken it in yet
     if dispatched(status):
-        return _dispatched(
-            key, aw, models, now=now, flavors=flavors, queues=queues, only_member=only_member
-        )
+        return _dispatched(key, aw, models, now=now, setup=setup, only_member=only_member)
     queued = queueing(status) or not initialised(status)
     if queued or (status is not None and status.admission is not None):
         priority, error = models.priority(aw)
@@ -123,7 +120,7 @@ def derive(
                     workload,
                     chosen,
                     admitted_at=0.0,
-                    spec=queues().get(admission.clusterQueue),
+                    spec=setup().queues.get(admission.clusterQueue),
                 )
                 local = admission.queue
             if (
@@ -147,8 +144,7 @@ def _dispatched(
     models: AppWrapperReader,
     *,
     now: datetime,
-    flavors: Callable[[], Mapping[str, Flavor]],
-    queues: Callable[[], Mapping[str, QueueSpec]],
+    setup: Callable[[], QuotaSetup],
     only_member: Callable[[], str],
 ) -> Standing:
     """A dispatched one: what it holds, where, since when, and what it is charged."""
@@ -166,14 +162,14 @@ def _dispatched(
     admission = status.admission
     if admission is not None:
         chosen = tuple((f.name, tuple(f.resources)) for f in admission.flavors)
-        workload = with_flavors(workload, chosen, flavors())
+        workload = with_flavors(workload, chosen, setup().flavors)
         charge = charge_of(
             key,
             admission.clusterQueue,
             workload,
             chosen,
             admitted_at=dispatched,
-            spec=queues().get(admission.clusterQueue),
+            spec=setup().queues.get(admission.clusterQueue),
         )
         local = admission.queue
     return Standing(

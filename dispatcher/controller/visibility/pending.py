@@ -11,7 +11,7 @@ references are kept then; the pending view (`core.visibility.pending_view`) is b
 cycle on the first question after it, and reused until the next cycle: no cycle pays for
 a view nobody asks for, and no question costs a cycle; a question after work arrived or
 left since (`changes`) lists again. What runs (`Active`) is read from
-the scheduler cache; the durations of those that finished feed the start estimates.
+the scheduler's state at each cycle; the durations of those that finished feed the start estimates.
 """
 
 from __future__ import annotations
