@@ -1,6 +1,7 @@
 """A key work queue in the style of client-go: dedupe, one worker per key, delayed adds,
-per-key exponential backoff on failure; the `Result` a handler returns; and the workers'
-error policy (`serve`).
+per-key exponential backoff on failure; the `Result` a handler returns; and the workers
+(`serve`), which act on a handler's exception as the one error policy says
+(`controller.errors.decide`).
 
 Side effects: none beyond timers on its clock and the workers' log lines. Keys are
 "namespace/name" strings; the handler reads the current object, so collapsing many changes
@@ -21,7 +22,7 @@ from functools import partial
 import structlog
 
 from dispatcher.clock import Clock, SystemClock, Timer
-from dispatcher.kube.errors import Conflict, KubeError, NotFound
+from dispatcher.controller.errors import Action, decide
 
 CONFLICT_BACKOFF_SECONDS = 0.01
 """First delay between runs of one key that keep meeting Conflict (doubling)."""
@@ -188,11 +189,14 @@ async def serve(
     """One worker: take a key, run `handle` on it (inside `around()`), and act on how it
     ended. `taken` is told of each key taken (hop counts).
 
-    The error policy: a Conflict (someone, often our own earlier write, changed it) runs
-    it again at once, then with backoff should it keep losing; NotFound means it went (the
-    watch says the rest); any other error is retried with the queue's per-key backoff and
+    A handler's own verdicts come back as its Result; an exception is acted on as the one
+    error policy says (`controller.errors.decide`): a Conflict (someone, often our own
+    earlier write, changed it) runs it again at once, then with backoff should it keep
+    losing; NotFound means it went (the watch says the rest); a `TerminalError` (the
+    user's input, which the handler did not fail) is logged and not retried, as in
+    controller-runtime; any other error is retried with the queue's per-key backoff and
     logged (`reconcile_failed` for the API's, `reconcile_crashed` with the traceback for
-    the dispatcher's own). A handler's own verdicts come back as its Result."""
+    the dispatcher's own)."""
     log = structlog.get_logger("worker")
     while True:
         key = await queue.get()
@@ -203,16 +207,23 @@ async def serve(
             queue.forget(key)
             if result.requeue_after is not None:
                 queue.add_after(key, result.requeue_after)
-        except Conflict:
-            queue.retry(key, base=CONFLICT_BACKOFF_SECONDS, first_at_once=True)
-        except NotFound:
-            queue.forget(key)
-        except KubeError as exc:
-            delay = queue.retry(key)
-            log.warning("reconcile_failed", appwrapper=key, error=str(exc)[:300], retry_in=delay)
-        except Exception:
-            delay = queue.retry(key)
-            log.exception("reconcile_crashed", appwrapper=key, retry_in=delay)
+        except Exception as exc:
+            decision = decide(exc)
+            if decision.action is Action.RERUN:
+                queue.retry(key, base=CONFLICT_BACKOFF_SECONDS, first_at_once=True)
+            elif decision.action is Action.FORGET:
+                queue.forget(key)
+            elif decision.action is Action.FAIL:
+                queue.forget(key)
+                log.error("reconcile_terminal", appwrapper=key, error=decision.message[:300])
+            elif decision.own:
+                delay = queue.retry(key)
+                log.exception("reconcile_crashed", appwrapper=key, retry_in=delay)
+            else:
+                delay = queue.retry(key)
+                log.warning(
+                    "reconcile_failed", appwrapper=key, error=str(exc)[:300], retry_in=delay
+                )
         finally:
             queue.done(key)
 

@@ -46,8 +46,6 @@ from dispatcher.core.validation import (
 @dataclass(frozen=True, slots=True)
 class InvalidSpec:
     message: str
-    forbidden: bool = False
-    """Not a mistake in the spec: the AppWrapper asks for what its creator may not have."""
 
 
 def item_pod_sets(item: GenericItem, *, as_written: bool = True) -> tuple[PodSet, ...]:

@@ -17,7 +17,7 @@ def condition(env: FakeEnv, name: str, type_: str) -> str | None:
     return found[0]["status"] if found else None
 
 
-async def test_a_job_from_apply_to_completed_costs_three_status_writes() -> None:
+async def test_a_job_from_apply_to_completed_costs_four_status_writes() -> None:
     async with fake_env(loops=True) as env:
         await env.add_node("n1", cpu="8")
         await env.apply(appwrapper("a", job("a", 1, {"cpu": "1"}), completion="Complete"))
@@ -32,10 +32,10 @@ async def test_a_job_from_apply_to_completed_costs_three_status_writes() -> None
         await env.until(lambda: condition(env, "a", "Completed") == "True", "Completed")
         await env.until(lambda: env.manager.finished["count"] == 1, "its hops counted")
         hops = env.manager.finished
-        # Dispatched (with Init and Queueing), Running (with the record that its objects were
-        # made: v1beta2 phase Running, waiting MADE_RECORD_SECONDS to ride on it), Completed:
-        # the pod's finish alone changes only counts, which wait for the next write.
-        assert hops["writes"] == 3
+        # Dispatched (with Init and Queueing), the record that its objects were made (v1beta2
+        # phase Running: written at once, never after its pods run), Running, Completed: the
+        # pod's finish alone changes only counts, which wait for the next write.
+        assert hops["writes"] == 4
         made = (env.manager.status.current(f"{NAMESPACE}/a") or {}).get("status") or {}
         assert made["objectsMadeFor"] == made["lastDispatchedAt"]
         assert hops["cycles"] == 1
@@ -66,7 +66,6 @@ async def test_a_deleted_appwrapper_leaves_nothing_behind_in_memory() -> None:
             "ensured": manager.reconciler._ensured,
             "cleaned": manager.reconciler._endings._cleaned,
             "counts": manager.reconciler._pacing._counts_written,
-            "made": manager.reconciler._pacing._made_at,
             "waiting": manager.waiting._written,
         }
         assert [name for name, store in held.items() if key in store] == []

@@ -4,8 +4,10 @@ anti-affinities in the pod templates that ask for a covered resource), their nam
 prepared, all created or none (adopted after a restart); and removing them again.
 
 Side effects: API requests to the member (creates and deletes), access reviews through the
-webhook's rules. It writes no status: it says what came of the
-attempt, and the reconciler writes that.
+webhook's rules. It writes no status: it says what came of the attempt, or raises the error
+that did (`TerminalError` when the creator may not create them, cluster/objects.py's
+`DispatchError` when creating failed), and the reconciler writes that as the one error
+policy says (controller/errors.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from dispatcher.api.models import AppWrapper, AppWrapperStatus, parse_time
+from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, parse_time
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.cluster.objects import (
@@ -29,6 +31,7 @@ from dispatcher.cluster.objects import (
     wrapped_objects,
 )
 from dispatcher.controller.access.gatekeeper import Gatekeeper
+from dispatcher.controller.errors import TerminalError
 from dispatcher.controller.quota.objects import QuotaLookup
 from dispatcher.core.declared import item_pod_templates
 from dispatcher.core.nodehealth import OFF, NodeHealth, inject_anti_affinities
@@ -58,17 +61,11 @@ class NotYet:
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """The recorded creator may not create these objects (any more): why."""
-
-    message: str
-
-
 class Maker:
-    """`ensure(...)`: Made, NotYet or Refused; DispatchError when creating failed
-    (UserInputError when the user's objects are refused); any other exception is a bug of
-    the dispatcher's own, raised as it is."""
+    """`ensure(...)`: Made or NotYet; `TerminalError` (Forbidden) when the recorded creator
+    may not create them (any more); DispatchError when creating failed (UserInputError
+    when the user's objects are refused); any other exception is a bug of the dispatcher's
+    own, raised as it is."""
 
     def __init__(
         self,
@@ -86,7 +83,7 @@ class Maker:
 
     async def ensure(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
-    ) -> Made | NotYet | Refused:
+    ) -> Made | NotYet:
         if any(p.deleting for p in member.capacity.owned_pods(aw.key, aw.metadata.uid or "")):
             # An earlier attempt's pods are still terminating: objects made now would
             # make a second gang, bound wherever kube-scheduler finds room (room the
@@ -103,7 +100,7 @@ class Maker:
         except KubeError as exc:
             raise DispatchError(f"checking the creator's rights: {exc}") from exc
         if refused:
-            return Refused(refused)
+            raise TerminalError(Reason.FORBIDDEN, refused)
         # Built only when needed: it deep-copies every template, and following runs on
         # every pod change of every dispatched AppWrapper.
         try:

@@ -104,51 +104,33 @@ async def measure(
 
 COUNTS_INTERVAL = 5.0
 """Seconds between status writes that only update pod counts."""
-MADE_RECORD_SECONDS = 2.0
-"""How long the record that an attempt's objects exist (`objectsMadeFor`: v1beta2's phase
-Running, the AppWrapper controller's meaning) waits to ride on the next status write (most
-often `Running`, when pods start within it) before it is written alone."""
 
 
 class Pacing:
-    """When a dispatched AppWrapper's status is written with no milestone in it. Pod counts
-    alone move often (every pod start): written at most every COUNTS_INTERVAL, so a large
-    gang does not cost a write per pod (the first ones after a dispatch wait for the Running
-    write that usually follows). The objects-made record waits MADE_RECORD_SECONDS for a
-    write to ride on."""
+    """When a dispatched AppWrapper's pod counts are written with no milestone in them. Pod
+    counts alone move often (every pod start): written at most every COUNTS_INTERVAL, so a
+    large gang does not cost a write per pod (the first ones after a dispatch wait for the
+    Running write that usually follows). Only counts are paced: the record that its objects
+    are made is written at once (`Reconciler._record_made`)."""
 
     def __init__(self) -> None:
         self._counts_written: dict[str, float] = {}
         """key -> when its status was last written."""
-        self._made_at: dict[str, float] = {}
-        """key -> when this attempt's objects were made, while `objectsMadeFor` is unwritten."""
-
-    def made(self, key: str, now: float) -> None:
-        self._made_at.setdefault(key, now)
-
-    def made_unwritten(self, key: str) -> bool:
-        return key in self._made_at
 
     def written(self, key: str, now: float) -> None:
-        """Its status was written (counts and the objects-made record with it)."""
+        """Its status was written (the counts with it)."""
         self._counts_written[key] = now
-        self._made_at.pop(key, None)
 
     def wait(
         self, key: str, status: AppWrapperStatus, now: float, *, counts_changed: bool
     ) -> float | None:
-        """Seconds until a write with no milestone is due (0: now; None: none is)."""
-        waits = []
-        if counts_changed:
-            last = self._counts_written.get(key)
-            if last is None:
-                last = now - seconds_since(status.lastDispatchedAt, now)
-            waits.append(max(COUNTS_INTERVAL - (now - last), 0.0))
-        made_at = self._made_at.get(key)
-        if made_at is not None:
-            waits.append(max(MADE_RECORD_SECONDS - (now - made_at), 0.0))
-        return min(waits) if waits else None
+        """Seconds until a write of the counts alone is due (0: now; None: none is)."""
+        if not counts_changed:
+            return None
+        last = self._counts_written.get(key)
+        if last is None:
+            last = now - seconds_since(status.lastDispatchedAt, now)
+        return max(COUNTS_INTERVAL - (now - last), 0.0)
 
     def forget(self, key: str) -> None:
         self._counts_written.pop(key, None)
-        self._made_at.pop(key, None)

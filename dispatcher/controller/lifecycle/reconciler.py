@@ -5,9 +5,11 @@ member clusters; writes status (through the status writer) for every step after 
 scheduler's: invalid specs, backoff, Running, Completed, Failed and every requeue; adds and
 removes the finalizer.
 
-Only errors about the user's input (an invalid spec, `UserInputError` from creating the
-objects) fail the user's AppWrapper. A bug of the dispatcher's own met while making the
-objects leaves it dispatched, says so in its status and is retried with growing pauses.
+Only errors about the user's input (an invalid spec; a `TerminalError` or `UserInputError`
+from making the objects) fail the user's AppWrapper. What an error met making the objects
+means is the one error policy's to say (controller/errors.py `decide`): a bug of the
+dispatcher's own leaves it dispatched, says so in its status and is retried with growing
+pauses; a dispatch that may succeed later is requeued.
 
 Level-based: it reads the newest AppWrapper (the status writer's overlay or the watch cache)
 and makes the world match it, so a missed event or a restart costs nothing:
@@ -36,15 +38,11 @@ from dispatcher.api.constants import FINALIZER
 from dispatcher.api.models import AppWrapper, AppWrapperStatus, Reason, Requeuing
 from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
-from dispatcher.cluster.objects import (
-    DispatchError,
-    UserInputError,
-    Wrapped,
-    spec_change,
-)
+from dispatcher.cluster.objects import Wrapped, spec_change
 from dispatcher.config import Config
+from dispatcher.controller.errors import Action, decide
 from dispatcher.controller.lifecycle.ending import Endings
-from dispatcher.controller.lifecycle.making import Maker, NotYet, Refused
+from dispatcher.controller.lifecycle.making import Maker, NotYet
 from dispatcher.controller.lifecycle.progress import Pacing, measure, seconds_since
 from dispatcher.controller.lifecycle.provisioning import Provisioning
 from dispatcher.controller.lifecycle.resetting import Resets
@@ -68,7 +66,9 @@ POLL_SECONDS = 2.0
 """When a wrapped object's status was read by GET, look again this much later."""
 OWN_ERROR_FIRST_SECONDS = 1.0
 OWN_ERROR_MAX_SECONDS = 300.0
-"""Pauses (doubling) between attempts to make objects that met a bug of the dispatcher's."""
+"""Pauses (doubling) between attempts to make objects that met an error of the dispatcher's."""
+MAKING = "creating the wrapped objects"
+"""What the reconciler was doing, in the words of an error's message."""
 UNSYNCED_RECHECK_SECONDS = 5.0
 """A dispatched AppWrapper on a member whose caches have not synced: look again then."""
 
@@ -349,8 +349,8 @@ class Reconciler:
             if isinstance(ensured, Result):
                 return ensured
             objects, obj = ensured
-        if self._ensured.get(aw.key) and self._pacing.made_unwritten(aw.key):
-            status.objectsMadeFor = status.lastDispatchedAt  # any write now carries it
+        if self._ensured.get(aw.key) and status.objectsMadeFor != status.lastDispatchedAt:
+            obj = await self._record_made(obj, status)
         progress, counts_changed, polled = await self._progress(aw, status, member, objects)
         retry = retry_policy(aw.metadata.annotations, self._config.fault_tolerance.bounds())
         failing_for = self._resets.seconds_failing(
@@ -410,29 +410,27 @@ class Reconciler:
     async def _ensure_objects(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member
     ) -> tuple[list[Wrapped], Obj] | Result:
-        """Make this attempt's objects exist in `member` (the maker's step) and write what
-        came of it: the objects built and the AppWrapper as written, or what to do when
-        they cannot be (yet)."""
+        """Make this attempt's objects exist in `member` (the maker's step): the objects
+        built and the AppWrapper as read, or what to do when they cannot be (yet)."""
         try:
             made = await self._maker.ensure(aw, obj, status, member)
-        except DispatchError as error:
-            return await self._dispatch_failed(aw, obj, status, error, member)
         except Exception as exc:
-            return await self._own_error(aw, obj, status, exc)
+            return await self._making_failed(aw, obj, status, member, exc)
         self._own_errors.pop(aw.key, None)
         if isinstance(made, NotYet):
             return Result.after(made.seconds)
-        if isinstance(made, Refused):
-            forbidden = cond.mark_failed(
-                status, Reason.FORBIDDEN, made.message, now=self._moment()[1]
-            )
-            await self._status.write(obj, status, [forbidden])
-            return await self._after_terminal(aw, status)
-        attempt = status.lastDispatchedAt or ""
-        if attempt and status.objectsMadeFor != attempt:
-            self._pacing.made(aw.key, self._clock.time())
-        self._ensured[aw.key] = attempt
+        self._ensured[aw.key] = status.lastDispatchedAt or ""
         return made.objects, obj
+
+    async def _record_made(self, obj: Obj, status: AppWrapperStatus) -> Obj:
+        """Write at once, once per attempt, that its objects all exist (`objectsMadeFor`:
+        v1beta2's phase Running, the AppWrapper controller's meaning). Not paced to ride on
+        a later write: pods the objects make may be ready before that write comes, and the
+        phase must not trail what a user can already see (a status write takes
+        milliseconds; a pod's scheduling and start take longer). Level-based: should the
+        write fail, the next reconcile writes it."""
+        status.objectsMadeFor = status.lastDispatchedAt
+        return await self._status.write(obj, status, [])
 
     async def _progress(
         self, aw: AppWrapper, status: AppWrapperStatus, member: Member, objects: list[Wrapped]
@@ -500,7 +498,7 @@ class Reconciler:
         recheck = None if verdict.recheck_after is None else max(verdict.recheck_after, 0.05)
         if transition is not None:
             await self._status.write(obj, status, [transition])
-            self._pacing.written(key, now)  # counts and the objects-made record with it
+            self._pacing.written(key, now)  # the counts with it
             if not was_running and status.is_true(C.RUNNING):  # Running at last
                 self._recorder.running(aw, status, seconds_since(status.lastDispatchedAt, now))
             if verdict.verdict is Verdict.FAILED:
@@ -508,8 +506,7 @@ class Reconciler:
             return Result.soonest(poll, recheck)
         # Pod counts alone move often (every pod start): written at most every few seconds
         # so a large gang does not cost a status write per pod; the first ones after a
-        # dispatch wait for the Running write that usually follows. The objects-made record
-        # waits a little for it too.
+        # dispatch wait for the Running write that usually follows.
         wait = self._pacing.wait(key, status, now, counts_changed=counts_changed)
         if wait == 0:
             await self._status.write(obj, status, [])
@@ -517,55 +514,45 @@ class Reconciler:
             return Result.soonest(poll, recheck)
         return Result.soonest(poll, recheck, wait)
 
-    async def _own_error(
-        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: Exception
+    async def _making_failed(
+        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member, exc: Exception
     ) -> Result:
-        """A bug of the dispatcher's met while making the objects: not the user's doing, so
-        never Failed. It stays dispatched (its room held), says so in its status (once per
-        error), and is tried again with growing pauses, as the work queue does."""
-        attempts = self._own_errors.get(aw.key, 0)
-        self._own_errors[aw.key] = attempts + 1
-        delay = min(OWN_ERROR_FIRST_SECONDS * 2.0 ** min(attempts, 20), OWN_ERROR_MAX_SECONDS)
-        self._log.error(
-            "dispatch_crashed",
-            appwrapper=aw.metadata.name,
-            namespace=aw.metadata.namespace,
-            cluster=status.clusterName,
-            attempts=attempts + 1,
-            retry_in=delay,
-            exc_info=exc,
-        )
-        message = (
-            "creating the wrapped objects met an error of the dispatcher's own, not of this "
-            f"AppWrapper; retrying: {type(exc).__name__}: {str(exc)[:200]}"
-        )
-        stalled = cond.mark_stalled(status, Reason.DISPATCH_FAILED, message, now=self._moment()[1])
-        if stalled is not None:
-            await self._status.write(obj, status, [stalled])
-        return Result.after(delay)
-
-    async def _dispatch_failed(
-        self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, exc: DispatchError, member: Member
-    ) -> Result:
-        message = f"creating the wrapped objects failed: {exc}"
-        self._log.warning(
-            "dispatch_failed",
-            appwrapper=aw.metadata.name,
-            namespace=aw.metadata.namespace,
-            cluster=status.clusterName,
-            reason=str(exc)[:300],
-            users=isinstance(exc, UserInputError),
-        )
-        if isinstance(exc, UserInputError):
-            transition = cond.mark_failed(
-                status, Reason.DISPATCH_FAILED, message, now=self._moment()[1]
+        """An error met making the objects, acted on as the one policy decides: the user's
+        ends it Failed (its capacity given back); a dispatch that may succeed later is
+        requeued (its room given back); the dispatcher's own leaves it dispatched (its room
+        held), says so in its status (once per error) and is tried again with growing
+        pauses, as the work queue does. A Conflict or NotFound is the work queue's."""
+        decision = decide(exc, doing=MAKING)
+        if decision.action in (Action.RERUN, Action.FORGET):
+            raise exc
+        now = self._moment()[1]
+        where = {
+            "appwrapper": aw.metadata.name,
+            "namespace": aw.metadata.namespace,
+            "cluster": status.clusterName,
+        }
+        if decision.action is Action.RETRY:
+            attempts = self._own_errors.get(aw.key, 0)
+            self._own_errors[aw.key] = attempts + 1
+            delay = min(OWN_ERROR_FIRST_SECONDS * 2.0 ** min(attempts, 20), OWN_ERROR_MAX_SECONDS)
+            self._log.error(
+                "dispatch_crashed", **where, attempts=attempts + 1, retry_in=delay, exc_info=exc
             )
+            stalled = cond.mark_stalled(status, Reason.DISPATCH_FAILED, decision.message, now=now)
+            if stalled is not None:
+                await self._status.write(obj, status, [stalled])
+            return Result.after(delay)
+        assert decision.reason is not None  # FAIL and REQUEUE carry one
+        fail = decision.action is Action.FAIL
+        self._log.warning("dispatch_failed", **where, reason=decision.message[:300], users=fail)
+        if fail:
+            transition = cond.mark_failed(status, decision.reason, decision.message, now=now)
             await self._status.write(obj, status, [transition])
             return await self._after_terminal(aw, status)
         # create_all removed what this attempt created, but not objects made before a
         # restart (or adopted): they hold room nothing reserves once it is requeued.
         await self._requeue(
-            aw, obj, status, Reason.DISPATCH_FAILED, message, backoff=True, remove_from=member
+            aw, obj, status, decision.reason, decision.message, backoff=True, remove_from=member
         )
         # Nothing of this attempt may be left to wake it (no objects, so no pod events):
         # the end of the pause must come back by itself.
