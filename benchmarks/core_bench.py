@@ -45,9 +45,9 @@ from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE
 from dispatcher.api.resources import EMPTY, Resources
 from dispatcher.cluster.capacity import CapacityCache, slim_pod
 from dispatcher.core.model import (
-    AdmittedWorkload,
     ClusterSnapshot,
-    NodeState,
+    DispatchedWorkload,
+    NodeSnapshot,
     Placement,
     PodSet,
     QueueMode,
@@ -62,7 +62,7 @@ from dispatcher.core.quota.model import (
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling import CycleResult, LowestPriorityFirst, PreemptionPolicy, schedule
-from dispatcher.core.scheduling.placement import ClusterState, Gang, Refusal
+from dispatcher.core.scheduling.placement import ClusterRoom, Gang, Refusal
 
 GPU = "nvidia.com/gpu"
 GI = 2**30 * 1000  # milli-units of one Gi of memory
@@ -169,7 +169,7 @@ def build_cluster(
             owner = usage[rng.randrange(admitted_count)]
             owner[node_name] = owner.get(node_name, EMPTY) + Resources(part)
         node_states.append(
-            NodeState(
+            NodeSnapshot(
                 name=node_name,
                 allocatable=allocatable,
                 requested=Resources(used),
@@ -182,7 +182,7 @@ def build_cluster(
             )
         )
     admitted = [
-        AdmittedWorkload(
+        DispatchedWorkload(
             key=f"run/{name}-{index:05d}",
             priority=rng.choice([0, 0, 0, 0, 0, 0, 1, 1, 1, 5]),
             dispatched_at=NOW - rng.uniform(60, 86_400),
@@ -192,7 +192,7 @@ def build_cluster(
         if used_by
     ]
     # Dispatch AppWrappers, oldest first, while they fit (as the dispatcher did).
-    state = ClusterState(ClusterSnapshot(name=name, nodes=tuple(node_states)))
+    state = ClusterRoom(ClusterSnapshot(name=name, nodes=tuple(node_states)))
     reservations: list[Reservation] = []
     wanted = min(reserved, max(10, nodes * reserved // 1000))
     for attempt in range(wanted * 4):
@@ -207,7 +207,7 @@ def build_cluster(
         reservations.append(
             Reservation(key=key, pod_sets=pod_sets, priority=priority, dispatched_at=dispatched_at)
         )
-        admitted.append(AdmittedWorkload(key=key, priority=priority, dispatched_at=dispatched_at))
+        admitted.append(DispatchedWorkload(key=key, priority=priority, dispatched_at=dispatched_at))
     return ClusterSnapshot(
         name=name,
         nodes=tuple(node_states),

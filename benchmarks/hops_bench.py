@@ -192,7 +192,7 @@ def instrument_manager(_manager: Manager | None, probe: Probe) -> None:
     `core.queues.take` calls (the scheduler skips the cycle when nothing is queued; one
     whose work is all parked calls it with none: an empty cycle)."""
     from dispatcher.controller.lifecycle.reconciler import Reconciler
-    from dispatcher.core.queues import cycle
+    from dispatcher.core.queues import taking
 
     reconcile = _saved.setdefault("reconcile", Reconciler.reconcile)
 
@@ -201,18 +201,18 @@ def instrument_manager(_manager: Manager | None, probe: Probe) -> None:
 
     Reconciler.reconcile = counted  # type: ignore[method-assign]
     # The name `take` calls, as imported into its module.
-    original = _saved.setdefault("schedule", cycle.__dict__["schedule"])
-    cycle.__dict__["schedule"] = probe.schedule(original)
+    original = _saved.setdefault("schedule", taking.__dict__["schedule"])
+    taking.__dict__["schedule"] = probe.schedule(original)
 
 
 def uninstrument_manager() -> None:
     from dispatcher.controller.lifecycle.reconciler import Reconciler
-    from dispatcher.core.queues import cycle
+    from dispatcher.core.queues import taking
 
     if "reconcile" in _saved:
         Reconciler.reconcile = _saved.pop("reconcile")  # type: ignore[method-assign]
     if "schedule" in _saved:
-        cycle.__dict__["schedule"] = _saved.pop("schedule")
+        taking.__dict__["schedule"] = _saved.pop("schedule")
 
 
 def manager_counters(manager: Manager, key: str) -> dict[str, int]:

@@ -12,7 +12,7 @@ The quota scenario of `benchmarks.quota_bench` (100 cluster queues in 14 cohorts
   charge): the first cycle, and a steady-state cycle (after the first cycle's admissions,
   one of them finished): the full cycle costs the same whatever changed;
 - *kept* (`core.queues.take` over a `QueueManager` filled by one event per workload, its
-  `QuotaView` copied from a `Usage` kept on charge and release): the first cycle (every
+  `QuotaView` copied from a `Charges` kept on charge and release): the first cycle (every
   workload active, the same decisions as the full one, checked), then steady-state cycles,
   each after one admitted AppWrapper finished (its reservation gone, its quota released:
   the events wake what they can help), and an idle cycle (no event since the last one).
@@ -46,14 +46,14 @@ from benchmarks.quota_bench import QuotaScenario, build_quota_scenario
 from dispatcher.controller.scheduling.scheduler import DECISIONS_PER_CYCLE
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Reservation, Workload
 from dispatcher.core.queues import QueueManager, take
+from dispatcher.core.quota.charges import Charges
 from dispatcher.core.quota.flavors import with_flavors
 from dispatcher.core.quota.model import Charge, Flavor
 from dispatcher.core.quota.resolve import Queued
 from dispatcher.core.quota.tree import QuotaTree
-from dispatcher.core.quota.usage import Usage
 from dispatcher.core.quota.view import QuotaView
-from dispatcher.core.scheduling import Claim, CycleResult, HonourClaims, schedule
-from dispatcher.core.scheduling.kept import KeptStates
+from dispatcher.core.scheduling import CycleResult, HonourClaims, PreemptorClaim, schedule
+from dispatcher.core.scheduling.kept import KeptRooms
 
 STEADY_STEPS = 5  # finish-then-cycle steps timed per case
 MODES: tuple[tuple[QueueMode, str, str], ...] = (
@@ -169,11 +169,11 @@ def _kept(
         queued = resolver.resolve(item) if resolver is not None else None
         manager.upsert(item, queued.queue if isinstance(queued, Queued) else "")
     fill_ms = _ms(started)
-    usage = Usage(tree, scenario.charges) if tree is not None else None
-    states = KeptStates()
+    usage = Charges(tree, scenario.charges) if tree is not None else None
+    states = KeptRooms()
     # As the controller: a preemptor whose victims are named holds a claim, and the next
     # cycles name the same victims instead of asking the policy again (`HonourClaims`).
-    claims: dict[str, Claim] = {}
+    claims: dict[str, PreemptorClaim] = {}
     policy = _policy(preemption)
 
     def cycle(
@@ -195,7 +195,7 @@ def _kept(
         )
         elapsed = _ms(started), (time.process_time() - cpu) * 1000
         for chosen in result.preemptions:
-            claims[chosen.key] = Claim(chosen.cluster, chosen.victims, NOW)
+            claims[chosen.key] = PreemptorClaim(chosen.cluster, chosen.victims, NOW)
         return *elapsed, result
 
     first_ms, first_cpu, result = cycle(frozenset(), None, None)  # the first decides everything
@@ -231,7 +231,7 @@ def _kept(
 
 
 def _absorb(
-    state: _State, result: CycleResult, pending: dict[str, Workload], usage: Usage | None
+    state: _State, result: CycleResult, pending: dict[str, Workload], usage: Charges | None
 ) -> frozenset[str]:
     state.admit(result, pending)
     if usage is not None:

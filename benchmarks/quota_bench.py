@@ -32,8 +32,8 @@ from benchmarks.core_bench import (
 )
 from dispatcher.api.constants import DEFAULT_QUEUE
 from dispatcher.core.model import (
-    AdmittedWorkload,
     ClusterSnapshot,
+    DispatchedWorkload,
     QueueMode,
 )
 from dispatcher.core.quota.model import (
@@ -54,7 +54,7 @@ from dispatcher.core.quota.model import (
     WhenCanPreempt,
     WithinQueue,
 )
-from dispatcher.core.quota.tree import Node, QuotaTree
+from dispatcher.core.quota.tree import QuotaTree, TreeNode
 from dispatcher.core.quota.view import QuotaView
 
 # -- quotas ------------------------------------------------------------------------------
@@ -100,7 +100,7 @@ class QuotaScenario(Scenario):
         return replace(self.setup, queues=queues, fair_sharing=fair)
 
 
-def _dispatched(snapshot: ClusterSnapshot) -> list[tuple[AdmittedWorkload, dict[str, int], str]]:
+def _dispatched(snapshot: ClusterSnapshot) -> list[tuple[DispatchedWorkload, dict[str, int], str]]:
     """The cluster's dispatched AppWrappers, each with its requests in total (its bound
     pods' usage, or its reservation's pods) and the tier of its first node."""
     tiers = {node.name: node.labels.get("tier", ON_DEMAND) for node in snapshot.nodes}
@@ -335,7 +335,7 @@ def quota_summary(scenario: QuotaScenario) -> dict[str, Any]:
     return {
         "queues": len(specs),
         "cohorts": len(setup.cohorts),
-        "cohort_levels": max(len(tree.path(Node("queue", s.name))) - 1 for s in specs),
+        "cohort_levels": max(len(tree.path(TreeNode("queue", s.name))) - 1 for s in specs),
         "cohorts_with_quotas": sum(bool(c.groups) for c in setup.cohorts.values()),
         "flavors": len(setup.flavors),
         "queues_with_two_flavors": sum(any(len(g.flavors) > 1 for g in s.groups) for s in specs),

@@ -39,13 +39,13 @@ from aiohttp import web
 
 from dispatcher.controller.access.gatekeeper import AccessReviews
 from dispatcher.controller.visibility.api import BASE, FrontProxy, VisibilityApi
-from dispatcher.core.visibility import Active, Durations, Waiting, pending_view
+from dispatcher.core.visibility import Durations, Occupant, Waiting, pending_view
 from dispatcher.kube import certplan
 
 NOW = 1_800_000_000.0
 
 
-def scenario(pending: int, seed: int = 7) -> tuple[list[Waiting], list[Active], Durations]:
+def scenario(pending: int, seed: int = 7) -> tuple[list[Waiting], list[Occupant], Durations]:
     rng = random.Random(seed)
     queues = [f"cq-{i}" for i in range(20)]
     order = []
@@ -66,7 +66,7 @@ def scenario(pending: int, seed: int = 7) -> tuple[list[Waiting], list[Active], 
             )
         )
     active = [
-        Active(
+        Occupant(
             f"team-{i % 50}/run-{i}",
             NOW - rng.uniform(0, 3600),
             rng.choice(["", *queues]),

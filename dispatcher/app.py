@@ -389,7 +389,7 @@ async def _run(
     lease = None
     if elector is not None:
         # The fence is called by the elector itself, in the same step as it decides.
-        lease = asyncio.create_task(elector.hold(on_lost=dispatcher.fence), name="lease")
+        lease = asyncio.create_task(elector.keep_lease(on_lost=dispatcher.fence), name="lease")
         tasks.add(lease)
     log.info("started", members=list(dispatcher.members), queue_mode=config.queue_mode.value)
     try:

@@ -15,7 +15,7 @@ from dispatcher import settingsfile
 from dispatcher.core.admissionchecks import BEST_EFFORT_ATOMIC, KNOWN_CLASSES
 from dispatcher.core.faulttolerance import FaultToleranceBounds
 from dispatcher.core.gatekeeping import PriorityPolicy
-from dispatcher.core.model import QueueMode, Taint
+from dispatcher.core.model import Backfill, QueueMode, Taint
 from dispatcher.core.nodehealth import (
     DEFAULT_PREFER_WEIGHT,
     DEFAULT_RESOURCE_TAINTS,
@@ -354,6 +354,22 @@ class ProvisioningConfig(BaseModel):
     its booking up and asks again (other work took the nodes made for it)."""
 
 
+class ProtectionConfig(BaseModel):
+    """What protects dispatched work from preemption where no queue says (a ClusterAppQueue's
+    `spec.preemption.minimumRuntimeSeconds` and `noticeSeconds` say it for its own)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    minimum_runtime_seconds: float = Field(default=0.0, ge=0, le=7 * 24 * 3600)
+    """Seconds an AppWrapper runs before it may be preempted, where it asks none."""
+    max_minimum_runtime_seconds: float = Field(default=3600.0, ge=0, le=7 * 24 * 3600)
+    """The most an AppWrapper may ask (`workload.codeflare.dev/minimum-runtime`) where its
+    queue sets no minimum runtime of its own."""
+    notice_seconds: float = Field(default=0.0, ge=0, le=3600)
+    """Seconds a victim is told (condition and Event, with the deadline) before its objects
+    are removed."""
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -371,6 +387,13 @@ class Config(BaseModel):
     preemption: bool = True
     """A higher-priority AppWrapper that does not fit may evict strictly lower-priority
     dispatched ones (and, with quotas, what its queue's preemption policies allow)."""
+    backfill: Backfill = Backfill.DECLARED
+    """Declared: a head that fits nowhere reserves the nodes it will fit on once the running
+    work's declared limits end it, and later work may use them only if its own limit ends it
+    first. Off: no reservations. With quotas, only for AppWrappers that name no queue (a
+    ClusterAppQueue has `spec.backfill`)."""
+    protection: ProtectionConfig = Field(default_factory=lambda: ProtectionConfig())
+    """Preemption that respects a minimum runtime and gives notice (docs/scheduling.md)."""
     requeue_pause_seconds: float = Field(default=5.0, ge=0)
     """Backoff after a requeue when the AppWrapper sets no requeuing.pauseTimeInSeconds."""
     fault_tolerance: FaultToleranceConfig = Field(default_factory=lambda: FaultToleranceConfig())

@@ -26,7 +26,7 @@ from dispatcher.controller.access.gatekeeper import AccessReviews
 from dispatcher.controller.access.reviews import ReviewBudget
 from dispatcher.controller.manager import Manager
 from dispatcher.controller.visibility.api import FrontProxy, VisibilityApi
-from dispatcher.controller.visibility.webview import QueueRow, Usage
+from dispatcher.controller.visibility.webview import QueueRow, UsageBar
 from dispatcher.core.visibility import audiences
 from dispatcher.kube import certplan
 from dispatcher.kube.client import KubeClient, ResourceInfo
@@ -96,7 +96,7 @@ def queue_rows(dispatcher: Manager) -> list[QueueRow]:
                     fr = (flavor.flavor, resource)
                     used = summary.usage.get(fr, 0) if summary else 0
                     borrowed = summary.borrowed.get(fr, 0) if summary else 0
-                    usage.append(Usage(flavor.flavor, resource, used, quota.nominal, borrowed))
+                    usage.append(UsageBar(flavor.flavor, resource, used, quota.nominal, borrowed))
         rows.append(
             QueueRow(
                 name=name,

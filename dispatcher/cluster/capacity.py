@@ -25,7 +25,7 @@ from typing import Any
 from dispatcher.api.constants import LABEL_NAME, LABEL_NAMESPACE, LABEL_UID
 from dispatcher.api.quantity import QuantityError
 from dispatcher.api.resources import EMPTY, Resources
-from dispatcher.core.model import ClusterSnapshot, NodeState, Reservation, Taint
+from dispatcher.core.model import ClusterSnapshot, NodeSnapshot, Reservation, Taint
 from dispatcher.core.nodehealth import OFF, NodeHealth, evicted_nodes, offered
 from dispatcher.core.podsets import pod_requests
 from dispatcher.kube.lazyjson import LazyArray, LazyObject, fields, plain
@@ -50,7 +50,7 @@ class PodRecord:
     deleting: bool = False
 
     @property
-    def holds_capacity(self) -> bool:
+    def occupies_node(self) -> bool:
         return bool(self.node) and self.phase not in TERMINAL_PHASES
 
     @property
@@ -220,7 +220,7 @@ def _pod_record(pod: Obj, requests: Resources | None = None) -> PodRecord:
     )
 
 
-def _node_state(node: Obj) -> NodeState:
+def _node_state(node: Obj) -> NodeSnapshot:
     meta = node.get("metadata", {})
     spec = node.get("spec", {})
     status = node.get("status", {})
@@ -236,7 +236,7 @@ def _node_state(node: Obj) -> NodeState:
         Taint(key=t.get("key", ""), value=t.get("value", "") or "", effect=t.get("effect", ""))
         for t in spec.get("taints", []) or []
     )
-    return NodeState(
+    return NodeSnapshot(
         name=meta["name"],
         allocatable=allocatable,
         labels=dict(meta.get("labels") or {}),
@@ -254,7 +254,7 @@ class CapacityCache:
     labels: Mapping[str, str] = field(default_factory=dict)
     node_selector: Mapping[str, str] = field(default_factory=dict)
     on_change: Callable[[str], None] | None = None  # called with a reason, e.g. "pod-freed"
-    nodes: dict[str, NodeState] = field(default_factory=dict)
+    nodes: dict[str, NodeSnapshot] = field(default_factory=dict)
     requested: dict[str, Resources] = field(default_factory=dict)
     pods: dict[str, PodRecord] = field(default_factory=dict)
     pods_by_owner: dict[Owner, dict[str, PodRecord]] = field(default_factory=dict)
@@ -277,7 +277,7 @@ class CapacityCache:
         for node in self.nodes.values():
             self._judge_health(node)
 
-    def _judge_health(self, node: NodeState | None, name: str = "") -> None:
+    def _judge_health(self, node: NodeSnapshot | None, name: str = "") -> None:
         """Record what `node`'s labels withhold and evict (None: node `name` is gone or no
         longer counted), and wake the owners of its pods when what it evicts changed."""
         name = node.name if node is not None else name
@@ -301,7 +301,7 @@ class CapacityCache:
         if self.on_change is not None:
             self.on_change(reason)
 
-    def _selected(self, node: NodeState) -> bool:
+    def _selected(self, node: NodeSnapshot) -> bool:
         return all(node.labels.get(k) == v for k, v in self.node_selector.items())
 
     # -- event handlers (informer callbacks) ---------------------------------------------
@@ -353,15 +353,15 @@ class CapacityCache:
         self.pods[record.key] = record
         self._account(record)
         self._index(record)
-        freed = previous is not None and previous.holds_capacity and not record.holds_capacity
+        freed = previous is not None and previous.occupies_node and not record.occupies_node
         self._changed("pod-freed" if freed else "pod-changed")
 
     def _account(self, record: PodRecord) -> None:
-        if record.holds_capacity:
+        if record.occupies_node:
             self.requested[record.node] = self.requested.get(record.node, EMPTY) + record.requests
 
     def _unaccount(self, record: PodRecord) -> None:
-        if record.holds_capacity:
+        if record.occupies_node:
             self.requested[record.node] = self.requested.get(record.node, EMPTY) - record.requests
 
     def _index(self, record: PodRecord) -> None:
@@ -419,7 +419,7 @@ class CapacityCache:
             (
                 (r.node, r.requests)
                 for r in self.pods_by_owner.get((key, uid), {}).values()
-                if r.holds_capacity and not r.deleting
+                if r.occupies_node and not r.deleting
             ),
             self.evicting,
         )
@@ -428,7 +428,7 @@ class CapacityCache:
         self, reservations: tuple[Reservation, ...] = (), *, reachable: bool = True
     ) -> ClusterSnapshot:
         nodes = tuple(
-            NodeState(
+            NodeSnapshot(
                 name=n.name,
                 allocatable=offered(
                     n.allocatable, self.requested.get(n.name, EMPTY), self.withheld[n.name]

@@ -387,6 +387,12 @@ class Member:
             return 0.0
         return max(0.0, self.clock.monotonic() - last)
 
+    def lost(self, timeout: float) -> bool:
+        """Silent past `timeout`: what runs there is given up on (requeued elsewhere, its
+        copies removed when it answers again). Never the hub: the dispatcher reads and
+        writes through it, so while it is silent nothing is decided at all."""
+        return not self.is_hub and self.silent_for() > timeout
+
     def reachable(self, *, grace: float = 6.0) -> bool:
         """Synced and answering within `grace` seconds: only such a member gets new
         dispatches (never one whose pods are not all known)."""

@@ -16,7 +16,7 @@ Who does what (each step of an AppWrapper's life has one owner):
   backoff);
 - `StatusWriter` (status.py) is the one way status is written; what a write changed for
   others goes through the `Outbox` (outbox.py), delivered after the write returned;
-- `Ledger` (ledger.py) counts lives and their hops, and has each part forget a finished one;
+- `Lives` (ledger.py) counts lives and their hops, and has each part forget a finished one;
 - `Quotas` (quotas.py) reads the queue objects and writes their status;
 - `Upkeep` (upkeep.py) hands stranded work to the reconciler and collects orphans;
 - the workers (`serve`, workqueue.py) run reconciles with the error policy.
@@ -38,7 +38,7 @@ from dispatcher.cluster.member import Member
 from dispatcher.config import Config, DeclaredPodResources
 from dispatcher.controller.access.gatekeeper import Gatekeeper
 from dispatcher.controller.access.witness import RecordWitness
-from dispatcher.controller.lifecycle.ledger import Ledger
+from dispatcher.controller.lifecycle.lives import Lives
 from dispatcher.controller.lifecycle.making import Maker
 from dispatcher.controller.lifecycle.provisioning import Provisioning
 from dispatcher.controller.lifecycle.reconciler import Reconciler
@@ -61,7 +61,7 @@ from dispatcher.kube.informer import Informer
 from dispatcher.metrics import (
     Figures,
     ManagerCollector,
-    MetricsView,
+    MetricsFigures,
     PendingFigures,
     Recorder,
     count_pending,
@@ -239,7 +239,7 @@ class Manager:
             dispatched=partial(self.cache.keys, STRANDED),
             assumed_cluster=self.cache.assumed_cluster,
         )
-        self.ledger = Ledger(
+        self.ledger = Lives(
             cycles=self.scheduler.considered,
             writes=self.status.writes,
             live=self.cache.alive,
@@ -290,7 +290,7 @@ class Manager:
             self.queue,
             self.reconciler.reconcile,
             taken=self.ledger.reconciled,
-            around=self.outbox.holding,
+            around=self.outbox.deferring,
         )
         self._loops: list[Runnable] = [
             *((f"worker-{index}", worker) for index in range(self.config.workers)),
@@ -308,7 +308,7 @@ class Manager:
     # -- what /metrics reads (metrics.Counted): counters as they stand, the last view ----
 
     @property
-    def metrics_view(self) -> MetricsView:
+    def metrics_view(self) -> MetricsFigures:
         return self.figures.latest
 
     @property

@@ -5,7 +5,7 @@ Side effects: none of its own; what a notice does is its deliverer's.
 The status writer records each answer in the scheduler cache at once (the next cycle must
 see it), and what that changed for others (a decision to take again, a life that ended) is
 put here. It is delivered after the write returned, never inside it: to the worker whose
-reconcile wrote it, once that reconcile has returned (`holding`); for any other writer (an
+reconcile wrote it, once that reconcile has returned (`deferring`); for any other writer (an
 admission, a waiting message) and for the watch, on the event loop's next turn. So no
 owner's state is changed under it while it awaits its own write.
 """
@@ -36,12 +36,12 @@ class Outbox:
         self._deliver = deliver
         self._loose: list[Notice] = []
         """Put outside any holder: delivered on the loop's next turn."""
-        self._held: dict[asyncio.Task[object], list[Notice]] = {}
+        self._deferred: dict[asyncio.Task[object], list[Notice]] = {}
         self._scheduled = False
 
     def put(self, notice: Notice) -> None:
         task = _task()
-        held = self._held.get(task) if task is not None else None
+        held = self._deferred.get(task) if task is not None else None
         if held is not None:
             held.append(notice)
             return
@@ -51,18 +51,18 @@ class Outbox:
             asyncio.get_running_loop().call_soon(self._drain_loose)
 
     @contextlib.contextmanager
-    def holding(self) -> Iterator[None]:
+    def deferring(self) -> Iterator[None]:
         """Notices this task puts meanwhile are delivered when the block ends."""
         task = _task()
-        if task is None or task in self._held:
+        if task is None or task in self._deferred:
             yield
             return
         notices: list[Notice] = []
-        self._held[task] = notices
+        self._deferred[task] = notices
         try:
             yield
         finally:
-            del self._held[task]
+            del self._deferred[task]
             self._deliver_all(notices)
 
     def _drain_loose(self) -> None:

@@ -23,6 +23,7 @@ import structlog
 
 from dispatcher.clock import Clock, SystemClock, Timer
 from dispatcher.controller.errors import Action, decide
+from dispatcher.core.retry import retry_delay
 
 CONFLICT_BACKOFF_SECONDS = 0.01
 """First delay between runs of one key that keep meeting Conflict (doubling)."""
@@ -133,7 +134,7 @@ class WorkQueue:
                 return 0.0
             failures -= 1
         start = self._base if base is None else base
-        delay = min(start * float(2 ** min(failures, 30)), self._max)
+        delay = retry_delay(start, failures, self._max)
         self.add_after(key, delay)
         return delay
 

@@ -35,6 +35,7 @@ from enum import StrEnum
 from typing import Any
 
 from dispatcher.core.model import PodSet
+from dispatcher.core.retry import retry_delay
 
 PROVISIONING_API = "autoscaling.x-k8s.io/v1"
 CHECK_CAPACITY = "check-capacity.autoscaling.x-k8s.io"
@@ -78,7 +79,7 @@ class Retry:
 
     def backoff(self, attempt: int) -> float:
         """Seconds between attempt `attempt`'s failure and the next: doubling, capped."""
-        return float(min(self.max_seconds, self.base_seconds * 2 ** max(0, attempt - 1)))
+        return retry_delay(self.base_seconds, attempt - 1, self.max_seconds)
 
 
 def request_name(uid: str, check: str, attempt: int) -> str:
@@ -133,7 +134,7 @@ def foreign(request: Mapping[str, Any], *, namespace: str, uid: str) -> str:
     return "no controller reference to the AppWrapper"
 
 
-def latest_attempt(requests: Iterable[Mapping[str, Any]], check: str) -> int:
+def latest_round(requests: Iterable[Mapping[str, Any]], check: str) -> int:
     """The highest attempt of `check` among the AppWrapper's requests (0: none yet)."""
     best = 0
     for request in requests:

@@ -266,7 +266,7 @@ def mark_running(status: AppWrapperStatus, message: str, *, now: datetime) -> Tr
     return Transition(Reason.PODS_RUNNING, message)
 
 
-def mark_holding_completion(
+def mark_running_hold_completion(
     status: AppWrapperStatus, message: str, *, now: datetime
 ) -> Transition | None:
     """MCAD's RunningHoldCompletion: the items report completion, pods still run. Running

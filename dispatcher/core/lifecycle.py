@@ -26,12 +26,13 @@ from enum import Enum
 
 from dispatcher.api.models import Reason, Requeuing
 from dispatcher.core.faulttolerance import Retry
+from dispatcher.core.retry import retry_delay
 
 
 class Verdict(Enum):
     WAIT = "wait"
     RUNNING = "running"
-    HOLD_COMPLETION = "hold_completion"
+    RUNNING_HOLD_COMPLETION = "hold_completion"
     """Every item with a completionstatus reports it; pods still run (MCAD's rule)."""
     COMPLETED = "completed"
     FAILED = "failed"
@@ -88,7 +89,7 @@ def requeue_window(requeuing: Requeuing, requeue_count: int) -> float | None:
         return None
     base = float(requeuing.timeInSeconds)
     if requeuing.growthType == "exponential":
-        window = base * float(2 ** min(requeue_count, 30))
+        window = retry_delay(base, requeue_count)
     elif requeuing.growthType == "linear":
         window = base * (requeue_count + 1)
     else:
@@ -149,7 +150,7 @@ def _done(p: Progress) -> Assessment | None:
             if p.running or p.pending:
                 # No pod count in the message: it would cost a status write per pod ending.
                 return Assessment(
-                    Verdict.HOLD_COMPLETION,
+                    Verdict.RUNNING_HOLD_COMPLETION,
                     Reason.SOME_ITEMS_COMPLETED,
                     f"{reported}; held until its running and pending pods end",
                 )

@@ -104,7 +104,7 @@ def tracked_pod_count(pod_sets: tuple[PodSet, ...]) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeState:
+class NodeSnapshot:
     """One node as the capacity cache sees it. `requested` sums non-terminal pods bound to it."""
 
     name: str
@@ -152,7 +152,7 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
-class AdmittedWorkload:
+class DispatchedWorkload:
     """A dispatched AppWrapper in a member cluster, as preemption sees it.
 
     `usage` is what its pods that are already bound use, per node (these requests are also
@@ -166,6 +166,13 @@ class AdmittedWorkload:
     dispatched_at: float
     preemptible: bool = True
     usage: tuple[tuple[str, Resources], ...] = ()  # (node name, requests of its pods there)
+    ends_at: float | None = None
+    """When its declared limit (`dispatchDuration.limit`) ends it at the latest: its room is
+    free from then on (reservations count on it). None: no limit, it may run for ever."""
+    protected_until: float = 0.0
+    """Not a preemption victim before this: its dispatch plus its minimum runtime."""
+    checkpointed_at: float = 0.0
+    """The last checkpoint it declared (0: none): preempting it loses the runtime since."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,11 +180,11 @@ class ClusterSnapshot:
     """A member cluster at one instant, as the scheduling cycle sees it."""
 
     name: str
-    nodes: tuple[NodeState, ...]
+    nodes: tuple[NodeSnapshot, ...]
     reservations: tuple[Reservation, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     reachable: bool = True
-    admitted: tuple[AdmittedWorkload, ...] = ()  # dispatched AppWrappers (preemption candidates)
+    admitted: tuple[DispatchedWorkload, ...] = ()  # dispatched AppWrappers (preemption candidates)
     namespaces: frozenset[str] | None = None
     """The hub namespaces whose AppWrappers may come here by name (a member's `namespaces`
     mapping); None: every one (the hub itself)."""
@@ -269,7 +276,11 @@ class Workload:
     kind: str = ""
     """The kind of its first item, as written (what the pending list and its estimates say)."""
     duration_limit: float | None = None
-    """Its `dispatchDuration.limit` in seconds, None for none (the start estimates)."""
+    """Its `dispatchDuration.limit` in seconds, None for none (the start estimates, and
+    whether it may backfill room reserved for another)."""
+    minimum_runtime: float = 0.0
+    """Seconds it asks to run before it may be preempted (its annotation; the queue caps
+    it, and gives its own where it asks none)."""
     # Its pod sets' shapes: what its fit depends on (see `PodSet.shape`).
     shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
     charge_shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
@@ -298,9 +309,22 @@ class Workload:
             self.checked,
             self.kind,
             self.duration_limit,
+            self.minimum_runtime,
         )
 
 
 class QueueMode(StrEnum):
     STRICT_FIFO = "StrictFIFO"
     BEST_EFFORT_FIFO = "BestEffortFIFO"
+
+
+class Backfill(StrEnum):
+    """Whether work behind a reserved gang may use the room reserved for it."""
+
+    OFF = "Off"
+    """No reservations: the head waits as its queueing strategy says."""
+    DECLARED = "Declared"
+    """A head that fits nowhere reserves the nodes it will fit on, from the earliest time the
+    running work's declared limits free them; work behind it may use reserved room only if
+    its own declared limit ends it before then (EASY backfill). Work without a limit never
+    uses reserved room."""

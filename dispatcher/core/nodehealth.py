@@ -14,7 +14,7 @@ styled like taints: for each resource, (label key, label value, effect).
 | NoExecute        | the node offers none of it | required NotIn              | moved        |
 
 A node that is cordoned, not Ready or tainted against the pods offers nothing anyway
-(`NodeState.admits`), as the controller counts such a node NoSchedule for all it has.
+(`NodeSnapshot.admits`), as the controller counts such a node NoSchedule for all it has.
 """
 
 from __future__ import annotations

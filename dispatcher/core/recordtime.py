@@ -24,7 +24,7 @@ span. A configuration deleted and made again has a new creationTimestamp: record
 before it are then no longer proved by it (the proof made while the old one was in place
 is kept by the dispatcher while it runs: `Read`s are remembered).
 
-For generation 1 the record's time must also be within `ADMISSION_SECONDS` before the
+For generation 1 the record's time must also be within `WEBHOOK_TO_STORE_SECONDS` before the
 creationTimestamp (and at most `SKEW_SECONDS` after it): a record obtained earlier is of no
 use even where the assumptions below fail.
 
@@ -46,7 +46,7 @@ from typing import Any
 SKEW_SECONDS = 5.0
 """Tolerated difference between the clocks of the API servers and the dispatcher's replicas
 (the signing time is the replica's; creationTimestamps are the API server's)."""
-ADMISSION_SECONDS = 60.0
+WEBHOOK_TO_STORE_SECONDS = 60.0
 """The longest a create may take from the webhook's signature to its storage: the webhooks
 after ours (at most 30 s each by Kubernetes' limit; ours 10 s) and the write itself."""
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
@@ -165,7 +165,7 @@ def record_time_problem(
         first
         and signed_at is not None
         and created is not None
-        and not created - ADMISSION_SECONDS <= signed_at <= created + 1 + SKEW_SECONDS
+        and not created - WEBHOOK_TO_STORE_SECONDS <= signed_at <= created + 1 + SKEW_SECONDS
     ):
         return _refused(
             f"it was signed at {_iso(signed_at)}, not when the AppWrapper was created "

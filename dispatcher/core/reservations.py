@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dispatcher.api.resources import Resources
-from dispatcher.core.model import AdmittedWorkload, PodSet, Reservation, Workload
+from dispatcher.core.model import DispatchedWorkload, PodSet, Reservation, Workload
 
 
 class OwnedPod(Protocol):
@@ -26,22 +26,30 @@ class OwnedPod(Protocol):
     def requests(self) -> Resources: ...
 
     @property
-    def holds_capacity(self) -> bool: ...
+    def occupies_node(self) -> bool: ...
 
     @property
     def deleting(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
-class Holding:
+class Occupancy:
     """A dispatched AppWrapper's reservation (None once every pod is bound) and usage."""
 
     reservation: Reservation | None
-    admitted: AdmittedWorkload
+    admitted: DispatchedWorkload
 
 
-def holding(workload: Workload, pods: Iterable[OwnedPod], *, dispatched_at: float) -> Holding:
-    """What `workload`, dispatched at `dispatched_at` and owning `pods`, holds now."""
+def occupancy(
+    workload: Workload,
+    pods: Iterable[OwnedPod],
+    *,
+    dispatched_at: float,
+    checkpointed_at: float = 0.0,
+) -> Occupancy:
+    """What `workload`, dispatched at `dispatched_at` and owning `pods`, holds now; when its
+    declared limit ends it, until when it is protected from preemption (its
+    `minimum_runtime`, as its queue allows it), and its last declared checkpoint."""
     owned = list(pods)
     # A pod on its way out (an earlier attempt's, its objects deleted) still uses its node
     # but is not one of the gang's: the objects made again will make another in its place.
@@ -59,16 +67,20 @@ def holding(workload: Workload, pods: Iterable[OwnedPod], *, dispatched_at: floa
         )
     usage: dict[str, Resources] = {}
     for pod in owned:
-        if pod.holds_capacity:
+        if pod.occupies_node:
             usage[pod.node] = usage[pod.node] + pod.requests if pod.node in usage else pod.requests
-    admitted = AdmittedWorkload(
+    limit = workload.duration_limit
+    admitted = DispatchedWorkload(
         key=workload.key,
         priority=workload.priority,
         dispatched_at=dispatched_at,
         preemptible=workload.preemptible,
         usage=tuple(sorted(usage.items())),
+        ends_at=None if limit is None else dispatched_at + limit,
+        protected_until=dispatched_at + workload.minimum_runtime,
+        checkpointed_at=checkpointed_at,
     )
-    return Holding(reservation, admitted)
+    return Occupancy(reservation, admitted)
 
 
 def unplaced(pod_sets: tuple[PodSet, ...], placed: Sequence[Resources]) -> tuple[PodSet, ...]:

@@ -3,7 +3,7 @@
 The CRD schema rejects malformed YAML at `kubectl apply`; what it cannot see is checked here
 (rules 6 and 7): every item is a complete, namespaced object of an allowed kind, in the
 AppWrapper's own namespace, with quantities that parse, asking for no DRA devices (not
-charged yet: core/claims.py), and no two items name the same object. Errors are plain
+charged yet: core/resourceclaims.py), and no two items name the same object. Errors are plain
 sentences for the AppWrapper's status; an empty list means valid.
 Whether the kind exists in the target cluster is the shell's check (it needs discovery).
 
@@ -22,8 +22,8 @@ import orjson
 
 from dispatcher.api.names import GENERATE_NAME_PREFIX_MAX
 from dispatcher.api.quantity import QuantityError
-from dispatcher.core.claims import CLAIM_KINDS, claim_problems
 from dispatcher.core.podsets import infer_pod_sets
+from dispatcher.core.resourceclaims import CLAIM_KINDS, claim_problems
 
 __all__ = [
     "DEFAULT_ALLOWED_KINDS",
@@ -467,7 +467,7 @@ def validate_item(
         infer_pod_sets(template)
     except QuantityError as exc:
         errors.append(str(exc))
-    # Devices asked for through DRA would be neither charged nor fitted (core/claims.py).
+    # Devices asked for through DRA would be neither charged nor fitted (core/resourceclaims.py).
     errors += claim_problems(template)
     return errors
 

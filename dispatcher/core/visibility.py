@@ -3,7 +3,7 @@
 Pure, no I/O, no clock reads (time comes in as `now`). The controller hands in the pending
 AppWrappers in the order the last scheduling cycle took them (`Waiting`, with the cluster
 queue and AppQueue each resolved to and the reason it waits) and what holds room now
-(`Active`); `pending_view` gives every pending AppWrapper its positions (overall, in its
+(`Occupant`); `pending_view` gives every pending AppWrapper its positions (overall, in its
 cluster queue, in its AppQueue) and an `Eta` with its basis.
 
 The estimate is a slot model, kept simple on purpose so that its basis can be said in one
@@ -36,9 +36,9 @@ from dispatcher.core.mentions import KEY, hide, namespace_of
 from dispatcher.core.quota.model import QuotaSetup
 
 __all__ = [
-    "Active",
     "Durations",
     "Eta",
+    "Occupant",
     "Pending",
     "PendingView",
     "Waiting",
@@ -71,7 +71,7 @@ class Waiting:
 
 
 @dataclass(frozen=True, slots=True)
-class Active:
+class Occupant:
     """An AppWrapper that holds room now (dispatched or running)."""
 
     key: str
@@ -217,7 +217,7 @@ def clock(at: float) -> str:
 
 
 def _lines(
-    order: Sequence[Waiting], active: Iterable[Active], durations: Durations, now: float
+    order: Sequence[Waiting], active: Iterable[Occupant], durations: Durations, now: float
 ) -> dict[str, Eta]:
     """The slot model of the module docstring, per cluster queue."""
     expected = _Expected(durations)
@@ -267,7 +267,7 @@ def _lines(
 
 
 def pending_view(
-    order: Sequence[Waiting], active: Iterable[Active], durations: Durations, now: float
+    order: Sequence[Waiting], active: Iterable[Occupant], durations: Durations, now: float
 ) -> PendingView:
     """Positions and estimates of every pending AppWrapper, `order` being the cycle's."""
     active = tuple(active)

@@ -205,7 +205,7 @@ class LeaderElector:
                 self.log.warning("lease_unavailable", error=str(exc)[:200])
             await self.clock.sleep(self.retry_period)
 
-    async def hold(self, on_lost: Callable[[], None] = lambda: None) -> None:
+    async def keep_lease(self, on_lost: Callable[[], None] = lambda: None) -> None:
         """Renew until cancelled. When the lease is lost (taken, or not renewed by the renew
         deadline), call `on_lost` at once, before any other task can run, then raise
         LostLease."""

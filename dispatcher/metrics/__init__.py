@@ -3,7 +3,7 @@
 `recorder.Recorder` holds what is observed as it happens (histograms, counters by reason,
 the leader gauge, build_info, process collectors) in the manager's own registry;
 `collector.ManagerCollector` adds, at scrape time, what the controller counts anyway and
-the queues' gauges from the last view the controller published (`view.MetricsView`, kept
+the queues' gauges from the last view the controller published (`view.MetricsFigures`, kept
 by `figures.Figures`: a scrape computes nothing). `render` is what health.py serves at
 /metrics. Nothing here imports the controller (an import contract keeps it so): the
 controller builds the views and its manager satisfies `view.Counted`.
@@ -18,7 +18,7 @@ from prometheus_client import generate_latest
 from dispatcher.metrics.collector import ManagerCollector
 from dispatcher.metrics.figures import Figures, count_pending
 from dispatcher.metrics.recorder import Recorder
-from dispatcher.metrics.view import Counted, MetricsView, PendingFigures, QueueFigures
+from dispatcher.metrics.view import Counted, MetricsFigures, PendingFigures, QueueFigures
 
 
 class Recorded(Protocol):
@@ -37,7 +37,7 @@ __all__ = [
     "Counted",
     "Figures",
     "ManagerCollector",
-    "MetricsView",
+    "MetricsFigures",
     "PendingFigures",
     "QueueFigures",
     "Recorder",

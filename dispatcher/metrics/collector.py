@@ -2,7 +2,7 @@
 
 No I/O of its own, nothing computed over the AppWrappers, and no call into the controller's
 parts: the counters are ones the controller keeps anyway and the gauges are read from the
-last `MetricsView` it published (view.py: the queues as their status was last computed,
+last `MetricsFigures` it published (view.py: the queues as their status was last computed,
 the pending work's figures as the leader's timer last counted them), both through the
 narrow `Counted` the manager satisfies. Histograms are not here: the recorder observes
 them where the fact is known.
@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from dispatcher.core.pending import PendingStatus
 from dispatcher.metrics.recorder import PREFIX
-from dispatcher.metrics.view import Counted, MetricsView, QueueFigures
+from dispatcher.metrics.view import Counted, MetricsFigures, QueueFigures
 
 RESOURCE_LABELS = ["cohort", "cluster_queue", "flavor", "resource"]
 DEPRECATED = "Deprecated, removed in the next release: read {}. "
@@ -155,7 +155,7 @@ def _queue_metrics(view: QueueFigures) -> Iterator[Metric]:
     yield local
 
 
-def _pending_metrics(view: MetricsView) -> Iterator[Metric]:
+def _pending_metrics(view: MetricsFigures) -> Iterator[Metric]:
     """Queued AppWrappers per cluster queue ("" without queues) and AppQueue, by status,
     as last computed."""
     figures, queues = view.pending, view.queues

@@ -3,7 +3,7 @@ and only read by a scrape; and `Figures`, where the controller publishes the vie
 reads (view.py).
 
 No I/O. `count_pending` is the pass (each pending AppWrapper resolved to its queue, with the
-status of its last wait); `Figures.latest` is the last `MetricsView`: its pending part is
+status of its last wait); `Figures.latest` is the last `MetricsFigures`: its pending part is
 computed again by `refresh`, which the leader's manager runs every `metrics.refresh_seconds`
 (`run`), its queues' part replaced by `publish_queues` when the queues' status is computed.
 A scrape reads `Figures.latest` and computes nothing: however often /metrics is asked (it
@@ -25,7 +25,7 @@ from dispatcher.core.pending import PendingStatus, pending_status
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.scheduling import Wait
-from dispatcher.metrics.view import MetricsView, PendingFigures, QueueFigures
+from dispatcher.metrics.view import MetricsFigures, PendingFigures, QueueFigures
 
 
 def count_pending(
@@ -49,7 +49,7 @@ def count_pending(
 
 
 class Figures:
-    """The last `MetricsView` published, and the loop that computes its pending figures
+    """The last `MetricsFigures` published, and the loop that computes its pending figures
     again."""
 
     def __init__(
@@ -62,7 +62,7 @@ class Figures:
         self._compute = compute
         self._every = every
         self._sleep = sleep
-        self.latest = MetricsView()
+        self.latest = MetricsFigures()
         self.computed = 0
         """How many times the pending figures were computed (tests: a scrape adds none)."""
 

@@ -3,7 +3,7 @@ plain counters it keeps anyway.
 
 No I/O, and no import of the controller: the controller imports this (it builds the views
 and its manager satisfies `Counted`), never the other way round. A scrape reads
-`Counted.metrics_view`, the last `MetricsView` published, and the counters as they stand;
+`Counted.metrics_view`, the last `MetricsFigures` published, and the counters as they stand;
 it calls nothing that computes, so it never drives the scheduler cache or the quota tree.
 
 The view is published at two known points, each replacing its own part (`Figures`):
@@ -47,7 +47,7 @@ class QueueFigures:
 
 
 @dataclass(frozen=True)
-class MetricsView:
+class MetricsFigures:
     """Everything a scrape reads that the controller computed: published, never computed
     at scrape time."""
 
@@ -86,4 +86,4 @@ class Counted(Protocol):
         ...
 
     @property
-    def metrics_view(self) -> MetricsView: ...
+    def metrics_view(self) -> MetricsFigures: ...

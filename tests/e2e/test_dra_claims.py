@@ -1,4 +1,4 @@
-"""DRA resource claims are refused, never ignored (core/claims.py), on the real API server:
+"""DRA resource claims are refused, never ignored (core/resourceclaims.py), on the real API server:
 at `kubectl apply` by the admission webhook, in either AppWrapper version; and, stored past
 the webhook, Failed with InvalidSpec before anything of the AppWrapper is created."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.core.claims import NOT_CHARGED
+from dispatcher.core.resourceclaims import NOT_CHARGED
 from testenv.kubectl import KubectlError
 from testenv.waits import async_holds_for
 from tests.e2e.conftest import QUIET_SECONDS, appwrapper, deployment, get_aw, wait_condition

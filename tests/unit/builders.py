@@ -10,9 +10,9 @@ from dispatcher.api.resources import Resources
 from dispatcher.core.model import (
     ONE_POD,
     PODS,
-    AdmittedWorkload,
     ClusterSnapshot,
-    NodeState,
+    DispatchedWorkload,
+    NodeSnapshot,
     Placement,
     PodSet,
     Reservation,
@@ -22,7 +22,7 @@ from dispatcher.core.model import (
 )
 from dispatcher.core.scheduling import CycleResult
 from dispatcher.core.scheduling.placement import (
-    ClusterState,
+    ClusterRoom,
     Gang,
     NodeAssignment,
     Refusal,
@@ -52,12 +52,12 @@ def node(
     ready: bool = True,
     unschedulable: bool = False,
     max_pods: int | None = None,
-) -> NodeState:
+) -> NodeSnapshot:
     """A node; `max_pods` None reports no allocatable `pods` (any number fits)."""
     allocatable = res(cpu=cpu, memory=memory, gpu=gpu)
     if max_pods is not None:
         allocatable = allocatable + {PODS: max_pods * ONE_POD}
-    return NodeState(
+    return NodeSnapshot(
         name=name,
         allocatable=allocatable,
         requested=used if used is not None else Resources(),
@@ -112,11 +112,11 @@ def workload(
 
 def cluster(
     name: str,
-    *nodes: NodeState,
+    *nodes: NodeSnapshot,
     reservations: tuple[Reservation, ...] = (),
     labels: Mapping[str, str] | None = None,
     reachable: bool = True,
-    admitted: tuple[AdmittedWorkload, ...] = (),
+    admitted: tuple[DispatchedWorkload, ...] = (),
 ) -> ClusterSnapshot:
     return ClusterSnapshot(
         name=name,
@@ -139,8 +139,8 @@ def running(
     dispatched_at: float = 0.0,
     usage: Mapping[str, Resources] | None = None,
     preemptible: bool = True,
-) -> AdmittedWorkload:
-    return AdmittedWorkload(
+) -> DispatchedWorkload:
+    return DispatchedWorkload(
         key=key,
         priority=priority,
         dispatched_at=dispatched_at,
@@ -149,14 +149,14 @@ def running(
     )
 
 
-def with_running(snapshot: ClusterSnapshot, *admitted: AdmittedWorkload) -> ClusterSnapshot:
+def with_running(snapshot: ClusterSnapshot, *admitted: DispatchedWorkload) -> ClusterSnapshot:
     """The snapshot with these AppWrappers' pods bound: their usage added to their nodes."""
     extra: dict[str, Resources] = {}
     for a in admitted:
         for node_name, used in a.usage:
             extra[node_name] = extra.get(node_name, Resources()) + used
     nodes = tuple(
-        NodeState(
+        NodeSnapshot(
             name=n.name,
             allocatable=n.allocatable,
             requested=n.requested + extra.get(n.name, Resources()),
@@ -352,7 +352,7 @@ class Tried:
     undo: Callable[[], None] = field(default=lambda: None, compare=False)
 
 
-def try_place(state: ClusterState, pod_sets: Sequence[PodSet]) -> Tried:
+def try_place(state: ClusterRoom, pod_sets: Sequence[PodSet]) -> Tried:
     """Place a gang in `state` (it stays placed until `undo`), or say why not."""
     placed = state.place(Gang.of(pod_sets))
     if isinstance(placed, Refusal):
@@ -360,13 +360,13 @@ def try_place(state: ClusterState, pod_sets: Sequence[PodSet]) -> Tried:
     return Tried(ok=True, assignments=placed.assignments, undo=placed.undo)
 
 
-def node_free(state: ClusterState, node_name: str) -> Resources:
+def node_free(state: ClusterRoom, node_name: str) -> Resources:
     """Free room on a schedulable node (KeyError for others)."""
     index = state.index[node_name]
     return Resources({r: column[index] for r, column in state.free.items()})
 
 
-def free_room(state: ClusterState) -> tuple[Resources, list[Resources]]:
+def free_room(state: ClusterRoom) -> tuple[Resources, list[Resources]]:
     """The aggregate free and each schedulable node's free room, in snapshot order."""
     return Resources(state.free_total), [node_free(state, name) for name in state.names]
 
@@ -378,7 +378,7 @@ def admitted_placements(
     in order, on a state built from its snapshot (placement is deterministic, and each
     admission saw exactly the admissions to its cluster before it)."""
     by_key = {w.key: w for w in pending}
-    states = {c.name: ClusterState(c) for c in clusters}
+    states = {c.name: ClusterRoom(c) for c in clusters}
     found: dict[str, tuple[NodeAssignment, ...]] = {}
     for admit in result.admits:
         tried = try_place(states[admit.cluster], by_key[admit.key].pod_sets)

@@ -432,8 +432,8 @@ def test_names_are_fixed_by_uid_check_and_attempt() -> None:
         for n in ("1", "3", "2")
     ]
     other = {"metadata": {"labels": {checks.CHECK_LABEL: "x", checks.ATTEMPT_LABEL: "9"}}}
-    assert checks.latest_attempt([*labelled, other], "prov") == 3
-    assert checks.latest_attempt([], "prov") == 0
+    assert checks.latest_round([*labelled, other], "prov") == 3
+    assert checks.latest_round([], "prov") == 0
 
 
 def test_request_objects_are_owned_and_name_their_templates() -> None:

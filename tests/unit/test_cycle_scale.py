@@ -32,9 +32,9 @@ from dispatcher.core.model import (
     ONE_POD,
     PODS,
     UNLIMITED_PODS,
-    AdmittedWorkload,
     ClusterSnapshot,
-    NodeState,
+    DispatchedWorkload,
+    NodeSnapshot,
     Placement,
     PodSet,
     QueueMode,
@@ -54,7 +54,7 @@ from dispatcher.core.scheduling import (
     schedule,
 )
 from dispatcher.core.scheduling.evictions import evict
-from dispatcher.core.scheduling.placement import ClusterState, Gang, NodeAssignment, Refusal
+from dispatcher.core.scheduling.placement import ClusterRoom, Gang, NodeAssignment, Refusal
 from tests.unit.builders import GPU, free_room, try_place
 
 TAINT = Taint(key=GPU, value="present", effect="NoSchedule")
@@ -89,7 +89,7 @@ def _pod_sets(rng: random.Random, name: str) -> tuple[PodSet, ...]:
 
 def random_cluster(rng: random.Random, name: str, nodes: int, reservations: int) -> ClusterSnapshot:
     node_states = []
-    admitted: list[AdmittedWorkload] = []
+    admitted: list[DispatchedWorkload] = []
     for index in range(nodes):
         node_name = f"{name}-n{index}"
         gpu_node = rng.random() < 0.25
@@ -102,7 +102,7 @@ def random_cluster(rng: random.Random, name: str, nodes: int, reservations: int)
             allocatable = allocatable + {PODS: max_pods * ONE_POD}
             used = used + {PODS: int(max_pods * busy) * ONE_POD}
         node_states.append(
-            NodeState(
+            NodeSnapshot(
                 name=node_name,
                 allocatable=allocatable,
                 requested=used,
@@ -114,7 +114,7 @@ def random_cluster(rng: random.Random, name: str, nodes: int, reservations: int)
         )
         if used and rng.random() < 0.8:
             admitted.append(
-                AdmittedWorkload(
+                DispatchedWorkload(
                     key=f"run/{node_name}",
                     priority=rng.choice([0, 0, 1, 5]),
                     dispatched_at=float(rng.randint(0, 1000)),
@@ -135,7 +135,7 @@ def random_cluster(rng: random.Random, name: str, nodes: int, reservations: int)
                 dispatched_at=dispatched_at,
             )
         )
-        admitted.append(AdmittedWorkload(key=key, priority=priority, dispatched_at=dispatched_at))
+        admitted.append(DispatchedWorkload(key=key, priority=priority, dispatched_at=dispatched_at))
     return ClusterSnapshot(
         name=name,
         nodes=tuple(node_states),
@@ -212,7 +212,7 @@ class PlainState:
             assert placed is not None
             self.reserved[reservation.key] = (placed, reservation.pod_sets)
 
-    def evict(self, victim: AdmittedWorkload) -> None:
+    def evict(self, victim: DispatchedWorkload) -> None:
         """Hand back what `victim` holds: its bound pods, its reservation's charges."""
         names = [n.name for n in self.nodes]
         for node_name, used in victim.usage:
@@ -297,7 +297,7 @@ class PlainState:
 def test_placements_match_a_plain_best_fit(seed: int) -> None:
     rng = random.Random(seed)
     snapshot = random_cluster(rng, "c", nodes=60, reservations=40)
-    state = ClusterState(snapshot)
+    state = ClusterRoom(snapshot)
     plain = PlainState(snapshot)
     assert free_room(state)[1] == [Resources(free) for free in plain.free]
     for workload in random_pending(rng, 300, ["c"]):
@@ -327,7 +327,7 @@ def plain_schedule(
     ordered = sorted(pending, key=queue_order_key)
     clusters = sorted(clusters, key=lambda c: c.name)
     single = len(clusters) == 1
-    states: dict[str, ClusterState] = {}
+    states: dict[str, ClusterRoom] = {}
     ever: dict[tuple[str, str], bool] = {}
     held: dict[str, tuple[str, str]] = {}  # cluster -> (holder, why), named per reader
     admitted: dict[str, list[Reservation]] = {}
@@ -336,9 +336,9 @@ def plain_schedule(
     head_key = None
     blocked = None
 
-    def state(cluster: ClusterSnapshot) -> ClusterState:
+    def state(cluster: ClusterSnapshot) -> ClusterRoom:
         if cluster.name not in states:
-            states[cluster.name] = ClusterState(cluster)
+            states[cluster.name] = ClusterRoom(cluster)
         return states[cluster.name]
 
     def could_ever_fit(workload: Workload, cluster: ClusterSnapshot) -> bool:
@@ -346,7 +346,7 @@ def plain_schedule(
             return True
         key = (cluster.name, workload.key)
         if key not in ever:
-            ever[key] = ClusterState(cluster, empty=True).fits(Gang.of(workload.pod_sets))
+            ever[key] = ClusterRoom(cluster, empty=True).fits(Gang.of(workload.pod_sets))
         return ever[key]
 
     for workload in ordered:
@@ -585,7 +585,7 @@ def test_evictions_give_back_what_victims_hold(seed: int) -> None:
     snapshot = random_cluster(rng, "c", nodes=30, reservations=60)
     workloads = random_pending(rng, 6, ["c"])
     for _ in range(6):
-        state = ClusterState(snapshot)
+        state = ClusterRoom(snapshot)
         plain = PlainState(snapshot)
         before = free_room(state)
         victims = rng.sample(list(snapshot.admitted), rng.randint(0, len(snapshot.admitted)))
@@ -619,7 +619,7 @@ def test_remembered_refusals_are_never_wrong(seed: int) -> None:
     evictions, whenever it refuses a gang, placing the gang for real fails too."""
     rng = random.Random(5000 + seed)
     snapshot = random_cluster(rng, "c", nodes=30, reservations=20)
-    state = ClusterState(snapshot)
+    state = ClusterRoom(snapshot)
     gangs = [Gang.of(w.pod_sets) for w in random_pending(rng, 60, ["c"])]
     placed = []
     for gang in gangs * 2:

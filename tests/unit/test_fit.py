@@ -8,7 +8,7 @@ import pytest
 
 from dispatcher.api.resources import Resources
 from dispatcher.core.model import PODS, UNLIMITED_PODS, ClusterSnapshot, PodSet, Taint, Toleration
-from dispatcher.core.scheduling.placement import ClusterState, Gang, NodeAssignment
+from dispatcher.core.scheduling.placement import ClusterRoom, Gang, NodeAssignment
 from tests.unit.builders import (
     GPU,
     cluster,
@@ -192,7 +192,7 @@ FIT_CASES: list[Any] = [
 def test_try_place(
     snapshot: ClusterSnapshot, pod_sets: tuple[PodSet, ...], want_reason: str | None
 ) -> None:
-    state = ClusterState(snapshot)
+    state = ClusterRoom(snapshot)
     before = free_room(state)
     result = try_place(state, pod_sets)
     assert result.ok == (want_reason is None)
@@ -205,7 +205,7 @@ def test_try_place(
 
 
 def test_placement_stays_applied_until_undone() -> None:
-    state = ClusterState(cluster("c", node("n1", gpu=8), node("n2", gpu=4)))
+    state = ClusterRoom(cluster("c", node("n1", gpu=8), node("n2", gpu=4)))
     result = try_place(state, (pods(1, gpu=3, name="a"),))
     assert result.ok
     assert result.assignments == (NodeAssignment(pod_set=0, node="n2", count=1),)  # best fit
@@ -223,7 +223,7 @@ def test_placement_stays_applied_until_undone() -> None:
 
 
 def test_larger_pods_are_placed_first() -> None:
-    state = ClusterState(cluster("c", node("n1", gpu=4), node("n2", gpu=2)))
+    state = ClusterRoom(cluster("c", node("n1", gpu=4), node("n2", gpu=2)))
     result = try_place(state, (pods(2, gpu=1, name="small"), pods(1, gpu=4, name="big")))
     assert result.ok
     assert result.assignments == (
@@ -233,7 +233,7 @@ def test_larger_pods_are_placed_first() -> None:
 
 
 def test_failed_gang_changes_nothing_and_names_each_workloads_pod() -> None:
-    state = ClusterState(cluster("c", node("n1", gpu=4), node("n2", gpu=4)))
+    state = ClusterRoom(cluster("c", node("n1", gpu=4), node("n2", gpu=4)))
     first = try_place(state, (pods(1, gpu=1, name="Job/a"), pods(1, gpu=6, name="Job/a big")))
     second = try_place(state, (pods(1, gpu=1, name="Job/b"), pods(1, gpu=6, name="Job/b big")))
     assert not first.ok
@@ -245,7 +245,7 @@ def test_failed_gang_changes_nothing_and_names_each_workloads_pod() -> None:
 
 
 def test_undo_gives_room_back_to_a_shape_that_failed() -> None:
-    state = ClusterState(
+    state = ClusterRoom(
         cluster("c", node("n1", gpu=4, labels={"pool": "a"}), node("n2", gpu=4), node("n3", gpu=2))
     )
     taken = try_place(state, (pods(1, gpu=2, name="a", selector={"pool": "a"}),))
@@ -264,7 +264,7 @@ def test_reservation_that_fits_no_node_is_charged_to_the_aggregate() -> None:
         node("n2", gpu=4),
         reservations=(reservation("ns/old", pods(1, gpu=6)),),
     )
-    state = ClusterState(snapshot)
+    state = ClusterRoom(snapshot)
     # Charged to the aggregate (8 - 6 free), while both nodes stay free.
     assert free_room(state)[0][GPU] == gpus(2)
     assert [room[GPU] for room in free_room(state)[1]] == [gpus(4), gpus(4)]
@@ -273,7 +273,7 @@ def test_reservation_that_fits_no_node_is_charged_to_the_aggregate() -> None:
 
 
 def test_overcommitted_node_lowers_the_aggregate() -> None:
-    state = ClusterState(cluster("c", node("n1", gpu=4, used=res(gpu=6)), node("n2", gpu=4)))
+    state = ClusterRoom(cluster("c", node("n1", gpu=4, used=res(gpu=6)), node("n2", gpu=4)))
     assert free_room(state)[0][GPU] == gpus(2)
     assert try_place(state, (pods(1, gpu=4, name="Job/x"),)).reason == (
         "needs nvidia.com/gpu 4, free 2 of 8"
@@ -315,11 +315,11 @@ def test_could_ever_fit(
 ) -> None:
     """The cycle's "could it fit this cluster emptied" check (StrictFIFO's head of line and
     the starvation guard); `want` says why not, for people reading the case."""
-    assert ClusterState(snapshot, empty=True).fits(Gang.of(pod_sets)) == (want is None)
+    assert ClusterRoom(snapshot, empty=True).fits(Gang.of(pod_sets)) == (want is None)
 
 
 def test_capacity_counts_schedulable_nodes_only() -> None:
-    state = ClusterState(
+    state = ClusterRoom(
         cluster("c", node("n1", cpu=4, gpu=2), node("n2", cpu=4, gpu=2, unschedulable=True))
     )
     # n1 does not report `pods`: it takes any number.

@@ -1,4 +1,4 @@
-"""The node walk of `ClusterState` places every pod exactly where a plain best fit would.
+"""The node walk of `ClusterRoom` places every pod exactly where a plain best fit would.
 
 Pins what the walk relies on: a node whose room changes is re-sorted in place (every order
 stays what sorting afresh would give), and the nodes a walk skips (below the least room
@@ -13,18 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatcher.core.model import ClusterSnapshot
-from dispatcher.core.scheduling.placement import ClusterState
+from dispatcher.core.scheduling.placement import ClusterRoom
 from tests.unit.builders import cluster, node, node_free, pods, res, try_place
 
 RESOURCES = ("cpu", "memory")
 
 
-def _free(state: ClusterState) -> list[dict[str, int]]:
+def _free(state: ClusterRoom) -> list[dict[str, int]]:
     return [dict(node_free(state, name)) for name in state.names]
 
 
 def _best_fit(
-    state: ClusterState, count: int, cpu: int, memory: int
+    state: ClusterRoom, count: int, cpu: int, memory: int
 ) -> list[tuple[str, int]] | None:
     """Each pod on the node with the least room (sum of free / capacity) that holds one,
     ties to the node listed first, filling it before the next; None when some pod finds
@@ -56,7 +56,7 @@ def _best_fit(
     return placed
 
 
-def _orders_as_rebuilt(state: ClusterState) -> bool:
+def _orders_as_rebuilt(state: ClusterRoom) -> bool:
     for order in state._orders.values():
         if order.sorted != sorted((order.room(n), n) for n in order.nodes):
             return False
@@ -85,7 +85,7 @@ def _snapshot(used: list[tuple[int, int]]) -> ClusterSnapshot:
 def test_walk_places_as_plain_best_fit(
     used: list[tuple[int, int]], gangs: list[tuple[int, int, int, bool]]
 ) -> None:
-    state = ClusterState(_snapshot(used))
+    state = ClusterRoom(_snapshot(used))
     for count, cpu, memory, undo in gangs:
         expected = _best_fit(state, count, cpu, memory)
         result = try_place(state, (pods(count, cpu=cpu, memory=f"{memory}Gi", name="Job/x"),))

@@ -31,7 +31,7 @@ from dispatcher.core.model import (
 )
 from dispatcher.core.podsets import MAX_PODS, cannot_infer, infer_pod_sets, pod_requests
 from dispatcher.core.scheduling import Wait, schedule
-from dispatcher.core.scheduling.placement import ClusterState, NodeAssignment
+from dispatcher.core.scheduling.placement import ClusterRoom, NodeAssignment
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS
 from dispatcher.core.workloads import InvalidSpec, item_pod_sets, workload_of
 from testenv.manifests import appwrapper
@@ -336,7 +336,7 @@ def test_live_pods_count_against_the_nodes_pods() -> None:
     (state,) = cache.snapshot().nodes
     assert state.free[PODS] == ONE_POD
     # The pod that takes the last place fits; a second one does not.
-    room = ClusterState(cache.snapshot())
+    room = ClusterRoom(cache.snapshot())
     assert try_place(room, [pods(1)]).ok
     assert try_place(room, [pods(1)]).reason == "needs pods 1, free 0 of 3"
 
@@ -404,7 +404,7 @@ PODS_FIT_CASES: list[Any] = [
 def test_pods_per_node_fit(
     nodes: tuple[Any, ...], pod_sets: tuple[PodSet, ...], want: str | list[NodeAssignment]
 ) -> None:
-    tried = try_place(ClusterState(cluster("c", *nodes)), pod_sets)
+    tried = try_place(ClusterRoom(cluster("c", *nodes)), pod_sets)
     if isinstance(want, str):
         assert tried.reason == want
     else:
@@ -416,8 +416,8 @@ def test_a_billion_pod_gang_costs_nodes_not_pods() -> None:
     """Placement fills a node with as many pods as it holds in one step: a gang's count
     never sets the number of steps (the count itself is refused before, by validation)."""
     huge = (pods(10**9, name="Job/huge"),)
-    small = ClusterState(cluster("c", *[node(f"n{i}", max_pods=110) for i in range(50)]))
-    unreported = ClusterState(cluster("c", *[node(f"n{i}") for i in range(50)]))
+    small = ClusterRoom(cluster("c", *[node(f"n{i}", max_pods=110) for i in range(50)]))
+    unreported = ClusterRoom(cluster("c", *[node(f"n{i}") for i in range(50)]))
     started = time.perf_counter()
     assert try_place(small, huge).reason == "needs pods 1000000000, free 5500 of 5500"
     assert try_place(unreported, huge).assignments == (NodeAssignment(0, "n0", 10**9),)
@@ -425,7 +425,7 @@ def test_a_billion_pod_gang_costs_nodes_not_pods() -> None:
 
 
 def test_existing_messages_do_not_name_pods_when_it_is_not_short() -> None:
-    state = ClusterState(cluster("c", node("n1", gpu=8, max_pods=110), node("n2", gpu=8)))
+    state = ClusterRoom(cluster("c", node("n1", gpu=8, max_pods=110), node("n2", gpu=8)))
     assert try_place(state, [pods(3, gpu=8, name="Job/x")]).reason == (
         "needs nvidia.com/gpu 24, free 16 of 16"
     )
@@ -464,7 +464,7 @@ def test_no_node_is_given_more_pods_than_it_allows(
     world: tuple[ClusterSnapshot, list[tuple[PodSet, ...]]],
 ) -> None:
     snapshot, gangs = world
-    state = ClusterState(snapshot)
+    state = ClusterRoom(snapshot)
     given_pods = {n.name: 0 for n in snapshot.nodes}
     for gang in gangs:
         tried = try_place(state, gang)

@@ -136,7 +136,7 @@ class Replica:
     async def _run(self) -> None:
         await self.elector.acquire()
         self.leading_at = self.clock.monotonic()
-        await self.elector.hold(on_lost=self.fence)
+        await self.elector.keep_lease(on_lost=self.fence)
 
     async def kill(self) -> None:
         """The process dies: no release, no more requests."""

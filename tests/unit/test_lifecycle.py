@@ -46,14 +46,14 @@ CASES = [
         "completion-items-pods-left",
         {"completion_items": 1, "completed_items": 1, "pending": 0, "running": 3},
         None,
-        Verdict.HOLD_COMPLETION,
+        Verdict.RUNNING_HOLD_COMPLETION,
         Reason.SOME_ITEMS_COMPLETED,
     ),
     (
         "completion-items-pods-pending",
         {"completion_items": 2, "completed_items": 2, "pending": 1, "running": 0},
         None,
-        Verdict.HOLD_COMPLETION,
+        Verdict.RUNNING_HOLD_COMPLETION,
         Reason.SOME_ITEMS_COMPLETED,
     ),
     (

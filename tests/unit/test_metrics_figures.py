@@ -21,7 +21,7 @@ from dispatcher.metrics import (
     Counted,
     Figures,
     ManagerCollector,
-    MetricsView,
+    MetricsFigures,
     PendingFigures,
     QueueFigures,
 )
@@ -147,7 +147,7 @@ async def test_a_scrape_never_drives_the_cache_nor_the_quota_tree() -> None:
 class StandIn:
     """Only what `metrics.Counted` names; the rest of a manager raises if touched."""
 
-    def __init__(self, view: MetricsView) -> None:
+    def __init__(self, view: MetricsFigures) -> None:
         self.states = Counter({"Running": 2, "Pending": 1, "Failed": 0})
         self.cycles = 7
         self.preemptions = 3
@@ -173,7 +173,7 @@ def test_a_scrape_reads_the_published_view_and_the_counters_only() -> None:
         usage={("default", "cpu"): 5000},
         borrowed={("default", "cpu"): 1000},
     )
-    view = MetricsView(
+    view = MetricsFigures(
         QueueFigures({"cq": spec}, {"cq": summary}, {"ns/team": QueueSummary(admitted=2)}),
         PendingFigures({("cq", "inadmissible"): 1}, {("ns/team", "inadmissible"): 1}),
     )

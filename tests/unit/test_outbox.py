@@ -23,7 +23,7 @@ def notice(key: str) -> Notice:
 async def test_a_holder_gets_its_notices_when_its_block_ends() -> None:
     delivered: list[str] = []
     outbox = Outbox(lambda n: delivered.append(n.key))
-    with outbox.holding():
+    with outbox.deferring():
         outbox.put(notice("a"))
         await asyncio.sleep(0)  # a loop turn passes: still held
         await asyncio.sleep(0)
@@ -48,7 +48,7 @@ async def test_holders_do_not_deliver_each_others_notices() -> None:
     release = asyncio.Event()
 
     async def holder(key: str, signal: asyncio.Event | None) -> None:
-        with outbox.holding():
+        with outbox.deferring():
             outbox.put(notice(key))
             if signal is not None:
                 signal.set()
@@ -58,7 +58,7 @@ async def test_holders_do_not_deliver_each_others_notices() -> None:
     await first_put.wait()
 
     async def quick() -> None:
-        with outbox.holding():
+        with outbox.deferring():
             outbox.put(notice("quick"))
 
     await quick()

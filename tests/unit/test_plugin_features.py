@@ -249,20 +249,21 @@ def test_watch_prints_only_what_changed(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(watch, "SETTLE", 0.01)
     texts = iter(["a\n", "a\n", "b\n"])
     renders: list[int] = []
-    started = threading.Event()
+    rendered = [threading.Event() for _ in range(3)]  # the n-th render has begun
 
     def pump(api: Any, source: Any, wakes: Any) -> None:
-        started.wait()
-        for _ in range(5):  # one burst: one render
-            wakes.put(None)
-        time.sleep(0.2)
-        wakes.put(None)
-        time.sleep(0.2)
-        wakes.put(PluginError("watch ended: 403"))
+        # Each wake after the render it is for began: no wall-clock pause between them (a
+        # render that never comes ends the watch with an error the test does not expect).
+        for n, burst in enumerate([[None] * 5, [None], [PluginError("watch ended: 403")]]):
+            if not rendered[n].wait(10):
+                wakes.put(PluginError(f"render {n + 1} never came"))
+                return
+            for wake in burst:  # the first: one burst, one render
+                wakes.put(wake)
 
     def render() -> str:
         renders.append(1)
-        started.set()
+        rendered[len(renders) - 1].set()
         return next(texts)
 
     monkeypatch.setattr(watch, "_pump", pump)

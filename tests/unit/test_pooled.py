@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dispatcher.config import Fit
-from dispatcher.core.model import AdmittedWorkload, QueueMode, Reservation
+from dispatcher.core.model import DispatchedWorkload, QueueMode, Reservation
 from dispatcher.core.scheduling import Admit, Wait, schedule
 from dispatcher.core.scheduling.pooled import POOL, anywhere, pooled
 from testenv.fakeenv import fake_env
@@ -53,7 +53,7 @@ def test_the_pool_adds_up_schedulable_nodes_only_and_counts_no_pods() -> None:
 def test_selectors_tolerations_reservations_and_usage_follow_the_pool() -> None:
     picky = pods(1, cpu="1", selector={"zone": "a"})
     held = Reservation(key="ns/held", pod_sets=(picky,))
-    admitted = AdmittedWorkload(
+    admitted = DispatchedWorkload(
         key="ns/held",
         priority=0,
         dispatched_at=0.0,

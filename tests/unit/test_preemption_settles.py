@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from dispatcher.api.resources import EMPTY, Resources
-from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, QueueMode, Workload
-from dispatcher.core.scheduling import Claim, HonourClaims, LowestPriorityFirst, schedule
+from dispatcher.core.model import ClusterSnapshot, DispatchedWorkload, QueueMode, Workload
+from dispatcher.core.scheduling import HonourClaims, LowestPriorityFirst, PreemptorClaim, schedule
 from tests.unit.builders import admitted_placements, node, pods
 
 TERMINATION_CYCLES = 3
@@ -38,7 +38,7 @@ class World:
     terminating: list[tuple[int, dict[str, Resources]]] = field(default_factory=list)
     queued: dict[str, Workload] = field(default_factory=dict)
     backoff: dict[str, tuple[int, Workload]] = field(default_factory=dict)
-    claims: dict[str, Claim] = field(default_factory=dict)
+    claims: dict[str, PreemptorClaim] = field(default_factory=dict)
     evictions: dict[str, int] = field(default_factory=dict)
 
     def snapshot(self) -> ClusterSnapshot:
@@ -57,7 +57,7 @@ class World:
             for n in nodes
         )
         admitted = tuple(
-            AdmittedWorkload(
+            DispatchedWorkload(
                 key=k,
                 priority=r.workload.priority,
                 dispatched_at=float(r.since),
@@ -102,7 +102,7 @@ def step(world: World, cycle: int) -> list[tuple[str, tuple[str, ...]]]:
     for preempt in result.preemptions:
         if preempt.key in world.claims:
             continue
-        world.claims[preempt.key] = Claim(preempt.cluster, preempt.victims, float(cycle))
+        world.claims[preempt.key] = PreemptorClaim(preempt.cluster, preempt.victims, float(cycle))
         started.append((preempt.key, preempt.victims))
         for victim in preempt.victims:
             run = world.running.pop(victim)

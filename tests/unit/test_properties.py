@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from dispatcher.api.resources import EMPTY, Resources
 from dispatcher.core.model import (
-    AdmittedWorkload,
     ClusterSnapshot,
-    NodeState,
+    DispatchedWorkload,
+    NodeSnapshot,
     Placement,
     PodSet,
     QueueMode,
@@ -138,7 +138,7 @@ class World:
         return ClusterSnapshot(
             name=cluster,
             nodes=tuple(
-                NodeState(
+                NodeSnapshot(
                     name=n.name,
                     allocatable=n.allocatable,
                     requested=load.get(n.name, EMPTY),
@@ -160,7 +160,7 @@ class World:
                 if run.reserved
             ),
             admitted=tuple(
-                AdmittedWorkload(
+                DispatchedWorkload(
                     key=key,
                     priority=run.workload.priority,
                     dispatched_at=run.dispatched_at,
@@ -362,7 +362,7 @@ def preemption_world(draw: st.DrawFn) -> tuple[ClusterSnapshot, Workload]:
         resources(draw(st.integers(1, 16)), draw(st.integers(0, 8))) for _ in range(node_count)
     ]
     free = [dict(a.items()) for a in allocatable]
-    admitted: list[AdmittedWorkload] = []
+    admitted: list[DispatchedWorkload] = []
     reservations: list[Reservation] = []
     for index in range(draw(st.integers(0, 6))):
         key = f"ns/run{index}"
@@ -390,7 +390,7 @@ def preemption_world(draw: st.DrawFn) -> tuple[ClusterSnapshot, Workload]:
                     room[GPU] = room.get(GPU, 0) - gpu * 1000
                     usage.append((f"n{node_index}", used))
         admitted.append(
-            AdmittedWorkload(
+            DispatchedWorkload(
                 key=key,
                 priority=priority,
                 dispatched_at=dispatched_at,
@@ -403,7 +403,7 @@ def preemption_world(draw: st.DrawFn) -> tuple[ClusterSnapshot, Workload]:
         for node_name, used in a.usage:
             requested[node_name] = requested.get(node_name, EMPTY) + used
     nodes = tuple(
-        NodeState(
+        NodeSnapshot(
             name=f"n{i}",
             allocatable=allocatable[i],
             requested=requested.get(f"n{i}", EMPTY),
@@ -486,21 +486,21 @@ def test_victims_make_room_once_the_other_reservations_are_placed_anew() -> None
         return Reservation(key=key, pod_sets=(pods,), priority=0, dispatched_at=0.0)
 
     nodes = (
-        NodeState(name="n0", allocatable=resources(1, 0)),
-        NodeState(name="n1", allocatable=resources(11, 1), requested=resources(1, 1)),
-        NodeState(name="n2", allocatable=resources(16, 3)),
+        NodeSnapshot(name="n0", allocatable=resources(1, 0)),
+        NodeSnapshot(name="n1", allocatable=resources(11, 1), requested=resources(1, 1)),
+        NodeSnapshot(name="n2", allocatable=resources(16, 3)),
     )
     snapshot = ClusterSnapshot(
         name="c",
         nodes=nodes,
         reservations=(reservation("ns/run0", 3, 3), reservation("ns/run2", 3, 4)),
         admitted=(
-            AdmittedWorkload(key="ns/run0", priority=0, dispatched_at=0.0),
-            AdmittedWorkload(
+            DispatchedWorkload(key="ns/run0", priority=0, dispatched_at=0.0),
+            DispatchedWorkload(
                 key="ns/run1", priority=0, dispatched_at=1.0, usage=(("n1", resources(1, 1)),)
             ),
-            AdmittedWorkload(key="ns/run2", priority=0, dispatched_at=0.0),
-            AdmittedWorkload(key="ns/run3", priority=0, dispatched_at=0.0),
+            DispatchedWorkload(key="ns/run2", priority=0, dispatched_at=0.0),
+            DispatchedWorkload(key="ns/run3", priority=0, dispatched_at=0.0),
         ),
     )
     preemptor = Workload(
@@ -521,7 +521,7 @@ def queue_world(draw: st.DrawFn) -> tuple[list[Workload], list[ClusterSnapshot]]
     clusters = []
     for index in range(draw(st.integers(1, 3))):
         nodes = tuple(
-            NodeState(
+            NodeSnapshot(
                 name=f"c{index}-n{i}",
                 allocatable=allocatable,
                 labels=dict(labels),

@@ -191,7 +191,7 @@ async def test_only_the_appwrappers_own_requests_are_read_and_wake_it() -> None:
         await async_wait_until(all_seen, timeout=5, what="the watch shows all three")
         found = await env.provisioning._requests_of("team-a", UID)
         assert [r["metadata"]["name"] for r in found] == [own["metadata"]["name"]]
-        assert checks.latest_attempt(found, "prov") == 1
+        assert checks.latest_round(found, "prov") == 1
         # Only its own request woke the victim (the one in mallory's namespace can wake
         # only an AppWrapper of that namespace).
         assert env.woken.count("team-a/victim") == 1

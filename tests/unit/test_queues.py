@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from dispatcher.api.models import Reason
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Reservation, Workload
 from dispatcher.core.queues import QueueManager, Wake, take
+from dispatcher.core.quota.charges import Charges
 from dispatcher.core.quota.model import Charge
 from dispatcher.core.quota.tree import QuotaTree
-from dispatcher.core.quota.usage import Usage
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling import CycleResult, LowestPriorityFirst, queue_order_key, schedule
 from tests.unit.builders import cluster, node, pods, res, workload
@@ -142,7 +142,7 @@ class _Side:
 
     pending: dict[str, Workload] = field(default_factory=dict)
     admitted: list[tuple[Workload, str]] = field(default_factory=list)
-    usage: Usage | None = None
+    usage: Charges | None = None
     order: list[str] = field(default_factory=list)  # keys in the order they were admitted
 
     def admit(self, result: CycleResult) -> None:
@@ -189,7 +189,7 @@ def test_parked_work_is_never_left_behind(
     (Which of two questions goes first after an event may differ from a full cycle: an event
     wakes the first of each question, and its next one only once it is admitted.)"""
     tree = _quotas() if quotas else None
-    kept = _Side(usage=Usage(tree) if tree is not None else None)
+    kept = _Side(usage=Charges(tree) if tree is not None else None)
     manager = QueueManager()
     policy = LowestPriorityFirst() if preempt else None
     held: frozenset[str] = frozenset()
@@ -282,7 +282,7 @@ HEAD_CASES = [
 @pytest.mark.parametrize("case", HEAD_CASES, ids=[c.id for c in HEAD_CASES])
 def test_a_line_whose_first_would_borrow_still_names_it_head(case: HeadCase) -> None:
     tree = _quotas()
-    kept = _Side(usage=Usage(tree))
+    kept = _Side(usage=Charges(tree))
     manager = QueueManager()
     for index, (size, priority, line) in enumerate(case.arrivals):
         item = workload(f"ns/aw-{index:02d}", pods(size, cpu=1), priority=priority)

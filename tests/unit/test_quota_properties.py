@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dispatcher.core.model import AdmittedWorkload, QueueMode, Workload
+from dispatcher.core.model import DispatchedWorkload, QueueMode, Workload
 from dispatcher.core.quota.model import Charge, QueueSpec, Reclaim, WithinQueue
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.view import QuotaView
@@ -156,7 +156,7 @@ def test_quota_histories_keep_every_limit(
             Charge(k, r.queue, {CPU: r.cpu * 1000}, r.priority, r.at) for k, r in running.items()
         ]
         admitted = tuple(
-            AdmittedWorkload(k, r.priority, r.at, usage=(("n1", res(cpu=r.cpu)),))
+            DispatchedWorkload(k, r.priority, r.at, usage=(("n1", res(cpu=r.cpu)),))
             for k, r in running.items()
         )
         used = sum(r.cpu for r in running.values())

@@ -17,7 +17,7 @@ from dispatcher.core.quota.model import (
     WhenCanBorrow,
 )
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
-from dispatcher.core.quota.tree import Ledger, Node, QuotaTree
+from dispatcher.core.quota.tree import QuotaLedger, QuotaTree, TreeNode
 from tests.unit.builders import GPU, pods, res
 from tests.unit.quota_builders import DEFAULT, cohort, flavor, group, queue, setup
 
@@ -28,8 +28,8 @@ def m(text: str) -> int:
     return parse_milli(text)
 
 
-def ledger(*queues, **kwargs) -> Ledger:  # type: ignore[no-untyped-def]
-    return Ledger(QuotaTree(setup(*queues, **kwargs)))
+def ledger(*queues, **kwargs) -> QuotaLedger:  # type: ignore[no-untyped-def]
+    return QuotaLedger(QuotaTree(setup(*queues, **kwargs)))
 
 
 def test_a_queue_alone_has_its_nominal_quota() -> None:
@@ -94,7 +94,7 @@ def test_three_level_tree_lends_along_the_tree() -> None:
     assert book.available("a", CPU) == m("10")
     book.add("c", {CPU: m("6")})  # c uses its 2 and borrows 4 from the root
     assert book.available("a", CPU) == m("4")
-    assert book.usage[Node("cohort", "root")][CPU] == m("6")
+    assert book.usage[TreeNode("cohort", "root")][CPU] == m("6")
 
 
 def test_a_cohort_cycle_is_reported_and_never_looped() -> None:
@@ -107,7 +107,7 @@ def test_a_cohort_cycle_is_reported_and_never_looped() -> None:
     )
     assert any("cohort cycle" in p for p in tree.problems["a"])
     assert tree.problems["b"] == []
-    book = Ledger(tree)
+    book = QuotaLedger(tree)
     book.add("a", {CPU: m("1")})  # terminates
     assert book.available("a", CPU) >= 0
 
@@ -177,7 +177,7 @@ def test_resolution(
 
 def _two_flavors(
     when_can_borrow: WhenCanBorrow = WhenCanBorrow.BORROW,
-) -> tuple[Ledger, QuotaSetup]:
+) -> tuple[QuotaLedger, QuotaSetup]:
     q = queue(
         "q",
         flavors={"on-demand": {"cpu": ("4", None, None)}, "spot": {"cpu": "8"}},
@@ -190,7 +190,7 @@ def _two_flavors(
         lender,
         flavors=[flavor("on-demand", {"tier": "on-demand"}), flavor("spot", {"tier": "spot"})],
     )
-    return Ledger(QuotaTree(built)), built
+    return QuotaLedger(QuotaTree(built)), built
 
 
 def test_fungibility_borrow_takes_the_first_flavor_even_if_it_borrows() -> None:
@@ -221,7 +221,7 @@ def test_a_flavor_adds_its_node_labels_and_tolerations_to_the_pods_it_applies_to
     )
     q = replace(queue("q"), groups=(group({DEFAULT: {"cpu": "8"}}), group({"spot": {GPU: "8"}})))
     built = setup(q, flavors=[spot, flavor(DEFAULT)])
-    book = Ledger(QuotaTree(built))
+    book = QuotaLedger(QuotaTree(built))
     gpu_pods, cpu_pods = pods(2, cpu=1, gpu=1, name="workers"), pods(1, cpu=1, name="head")
     found = candidates(q, (gpu_pods, cpu_pods), book, built.flavors)
     assert not isinstance(found, QuotaRefusal)
@@ -235,7 +235,7 @@ def test_a_flavor_adds_its_node_labels_and_tolerations_to_the_pods_it_applies_to
 def test_untolerated_flavor_taint_is_skipped_with_a_reason() -> None:
     q = queue("q", flavors={"tainted": {"cpu": "8"}})
     built = setup(q, flavors=[flavor("tainted", taints=[Taint("dedicated", "x")])])
-    found = candidates(q, (pods(1, cpu=1),), Ledger(QuotaTree(built)), built.flavors)
+    found = candidates(q, (pods(1, cpu=1),), QuotaLedger(QuotaTree(built)), built.flavors)
     assert isinstance(found, QuotaRefusal)
     assert "do not tolerate flavor tainted's taint dedicated" in found.message
 
@@ -268,7 +268,7 @@ def test_quota_refusals_name_the_limiting_figure(
 ) -> None:
     q = queue("q", {"cpu": "100", GPU: "8"})
     built = setup(q)
-    book = Ledger(QuotaTree(built))
+    book = QuotaLedger(QuotaTree(built))
     book.add("q", {(DEFAULT, GPU): m(used)})
     found = candidates(q, (request_pods,), book, built.flavors)  # type: ignore[arg-type]
     if isinstance(found, QuotaRefusal):

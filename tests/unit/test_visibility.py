@@ -24,8 +24,8 @@ from dispatcher.core.queues import QueueManager, take
 from dispatcher.core.quota.resolve import Queued, QueueProblem
 from dispatcher.core.scheduling import Wait, schedule
 from dispatcher.core.visibility import (
-    Active,
     Durations,
+    Occupant,
     Waiting,
     clock,
     pending_view,
@@ -61,7 +61,7 @@ def w(
 class EtaCase:
     id: str
     order: tuple[Waiting, ...]
-    active: tuple[Active, ...] = ()
+    active: tuple[Occupant, ...] = ()
     observed: tuple[tuple[str, str, float], ...] = ()  # (queue, kind, seconds)
     want_at: dict[str, float | None] = field(default_factory=dict)
     want_basis: dict[str, str] = field(default_factory=dict)
@@ -71,7 +71,7 @@ ETA_CASES = [
     EtaCase(
         "limit gives a bound after the one running",
         order=(w("a/one", "q"),),
-        active=(Active("a/glue-1", NOW - 100, "q", "Job", 400.0),),
+        active=(Occupant("a/glue-1", NOW - 100, "q", "Job", 400.0),),
         want_at={"a/one": NOW + 300},
         want_basis={"a/one": f"after a/glue-1 ends, at the latest {clock(NOW + 300)}"},
     ),
@@ -79,8 +79,8 @@ ETA_CASES = [
         "second in line waits for the second end; the first's own end is unknown",
         order=(w("a/one", "q"), w("a/two", "q"), w("a/three", "q")),
         active=(
-            Active("a/r1", NOW - 10, "q", "Job", 100.0),
-            Active("a/r2", NOW - 10, "q", "Job", 50.0),
+            Occupant("a/r1", NOW - 10, "q", "Job", 100.0),
+            Occupant("a/r2", NOW - 10, "q", "Job", 50.0),
         ),
         want_at={"a/one": NOW + 40, "a/two": NOW + 90, "a/three": None},
         want_basis={
@@ -90,7 +90,7 @@ ETA_CASES = [
     EtaCase(
         "observed durations give an expected time, per queue and kind",
         order=(w("a/one", "q", kind="RayCluster"),),
-        active=(Active("a/r1", NOW - 10, "q", "RayCluster"),),
+        active=(Occupant("a/r1", NOW - 10, "q", "RayCluster"),),
         observed=(("q", "RayCluster", 70.0), ("q", "RayCluster", 50.0), ("q", "Job", 1.0)),
         want_at={"a/one": NOW + 50},
         want_basis={"a/one": f"after a/r1 ends, expected {clock(NOW + 50)}"},
@@ -99,8 +99,8 @@ ETA_CASES = [
         "observed durations come before a limit, which still caps them",
         order=(w("a/one", "q", kind="Job"), w("a/two", "q", kind="Job")),
         active=(
-            Active("a/r1", NOW - 10, "q", "Job", 600.0),
-            Active("a/r2", NOW - 10, "q", "Job", 20.0),
+            Occupant("a/r1", NOW - 10, "q", "Job", 600.0),
+            Occupant("a/r2", NOW - 10, "q", "Job", 20.0),
         ),
         observed=(("q", "Job", 40.0),),
         want_at={"a/one": NOW + 10, "a/two": NOW + 30},
@@ -112,20 +112,20 @@ ETA_CASES = [
     EtaCase(
         "an end already past starts it now",
         order=(w("a/one", "q"),),
-        active=(Active("a/r1", NOW - 1000, "q", limit=10.0),),
+        active=(Occupant("a/r1", NOW - 1000, "q", limit=10.0),),
         want_at={"a/one": NOW},
     ),
     EtaCase(
         "nothing known runs: unknown, saying so",
         order=(w("a/one", "q"),),
-        active=(Active("a/r1", NOW - 10, "q"),),
+        active=(Occupant("a/r1", NOW - 10, "q"),),
         want_at={"a/one": None},
         want_basis={"a/one": "unknown: nothing ahead has a known end (a/r1 next)"},
     ),
     EtaCase(
         "nothing runs in its queue",
         order=(w("a/one", "q"), w("a/two")),
-        active=(Active("a/r1", NOW - 10, "other", limit=5.0),),
+        active=(Occupant("a/r1", NOW - 10, "other", limit=5.0),),
         want_at={"a/one": None, "a/two": None},
         want_basis={
             "a/one": "unknown: nothing runs in q whose end would free room",
@@ -137,7 +137,7 @@ ETA_CASES = [
         order=(
             w("a/one", "q", reason=str(Reason.QUEUE_NOT_READY), message="AppQueue a/q is stopped"),
         ),
-        active=(Active("a/r1", NOW - 10, "q", limit=5.0),),
+        active=(Occupant("a/r1", NOW - 10, "q", limit=5.0),),
         want_at={"a/one": None},
         want_basis={"a/one": "unknown: AppQueue a/q is stopped"},
     ),

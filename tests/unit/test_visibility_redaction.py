@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from dispatcher.core.mentions import OTHER
 from dispatcher.core.quota.model import LocalQueue, QueueSpec, QuotaSetup, Selector
 from dispatcher.core.visibility import (
-    Active,
     Durations,
+    Occupant,
     Waiting,
     audiences,
     named_namespaces,
@@ -25,7 +25,7 @@ from dispatcher.core.visibility import (
 NOW = 1_800_000_000.0
 
 
-def view_of(order: list[Waiting], active: list[Active]):  # type: ignore[no-untyped-def]
+def view_of(order: list[Waiting], active: list[Occupant]):  # type: ignore[no-untyped-def]
     return pending_view(order, active, Durations(), NOW)
 
 
@@ -50,8 +50,8 @@ ORDER = [
     ),
 ]
 ACTIVE = [
-    Active("team-b/v1", NOW - 100, "cq", "Job", 400.0),
-    Active("team-a/v2", NOW - 100, "other", "Job", 400.0),
+    Occupant("team-b/v1", NOW - 100, "cq", "Job", 400.0),
+    Occupant("team-a/v2", NOW - 100, "other", "Job", 400.0),
 ]
 
 REDACT_CASES = [
@@ -102,7 +102,7 @@ def test_redacted(case: RedactCase) -> None:
 def test_named_namespaces_are_those_of_appwrappers_only() -> None:
     view = view_of(
         [Waiting("team-a/x", 0, NOW, "cq", message="needs 4 nvidia.com/gpu; behind team-c/y")],
-        [Active("team-c/y", NOW - 10, "cq", "Job", None)],
+        [Occupant("team-c/y", NOW - 10, "cq", "Job", None)],
     )
 
     def known(key: str) -> bool:
@@ -137,7 +137,7 @@ def test_no_hidden_namespace_is_ever_named(
         for ns, name in keys
     ]
     view = view_of(
-        order, [Active(f"{ns}/run-{name}", NOW - 5, "cq", "", 60.0) for ns, name in keys]
+        order, [Occupant(f"{ns}/run-{name}", NOW - 5, "cq", "", 60.0) for ns, name in keys]
     )
 
     def known(key: str) -> bool:

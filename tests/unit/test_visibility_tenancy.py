@@ -16,7 +16,7 @@ from dispatcher.controller.access.reviews import ReviewBudget
 from dispatcher.controller.visibility.api import BASE, FrontProxy, VisibilityApi
 from dispatcher.controller.visibility.webview import QueueRow
 from dispatcher.core.mentions import OTHER
-from dispatcher.core.visibility import Active, Durations, Waiting, pending_view
+from dispatcher.core.visibility import Durations, Occupant, Waiting, pending_view
 
 NOW = 1_800_000_000.0
 ALICE = {"X-Remote-User": "alice"}
@@ -62,7 +62,7 @@ ORDER = [
         message="waiting behind team-b/secret-big (head of queue shared)",
     ),
 ]
-ACTIVE = [Active("team-b/secret-run", NOW - 100, "shared", "Job", 400.0)]
+ACTIVE = [Occupant("team-b/secret-run", NOW - 100, "shared", "Job", 400.0)]
 ROWS = [
     QueueRow("shared", (), 2, 1, True, "", admits=("team-a", "team-b")),
     QueueRow("team-b-only", (), 0, 0, True, "", admits=("team-b",)),

@@ -9,7 +9,7 @@ import time
 from dispatcher.controller.visibility.api import FrontProxy, item_of
 from dispatcher.controller.visibility.webview import (
     QueueRow,
-    Usage,
+    UsageBar,
     appwrapper_page,
     queues_page,
 )
@@ -37,7 +37,7 @@ def pending(message: str = EVIL) -> Pending:
 
 
 def test_every_user_text_is_escaped() -> None:
-    row = QueueRow(f"cq{EVIL}", (Usage("f", "cpu", 3000, 4000),), 1, 1, False, EVIL)
+    row = QueueRow(f"cq{EVIL}", (UsageBar("f", "cpu", 3000, 4000),), 1, 1, False, EVIL)
     page = queues_page([row], [pending()], NOW, "/apis/x/v1alpha1")
     assert "<script>" not in page
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
@@ -50,7 +50,7 @@ def test_every_user_text_is_escaped() -> None:
 
 
 def test_usage_over_nominal_is_marked() -> None:
-    row = QueueRow("cq", (Usage("f", "cpu", 6000, 4000, borrowed=2000),), 0, 2, True, "")
+    row = QueueRow("cq", (UsageBar("f", "cpu", 6000, 4000, borrowed=2000),), 0, 2, True, "")
     page = queues_page([row], [], NOW, "/b")
     assert "class='over'" in page
     assert "6 of 4 (2 borrowed)" in page

@@ -270,7 +270,7 @@ class Provisioning:
                 continue
             verdict = checks.verdict(
                 current,
-                attempt=checks.latest_attempt(requests, name),
+                attempt=checks.latest_round(requests, name),
                 retry=Retry(),
                 now=self._clock.time(),
                 failed_at=None,
@@ -283,7 +283,7 @@ class Provisioning:
     @staticmethod
     def _current(requests: list[Obj], uid: str, name: str, reservation: str) -> Obj | None:
         """The request of `name` made for this reservation (None: none yet)."""
-        wanted = checks.request_name(uid, name, checks.latest_attempt(requests, name))
+        wanted = checks.request_name(uid, name, checks.latest_round(requests, name))
         for request in requests:
             meta = request["metadata"]
             if meta["name"] == wanted:
@@ -314,7 +314,7 @@ class Provisioning:
         retry = Retry(
             setting.retry_limit, setting.backoff_base_seconds, setting.backoff_max_seconds
         )
-        attempt = checks.latest_attempt(requests, name)
+        attempt = checks.latest_round(requests, name)
         reservation = _reservation(status)
         current = self._current(requests, aw.metadata.uid or "", name, reservation)
         if current is None:

@@ -57,6 +57,7 @@ from dispatcher.core.faulttolerance import effective_requeuing, retry_policy
 from dispatcher.core.lifecycle import Assessment, Progress, Verdict, assess
 from dispatcher.core.model import Workload, tracked_pod_count
 from dispatcher.core.phase import Phase, initialised, phase_of
+from dispatcher.core.retry import retry_delay
 from dispatcher.core.workloads import InvalidSpec
 from dispatcher.metrics.recorder import Recorder
 
@@ -301,7 +302,7 @@ class Reconciler:
     async def _evict(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> None:
         preempted = status.condition(C.PREEMPTED)
         member = self.member_of(status)
-        if member is not None and member.silent_for() > self._config.member_timeout_seconds:
+        if member is not None and member.lost(self._config.member_timeout_seconds):
             member = None  # out of reach: the collector removes its copies when it answers
         await self._requeue(
             aw,
@@ -380,7 +381,7 @@ class Reconciler:
         """Why an AppWrapper dispatched to `member` cannot be followed there ("" if it can)."""
         if member is None:
             return f"dispatched to cluster {status.clusterName!r}, which is not configured"
-        if not member.is_hub and member.silent_for() > self._config.member_timeout_seconds:
+        if member.lost(self._config.member_timeout_seconds):
             return (
                 f"cluster {member.name} has not answered for {int(member.silent_for())}s; "
                 "requeued (its copies are removed when it answers again)"
@@ -486,14 +487,18 @@ class Reconciler:
         transition: Transition | None = None
         if verdict.verdict is Verdict.RUNNING:
             transition = cond.mark_running(status, message, now=moment)
-        elif verdict.verdict is Verdict.HOLD_COMPLETION:
-            transition = cond.mark_holding_completion(status, message, now=moment)
+        elif verdict.verdict is Verdict.RUNNING_HOLD_COMPLETION:
+            transition = cond.mark_running_hold_completion(status, message, now=moment)
         elif verdict.verdict is Verdict.COMPLETED:
             transition = cond.mark_completed(status, message, now=moment)
         elif verdict.verdict is Verdict.FAILED:
             assert verdict.reason is not None
             transition = cond.mark_failed(status, verdict.reason, message, now=moment)
-        watching = verdict.verdict in (Verdict.RUNNING, Verdict.WAIT, Verdict.HOLD_COMPLETION)
+        watching = verdict.verdict in (
+            Verdict.RUNNING,
+            Verdict.WAIT,
+            Verdict.RUNNING_HOLD_COMPLETION,
+        )
         poll = POLL_SECONDS if polled and watching else None
         recheck = None if verdict.recheck_after is None else max(verdict.recheck_after, 0.05)
         if transition is not None:
@@ -534,7 +539,7 @@ class Reconciler:
         if decision.action is Action.RETRY:
             attempts = self._own_errors.get(aw.key, 0)
             self._own_errors[aw.key] = attempts + 1
-            delay = min(OWN_ERROR_FIRST_SECONDS * 2.0 ** min(attempts, 20), OWN_ERROR_MAX_SECONDS)
+            delay = retry_delay(OWN_ERROR_FIRST_SECONDS, attempts, OWN_ERROR_MAX_SECONDS)
             self._log.error(
                 "dispatch_crashed", **where, attempts=attempts + 1, retry_in=delay, exc_info=exc
             )

@@ -147,7 +147,7 @@ class Upkeep:
         for member in self._members.values():
             if member.is_hub:
                 continue  # objects there are owned by their AppWrapper (garbage collector)
-            if member.silent_for() > self._timeout:
+            if member.lost(self._timeout):
                 self._lost.add(member.name)
                 for key in self.stranded_on(member.name):
                     self._reconcile(key)
@@ -174,7 +174,7 @@ class Upkeep:
                 stranded.append(key)
         return stranded
 
-    def placements(self) -> tuple[dict[str, tuple[str, str]], set[tuple[str, str]]]:
+    def object_homes(self) -> tuple[dict[str, tuple[str, str]], set[tuple[str, str]]]:
         """(AppWrapper key -> (uid, member it is or is being dispatched to), the kinds their
         templates name), read from the objects as stored: a sweep must not wait for (nor
         fail on) validating each."""
@@ -192,7 +192,7 @@ class Upkeep:
         return keep, kinds
 
     async def _collect(self, member: Member) -> None:
-        keep, kinds = self.placements()
+        keep, kinds = self.object_homes()
         try:
             deleted = await collect(member, kinds=kinds | set(KNOWN_KINDS), keep=keep)
         except KubeError as exc:

@@ -35,7 +35,7 @@ from dispatcher.core.quota.model import CohortSpec, Flavor, QuotaSetup, StopPoli
 from dispatcher.core.quota.read import setup_of
 from dispatcher.core.quota.resolve import Queued, resolve
 from dispatcher.core.quota.summary import QueueSummary, summarize
-from dispatcher.core.quota.tree import Node, QuotaTree
+from dispatcher.core.quota.tree import QuotaTree, TreeNode
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import KubeError, NotFound
@@ -51,7 +51,7 @@ INFOS = {
 NAMESPACES = ResourceInfo("v1", "Namespace", "namespaces", namespaced=False)
 STATUS_EVERY_SECONDS = 1.0
 
-Usage = Callable[[], SchedulerView]
+PublishedView = Callable[[], SchedulerView]
 """What the last scheduling cycle left: the charges held, the pending workloads, each
 admitted one's AppQueue, the requeued ones still charged while their pods go."""
 
@@ -110,7 +110,7 @@ class Quotas:
         self._tree: QuotaTree | None = None
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
-        self._usage: Usage = lambda: EMPTY
+        self._usage: PublishedView = lambda: EMPTY
         self.summaries: dict[str, QueueSummary] = {}
         """Each cluster queue as its status was last computed (the web view reads it)."""
         self.local_summaries: dict[str, QueueSummary] = {}
@@ -129,7 +129,7 @@ class Quotas:
         """Where the queues are published for /metrics each time their status is computed."""
         self._publish = publish
 
-    def usage_from(self, usage: Usage) -> None:
+    def usage_from(self, usage: PublishedView) -> None:
         """Where the queues' usage is read (the scheduler's published view)."""
         self._usage = usage
 
@@ -343,7 +343,7 @@ class Quotas:
 
     async def _write_cohort(self, name: str, spec: CohortSpec, tree: QuotaTree, now: str) -> None:
         problems = list(spec.problems)
-        under = tree.queues_under(Node("cohort", name))
+        under = tree.queues_under(TreeNode("cohort", name))
         cycle = next(
             (p for q in under for p in tree.problems.get(q, []) if p.startswith("cohort cycle")),
             "",

@@ -66,7 +66,7 @@ from dispatcher.core.scheduling import (
     PreemptionPolicy,
     Wait,
 )
-from dispatcher.core.scheduling.kept import KeptStates
+from dispatcher.core.scheduling.kept import KeptRooms
 from dispatcher.core.scheduling.pooled import anywhere, pooled
 from dispatcher.core.scheduling.preemption import evicting, why_evicted
 from dispatcher.kube.errors import Conflict, KubeError
@@ -106,7 +106,7 @@ class Scheduler:
         """The last wait of each pending one (and of some that left: pruned in bulk)."""
         self._resolved: dict[str, Queued | QueueProblem | None] = {}
         self._held: frozenset[str] = frozenset()  # the clusters the last cycle held
-        self._kept = KeptStates()  # each member's free room, brought from cycle to cycle
+        self._kept = KeptRooms()  # each member's free room, brought from cycle to cycle
         self._quota_tree = quota_tree
         self._cache = cache
         self.state = SchedulerState(cache, members)

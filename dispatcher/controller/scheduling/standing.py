@@ -33,8 +33,8 @@ class Standing:
     """What one AppWrapper, at one resourceVersion, is to the scheduler: queued (wants
     room), dispatched (holds room in `cluster` since `dispatched_at`), or neither."""
 
-    pending: Workload | None = None
-    held: Workload | None = None
+    queued: Workload | None = None
+    occupying: Workload | None = None
     cluster: str = ""
     dispatched_at: float = 0.0
     candidate: bool = True
@@ -134,7 +134,7 @@ def derive(
                 workload = replace(workload, checked=True)
             # Pausing after a requeue (backoff): not pending, maybe still charged.
             pending = workload if queued else None
-            return Standing(pending=pending, lingering=lingering, local=local)
+            return Standing(queued=pending, lingering=lingering, local=local)
     return NOT_SCHEDULED
 
 
@@ -173,7 +173,7 @@ def _dispatched(
         )
         local = admission.queue
     return Standing(
-        held=workload,
+        occupying=workload,
         charge=charge,
         local=local,
         cluster=status.clusterName or only_member(),

@@ -29,17 +29,17 @@ from dispatcher.cluster.capacity import Owner
 from dispatcher.cluster.member import Member
 from dispatcher.controller.scheduling.cache import Assumed, SchedulerCache
 from dispatcher.controller.scheduling.view import SchedulerView
-from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, PodSet, Reservation, Workload
+from dispatcher.core.model import ClusterSnapshot, DispatchedWorkload, PodSet, Reservation, Workload
 from dispatcher.core.phase import SCHEDULED, Phase
 from dispatcher.core.queues import QueueManager
+from dispatcher.core.quota.charges import Charges
 from dispatcher.core.quota.model import Charge
 from dispatcher.core.quota.resolve import resolve
 from dispatcher.core.quota.tree import QuotaTree
-from dispatcher.core.quota.usage import Usage
-from dispatcher.core.reservations import Holding, holding
-from dispatcher.core.scheduling import Claim, Wait
+from dispatcher.core.reservations import Occupancy, occupancy
+from dispatcher.core.scheduling import PreemptorClaim, Wait
 
-HOLDING = SCHEDULED | {Phase.DELETING, Phase.BACKOFF}
+MAY_OCCUPY = SCHEDULED | {Phase.DELETING, Phase.BACKOFF}
 """Phases whose standing is kept (`refresh`): the ones that want room, and the ones that
 may hold it (a dispatched AppWrapper being deleted holds it until its objects are gone;
 one pausing after a requeue may still hold quota while its pods go)."""
@@ -51,17 +51,17 @@ terminating must not hold a cluster for ever)."""
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     clusters: list[ClusterSnapshot]
-    claims: dict[str, Claim] = field(default_factory=dict)
+    claims: dict[str, PreemptorClaim] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
-class _Held:
+class _Occupied:
     """One holder's room as last computed, kept until its pods change."""
 
     revision: int
     workload: Workload
     dispatched_at: float
-    holding: Holding
+    occupancy: Occupancy
 
 
 def _freed(before: ClusterSnapshot, after: ClusterSnapshot) -> bool:
@@ -101,14 +101,14 @@ def _freed(before: ClusterSnapshot, after: ClusterSnapshot) -> bool:
     return False
 
 
-def _strays(member: Member, held: set[Owner]) -> list[Reservation]:
+def _strays(member: Member, occupants: set[Owner]) -> list[Reservation]:
     """Pods of AppWrappers that hold nothing any more (requeued, evicted, deleted, or an
     earlier AppWrapper of the same name) that are not on a node yet but may still be put on
     one (their objects are being removed): reserved until they are gone, or a dispatch could
     be given their room."""
     strays = []
     for owner in member.capacity.owners():
-        if owner in held:
+        if owner in occupants:
             continue  # a dispatched one reserves its whole gang already
         pods = [p for p in member.capacity.owned_pods(*owner) if p.may_be_bound]
         if pods:
@@ -129,18 +129,18 @@ class SchedulerState:
         self.queues = QueueManager()
         """The pending workloads, each in its line, in order (the cycle's `take`)."""
         self._tree: QuotaTree | None = None
-        self._usage: Usage | None = None
+        self._usage: Charges | None = None
         self._charged: dict[str, tuple[Charge, str]] = {}
         """key -> (the charge held, the AppQueue admitted through): what `_usage` holds."""
         self._lingering: dict[str, Charge] = {}
-        """Requeued ones with their last admission's charge, held while their pods go."""
-        self._holders: dict[str, None] = {}
+        """Requeued ones with their last admission's charge, kept while their pods go."""
+        self._occupants: dict[str, None] = {}
         """Keys that hold room in a member (dispatched, or a dispatch assumed), in order."""
-        self._held: dict[str, _Held] = {}
-        """Each holder's room as last computed (`_holdings`)."""
+        self._occupied: dict[str, _Occupied] = {}
+        """Each holder's room as last computed (`_occupancies`)."""
         self.charges_changed = 0
         """Counts the changes of what is charged (the queues' status shows it)."""
-        self._seen: tuple[dict[str, ClusterSnapshot], dict[str, Claim]] = ({}, {})
+        self._seen: tuple[dict[str, ClusterSnapshot], dict[str, PreemptorClaim]] = ({}, {})
         """The last cycle's member snapshots and claims: capacity-parked work is woken
         when room may have been freed since (`_freed`)."""
 
@@ -155,7 +155,7 @@ class SchedulerState:
             self.queues.line_changed()
         if tree is not self._tree:
             self._tree = tree
-            self._usage = Usage(tree) if tree is not None else None
+            self._usage = Charges(tree) if tree is not None else None
             if self._usage is not None:
                 for charge, _ in self._charged.values():
                     self._usage.charge(charge)
@@ -166,14 +166,14 @@ class SchedulerState:
             self._sync(key, moment)
         for key, charge in list(self._lingering.items()):
             entry = self._cache.entry(key)
-            if entry is None or not self._holding_pods(key, entry.uid):
+            if entry is None or not self._where_pods_occupy(key, entry.uid):
                 del self._lingering[key]
                 if key in self._charged and self._charged[key][0] is charge:
                     self._set_charge(key, None, "")
 
     def _sync(self, key: str, moment: datetime) -> None:
         entry = self._cache.entry(key)
-        if entry is None or entry.phase not in HOLDING:
+        if entry is None or entry.phase not in MAY_OCCUPY:
             self.queues.remove(key)
             self._leave(key)
             self._lingering.pop(key, None)
@@ -181,23 +181,23 @@ class SchedulerState:
             return
         if entry.assumed is not None:
             self.queues.remove(key)
-            self._holders[key] = None
+            self._occupants[key] = None
             self._lingering.pop(key, None)
             self._set_charge(key, entry.assumed.charge, entry.assumed.local)
             return
         standing = self._cache.standing(key, moment)
         assert standing is not None
-        if standing.held is not None:
-            self._holders[key] = None
+        if standing.occupying is not None:
+            self._occupants[key] = None
         else:
             self._leave(key)
         charge = standing.charge
         self._lingering.pop(key, None)
         lingering = standing.lingering
-        if charge is None and lingering is not None and self._holding_pods(key, entry.uid):
+        if charge is None and lingering is not None and self._where_pods_occupy(key, entry.uid):
             charge = self._lingering[key] = lingering
         self._set_charge(key, charge, standing.local)
-        pending = standing.pending
+        pending = standing.queued
         if pending is None or entry.busy:
             self.queues.remove(key)
             return
@@ -206,8 +206,8 @@ class SchedulerState:
             self.queues.upsert(pending, line)
 
     def _leave(self, key: str) -> None:
-        self._holders.pop(key, None)
-        self._held.pop(key, None)  # a finished one's room is most of its memory
+        self._occupants.pop(key, None)
+        self._occupied.pop(key, None)  # a finished one's room is most of its memory
 
     def _line(self, workload: Workload) -> str:
         """The cluster queue it waits in ("" for capacity only, or none resolved)."""
@@ -248,7 +248,7 @@ class SchedulerState:
         """An admission is decided: the next cycle sees its room and quota in use."""
         self._cache.assume(key, assumed)
         self.queues.remove(key)
-        self._holders[key] = None
+        self._occupants[key] = None
         self._lingering.pop(key, None)
         self._set_charge(key, assumed.charge, assumed.local)
 
@@ -259,33 +259,42 @@ class SchedulerState:
 
     # -- what the cycle fits against -----------------------------------------------------
 
-    def usage(self) -> Usage | None:
+    def usage(self) -> Charges | None:
         """The quota in use, kept (a copy of its ledger starts each cycle's `QuotaView`)."""
         return self._usage
 
     def snapshot(self, now: float) -> Snapshot:
         """Per member, capacity minus what dispatched ones hold (after `refresh`), and the
         preemptors' claims. Capacity-parked work is woken when these changed."""
-        held: dict[str, list[tuple[str, str, Workload, float, bool]]] = {
+        occupants: dict[str, list[tuple[str, str, Workload, float, bool]]] = {
             name: [] for name in self._members
         }
-        for key in self._holders:
+        for key in self._occupants:
             entry = self._cache.entry(key)
             if entry is None:
                 continue
             guess = entry.assumed
             if guess is not None:
-                if guess.cluster in held:
-                    held[guess.cluster].append((key, entry.uid, guess.workload, guess.at, True))
+                if guess.cluster in occupants:
+                    item = (key, entry.uid, guess.workload, guess.at, True)
+                    occupants[guess.cluster].append(item)
                 continue
             standing = entry.standing
-            if standing is not None and standing.held is not None and standing.cluster in held:
-                item = (key, entry.uid, standing.held, standing.dispatched_at, standing.candidate)
-                held[standing.cluster].append(item)
+            if standing is None or standing.occupying is None:
+                continue
+            if standing.cluster in occupants:
+                item = (
+                    key,
+                    entry.uid,
+                    standing.occupying,
+                    standing.dispatched_at,
+                    standing.candidate,
+                )
+                occupants[standing.cluster].append(item)
         clusters = []
         for name, member in self._members.items():
-            reservations, admitted = self._holdings(member, held[name])
-            reservations += _strays(member, {(item[0], item[1]) for item in held[name]})
+            reservations, admitted = self._occupancies(member, occupants[name])
+            reservations += _strays(member, {(item[0], item[1]) for item in occupants[name]})
             snapshot = member.capacity.snapshot(tuple(reservations), reachable=member.reachable())
             clusters.append(
                 ClusterSnapshot(
@@ -308,17 +317,17 @@ class SchedulerState:
         self._seen = ({c.name: c for c in clusters}, claims)
         return Snapshot(clusters, claims)
 
-    def _holdings(
-        self, member: Member, held: list[tuple[str, str, Workload, float, bool]]
-    ) -> tuple[list[Reservation], list[AdmittedWorkload]]:
+    def _occupancies(
+        self, member: Member, occupants: list[tuple[str, str, Workload, float, bool]]
+    ) -> tuple[list[Reservation], list[DispatchedWorkload]]:
         """Reservations for dispatched pods not yet on a node, and what each one uses; kept
         per AppWrapper until its pods change."""
         reservations: list[Reservation] = []
-        admitted: list[AdmittedWorkload] = []
+        admitted: list[DispatchedWorkload] = []
         capacity = member.capacity
-        for key, uid, workload, dispatched_at, candidate in held:
+        for key, uid, workload, dispatched_at, candidate in occupants:
             revision = capacity.owner_revision(key, uid)
-            known = self._held.get(key)
+            known = self._occupied.get(key)
             if (
                 known is None
                 or known.revision != revision
@@ -326,15 +335,15 @@ class SchedulerState:
                 or known.dispatched_at != dispatched_at
             ):
                 pods = capacity.owned_pods(key, uid)
-                found = holding(workload, pods, dispatched_at=dispatched_at)
-                known = self._held[key] = _Held(revision, workload, dispatched_at, found)
-            if known.holding.reservation is not None:
-                reservations.append(known.holding.reservation)
+                found = occupancy(workload, pods, dispatched_at=dispatched_at)
+                known = self._occupied[key] = _Occupied(revision, workload, dispatched_at, found)
+            if known.occupancy.reservation is not None:
+                reservations.append(known.occupancy.reservation)
             if candidate:
-                admitted.append(known.holding.admitted)
+                admitted.append(known.occupancy.admitted)
         return reservations, admitted
 
-    def _claims(self, now: float) -> dict[str, Claim]:
+    def _claims(self, now: float) -> dict[str, PreemptorClaim]:
         """preemptor -> the member where its victims' room is being freed for it.
 
         A claim lasts until its victims are dispatched again (which clears their record) or
@@ -342,30 +351,31 @@ class SchedulerState:
         an older AppWrapper of its priority took first must not cost another eviction at
         once. While its victims are gone but it does not fit, the preemptor waits.
         """
-        claims: dict[str, Claim] = {}
+        claims: dict[str, PreemptorClaim] = {}
         for key, entry, eviction in self._cache.evicted():
             if now - eviction.at > CLAIM_TIMEOUT:
                 continue
             # Requeued before this process saw it evicting: its member is where its pods
             # still are, or the only one; else the claim is not known (multi-cluster only).
-            where = (
-                eviction.cluster or self._holding_pods(key, entry.uid) or self._cache.only_member()
-            )
+            where = eviction.cluster or self._where_pods_occupy(key, entry.uid)
+            where = where or self._cache.only_member()
             if not where:
                 continue
             # One of another namespace is recorded by uid (`core.mentions.recorded_preemptor`).
             preemptor = self._cache.key_of_uid(eviction.preemptor) or eviction.preemptor
             claim = claims.get(preemptor)
             if claim is None:
-                claims[preemptor] = Claim(where, (key,), eviction.at)
+                claims[preemptor] = PreemptorClaim(where, (key,), eviction.at)
             elif claim.cluster == where:
-                claims[preemptor] = Claim(where, (*claim.victims, key), min(claim.at, eviction.at))
+                claims[preemptor] = PreemptorClaim(
+                    where, (*claim.victims, key), min(claim.at, eviction.at)
+                )
         return claims
 
-    def _holding_pods(self, key: str, uid: str) -> str:
+    def _where_pods_occupy(self, key: str, uid: str) -> str:
         """The member where a requeued victim's pods still hold room ("" if none)."""
         for name, member in self._members.items():
-            if any(p.holds_capacity for p in member.capacity.owned_pods(key, uid)):
+            if any(p.occupies_node for p in member.capacity.owned_pods(key, uid)):
                 return name
         return ""
 
@@ -375,14 +385,14 @@ class SchedulerState:
         """(key, dispatched at, cluster queue or "") of each AppWrapper that holds room as
         of its last derived standing or assumed dispatch (read by the cycle: the cache's
         entries move between cycles)."""
-        for key in self._holders:
+        for key in self._occupants:
             entry = self._cache.entry(key)
-            if entry is None or entry.phase not in HOLDING:
+            if entry is None or entry.phase not in MAY_OCCUPY:
                 continue
             assumed, standing = entry.assumed, entry.standing
             if assumed is not None:
                 yield key, assumed.at, assumed.charge.queue if assumed.charge else ""
-            elif standing is not None and standing.held is not None:
+            elif standing is not None and standing.occupying is not None:
                 queue = standing.charge.queue if standing.charge else ""
                 yield key, standing.dispatched_at, queue
 

@@ -10,7 +10,7 @@ positions are the order the scheduler takes them in. Only
 references are kept then; the pending view (`core.visibility.pending_view`) is built from the last
 cycle on the first question after it, and reused until the next cycle: no cycle pays for
 a view nobody asks for, and no question costs a cycle; a question after work arrived or
-left since (`changes`) lists again. What runs (`Active`) is read from
+left since (`changes`) lists again. What runs (`Occupant`) is read from
 the scheduler's state at each cycle; the durations of those that finished feed the start estimates.
 """
 
@@ -26,7 +26,7 @@ from dispatcher.core.model import Workload
 from dispatcher.core.queues import QueueManager, order_key
 from dispatcher.core.quota.resolve import Queued, QueueProblem
 from dispatcher.core.scheduling import CycleResult, Wait
-from dispatcher.core.visibility import Active, Durations, PendingView, Waiting, pending_view
+from dispatcher.core.visibility import Durations, Occupant, PendingView, Waiting, pending_view
 
 Obj = dict[str, Any]
 Found = tuple[Workload, Wait, Queued | QueueProblem | None]
@@ -103,7 +103,7 @@ class Visibility:
         self._at = 0.0
         self._view: PendingView | None = None
         self._known: dict[str, _Known] = {}
-        self._active: list[Active] = []
+        self._active: list[Occupant] = []
         self.cycles = 0
 
     def observe(
@@ -167,11 +167,11 @@ class Visibility:
             self._view = pending_view(self._order(), self._active, self.durations, self._at)
         return self._view
 
-    def active(self) -> list[Active]:
+    def active(self) -> list[Occupant]:
         """What held room at the last cycle."""
         return list(self._active)
 
-    def _track(self) -> list[Active]:
+    def _track(self) -> list[Occupant]:
         """What holds room now; those gone since the last cycle that finished are recorded
         in the durations (ended about now: a cycle follows the change that freed room)."""
         seen: dict[str, _Known] = {}
@@ -185,7 +185,7 @@ class Visibility:
             if key not in seen and self._finished(key):
                 self.durations.observe(known.queue, known.kind, self._at - known.started_at)
         self._known = seen
-        return [Active(k, v.started_at, v.queue, v.kind, v.limit) for k, v in seen.items()]
+        return [Occupant(k, v.started_at, v.queue, v.kind, v.limit) for k, v in seen.items()]
 
 
 def _queues(resolved: Queued | QueueProblem | None) -> tuple[str, str]:

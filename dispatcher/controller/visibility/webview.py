@@ -35,7 +35,7 @@ ol.timeline li.False { border-left-color: #d0d7de; }
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
+class UsageBar:
     """One (flavor, resource) of a cluster queue: used and nominal, milli-units."""
 
     flavor: str
@@ -48,7 +48,7 @@ class Usage:
 @dataclass(frozen=True, slots=True)
 class QueueRow:
     name: str
-    usage: tuple[Usage, ...]
+    usage: tuple[UsageBar, ...]
     pending: int
     admitted: int
     active: bool
@@ -80,7 +80,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def _bar(usage: Usage) -> str:
+def _bar(usage: UsageBar) -> str:
     share = usage.used / usage.nominal if usage.nominal else (1.0 if usage.used else 0.0)
     width = min(100, round(share * 100))
     over = " class='over'" if usage.used > usage.nominal else ""

@@ -2,10 +2,10 @@
 
 `manager.QueueManager` holds the pending workloads per line (ClusterAppQueue, or "" for
 capacity-only work) in order, and parks those that cannot be admitted until an event;
-`cycle.take` runs one scheduling cycle over the active ones and parks what it refused.
+`taking.take` runs one scheduling cycle over the active ones and parks what it refused.
 """
 
-from dispatcher.core.queues.cycle import take
 from dispatcher.core.queues.manager import QueueManager, Wake, order_key
+from dispatcher.core.queues.taking import take
 
 __all__ = ["QueueManager", "Wake", "order_key", "take"]

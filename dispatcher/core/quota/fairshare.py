@@ -8,7 +8,7 @@ queue's workloads to get it back: a pointless preemption).
 Fair sharing (`fair_order`): the order in which queues that borrow are served.
 
 With fair sharing on, the cycle takes the next workload from the queue with the lowest
-weighted share of what it borrows from its cohort (`Ledger.share`), re-reading a queue's
+weighted share of what it borrows from its cohort (`QuotaLedger.share`), re-reading a queue's
 share after each of its admissions; within a queue, and between equal shares, the usual
 order (priority, then age) holds. Workloads with no queue, or whose queue cannot be
 resolved, come in the usual order with share 0.
@@ -23,7 +23,7 @@ from dispatcher.core.model import QueueMode, Workload
 from dispatcher.core.quota.flavors import request_of
 from dispatcher.core.quota.model import QueueSpec
 from dispatcher.core.quota.resolve import Queued, QueueProblem
-from dispatcher.core.quota.tree import Ledger
+from dispatcher.core.quota.tree import QuotaLedger
 
 __all__ = ["fair_order", "nominal_first"]
 
@@ -31,7 +31,7 @@ __all__ = ["fair_order", "nominal_first"]
 def nominal_first(
     ordered: Sequence[Workload],
     resolved: Mapping[str, Queued | QueueProblem | None],
-    ledger: Ledger,
+    ledger: QuotaLedger,
     specs: Mapping[str, QueueSpec],
 ) -> list[Workload]:
     """`ordered` (priority order) with the workloads that fit within their queue's nominal
@@ -65,7 +65,9 @@ def nominal_first(
     return first + later
 
 
-def _nominal_room(queue: str, ledger: Ledger, specs: Mapping[str, QueueSpec]) -> dict[str, int]:
+def _nominal_room(
+    queue: str, ledger: QuotaLedger, specs: Mapping[str, QueueSpec]
+) -> dict[str, int]:
     room: dict[str, int] = {}
     spec = specs.get(queue)
     for group in spec.groups if spec is not None else ():
@@ -83,7 +85,7 @@ def _order(workload: Workload) -> tuple[int, float, str]:
 def fair_order(
     ordered: Sequence[Workload],
     resolved: Mapping[str, Queued | QueueProblem | None],
-    ledger: Ledger,
+    ledger: QuotaLedger,
 ) -> Iterator[Workload]:
     """`ordered` (already in priority order) re-ordered by queue share, lazily: each
     workload is yielded before the next share is read, so admissions count."""

@@ -31,7 +31,7 @@ from dispatcher.core.quota.model import (
     WhenCanBorrow,
     WhenCanPreempt,
 )
-from dispatcher.core.quota.tree import Ledger
+from dispatcher.core.quota.tree import QuotaLedger
 
 __all__ = ["Assignment", "Mode", "QuotaRefusal", "applies", "candidates", "flavored"]
 
@@ -98,7 +98,7 @@ def _flavor_mode(
     queue: QueueSpec,
     flavor: str,
     needs: Mapping[str, int],
-    ledger: Ledger,
+    ledger: QuotaLedger,
     name_flavor: bool,
 ) -> tuple[Mode, str]:
     """The flavor's worst mode over the group's requested resources, and (for a flavor
@@ -152,7 +152,7 @@ def _untolerated(flavor: Flavor, pod_sets: Sequence[PodSet], resources: Sequence
 def candidates(
     queue: QueueSpec,
     pod_sets: Sequence[PodSet],
-    ledger: Ledger,
+    ledger: QuotaLedger,
     flavors: Mapping[str, Flavor],
     request: Resources | None = None,
 ) -> list[Assignment] | QuotaRefusal:
@@ -222,7 +222,7 @@ def candidates(
 
 
 def _never(
-    queue: QueueSpec, resources: Sequence[str], needs: Mapping[str, int], ledger: Ledger
+    queue: QueueSpec, resources: Sequence[str], needs: Mapping[str, int], ledger: QuotaLedger
 ) -> str:
     """The message when no flavor of the group could take the request even with the
     whole tree empty ("" when some flavor could)."""

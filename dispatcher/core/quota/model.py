@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from dispatcher.core.model import (
+    Backfill,
     LabelRequirement,
     PodSet,
     QueueMode,
@@ -129,6 +130,13 @@ class QueueSpec:
     checks: tuple[str, ...] = ()
     """Admission checks (names) an AppWrapper that fits no member's nodes waits on, holding
     its quota, before it is fitted again (docs/autoscaling.md)."""
+    backfill: Backfill = Backfill.DECLARED
+    """Whether its head reserves nodes, and work behind it backfills them (`Backfill`)."""
+    minimum_runtime: float = 0.0
+    """Seconds its AppWrappers run before they may be preempted: the default for those that
+    ask none, and the most one may ask (0: none, and asks are capped by the setting)."""
+    notice_seconds: float = 0.0
+    """Seconds a victim of a preemption is told before its objects are removed."""
     problems: tuple[str, ...] = ()  # found while reading the object (e.g. a bad quantity)
 
     def charged(self, workload: Workload) -> tuple[PodSet, ...]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from dispatcher.api.quantity import format_milli
 from dispatcher.core.quota.model import Charge, FlavorResource, StopPolicy
 from dispatcher.core.quota.resolve import Queued
-from dispatcher.core.quota.tree import Ledger, QuotaTree
+from dispatcher.core.quota.tree import QuotaLedger, QuotaTree
 
 __all__ = ["QueueSummary", "summarize"]
 
@@ -60,7 +60,7 @@ def summarize(
     admitted AppWrapper's key to the AppQueue it came through; `releasing` are charged
     but no longer admitted (requeued, their pods still going)."""
     setup = tree.setup
-    ledger = Ledger(tree)
+    ledger = QuotaLedger(tree)
     queues = {name: QueueSummary() for name in setup.queues}
     locals_ = {f"{ns}/{name}": QueueSummary() for ns, name in setup.local_queues}
     for charge in charges:

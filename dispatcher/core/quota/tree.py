@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 from dispatcher.core.quota.model import FlavorResource, QuotaSetup, ResourceGroup
 
-__all__ = ["Ledger", "Node", "QuotaTree"]
+__all__ = ["QuotaLedger", "QuotaTree", "TreeNode"]
 
 
 @dataclass(frozen=True, slots=True)
-class Node:
+class TreeNode:
     kind: str  # "queue" | "cohort"
     name: str
 
@@ -35,22 +35,22 @@ class Node:
 
 
 class QuotaTree:
-    """The structure and the quotas, fixed for one setup; usage lives in a `Ledger`."""
+    """The structure and the quotas, fixed for one setup; usage lives in a `QuotaLedger`."""
 
     def __init__(self, setup: QuotaSetup) -> None:
         self.setup = setup
-        self.parent: dict[Node, Node | None] = {}
-        self.children: dict[Node, list[Node]] = {}
-        self.nominal: dict[Node, dict[FlavorResource, int]] = {}
-        self.borrowing_limit: dict[Node, dict[FlavorResource, int]] = {}
-        self.lending_limit: dict[Node, dict[FlavorResource, int]] = {}
-        self.weight: dict[Node, float] = {}
+        self.parent: dict[TreeNode, TreeNode | None] = {}
+        self.children: dict[TreeNode, list[TreeNode]] = {}
+        self.nominal: dict[TreeNode, dict[FlavorResource, int]] = {}
+        self.borrowing_limit: dict[TreeNode, dict[FlavorResource, int]] = {}
+        self.lending_limit: dict[TreeNode, dict[FlavorResource, int]] = {}
+        self.weight: dict[TreeNode, float] = {}
         self.problems: dict[str, list[str]] = {}  # queue name -> why it is inactive
-        self.subtree: dict[Node, dict[FlavorResource, int]] = {}
-        self.guaranteed: dict[Node, dict[FlavorResource, int]] = {}
+        self.subtree: dict[TreeNode, dict[FlavorResource, int]] = {}
+        self.guaranteed: dict[TreeNode, dict[FlavorResource, int]] = {}
         self._build()
         # Looked up for every question a cycle asks: made once per setup.
-        self.queue_nodes = {name: Node("queue", name) for name in setup.queues}
+        self.queue_nodes = {name: TreeNode("queue", name) for name in setup.queues}
         self.roots = {node: self.path(node)[-1] for node in self.parent}
         self.most: dict[tuple[str, FlavorResource], int] = {}
         """(queue, fr) -> what the queue may take with nothing in use, once asked."""
@@ -60,7 +60,7 @@ class QuotaTree:
     def _build(self) -> None:
         setup = self.setup
         for name, queue in setup.queues.items():
-            node = Node("queue", name)
+            node = TreeNode("queue", name)
             self._add(node, queue.groups, queue.weight)
             self.problems[name] = list(queue.problems)
             for group in queue.groups:
@@ -73,9 +73,9 @@ class QuotaTree:
                 self.parent[node] = None
         for name in list(setup.cohorts):
             self._cohort(name)
-        cyclic = self._cut_cycles()
+        cyclic = self._cut_loops()
         for name in setup.queues:
-            path = self.path(Node("queue", name))
+            path = self.path(TreeNode("queue", name))
             for node in path[1:]:
                 if node in cyclic:
                     self.problems[name].append(f"cohort cycle: {cyclic[node]}")
@@ -87,7 +87,7 @@ class QuotaTree:
         for root in [n for n, p in self.parent.items() if p is None]:
             self._amounts(root)
 
-    def _add(self, node: Node, groups: Iterable[ResourceGroup], weight: float) -> None:
+    def _add(self, node: TreeNode, groups: Iterable[ResourceGroup], weight: float) -> None:
         self.children.setdefault(node, [])
         self.weight[node] = weight if weight > 0 else 1.0
         nominal = self.nominal.setdefault(node, {})
@@ -103,10 +103,10 @@ class QuotaTree:
                     if quota.lending_limit is not None:
                         lending[fr] = quota.lending_limit
 
-    def _cohort(self, name: str) -> Node:
+    def _cohort(self, name: str) -> TreeNode:
         """The cohort's node, made on first mention (a cohort named only by its members
         is a cohort with no quota of its own)."""
-        node = Node("cohort", name)
+        node = TreeNode("cohort", name)
         if node in self.parent:
             return node
         spec = self.setup.cohorts.get(name)
@@ -116,16 +116,16 @@ class QuotaTree:
             self._link(node, self._cohort(spec.parent))
         return node
 
-    def _link(self, child: Node, parent: Node) -> None:
+    def _link(self, child: TreeNode, parent: TreeNode) -> None:
         self.parent[child] = parent
         self.children.setdefault(parent, []).append(child)
 
-    def _cut_cycles(self) -> dict[Node, str]:
+    def _cut_loops(self) -> dict[TreeNode, str]:
         """Cut every cohort cycle; returns each cohort on one with the cycle's text."""
-        cyclic: dict[Node, str] = {}
+        cyclic: dict[TreeNode, str] = {}
         for start in [n for n in self.parent if n.kind == "cohort"]:
-            seen: list[Node] = []
-            node: Node | None = start
+            seen: list[TreeNode] = []
+            node: TreeNode | None = start
             while node is not None and node not in seen and node not in cyclic:
                 seen.append(node)
                 node = self.parent.get(node)
@@ -142,7 +142,7 @@ class QuotaTree:
             self.parent[top] = None
         return cyclic
 
-    def path(self, node: Node) -> list[Node]:
+    def path(self, node: TreeNode) -> list[TreeNode]:
         """The node and its ancestors, nearest first."""
         path = [node]
         parent = self.parent.get(node)
@@ -151,7 +151,7 @@ class QuotaTree:
             parent = self.parent.get(parent)
         return path
 
-    def _amounts(self, node: Node) -> None:
+    def _amounts(self, node: TreeNode) -> None:
         """Subtree and guaranteed amounts, children first."""
         subtree = dict(self.nominal[node])
         for child in self.children[node]:
@@ -164,29 +164,29 @@ class QuotaTree:
             fr: max(0, amount - lending[fr]) for fr, amount in subtree.items() if fr in lending
         }
 
-    def root(self, node: Node) -> Node:
+    def root(self, node: TreeNode) -> TreeNode:
         return self.roots[node]
 
-    def queues_under(self, node: Node) -> list[str]:
+    def queues_under(self, node: TreeNode) -> list[str]:
         if node.kind == "queue":
             return [node.name]
         return [q for child in self.children[node] for q in self.queues_under(child)]
 
 
-class Ledger:
+class QuotaLedger:
     """Usage of every node of a tree, and what each queue may still take. Mutable: one
     scheduling cycle adds its admissions and tries its evictions on one ledger."""
 
     def __init__(self, tree: QuotaTree) -> None:
         self.tree = tree
-        self.usage: dict[Node, dict[FlavorResource, int]] = {n: {} for n in tree.parent}
+        self.usage: dict[TreeNode, dict[FlavorResource, int]] = {n: {} for n in tree.parent}
         self._shares: dict[str, float] = {}  # a queue's share depends on its usage alone
         # (node, fr) -> what the node may still take, until the next charge: queues of one
         # cohort share their parent's answer.
-        self._available_memo: dict[tuple[Node, FlavorResource], int] = {}
+        self._available_memo: dict[tuple[TreeNode, FlavorResource], int] = {}
 
-    def copy(self) -> Ledger:
-        other = Ledger.__new__(Ledger)
+    def copy(self) -> QuotaLedger:
+        other = QuotaLedger.__new__(QuotaLedger)
         other.tree = self.tree
         other.usage = {node: dict(usage) for node, usage in self.usage.items()}
         other._shares = dict(self._shares)
@@ -201,7 +201,7 @@ class Ledger:
         self._available_memo.clear()
         start = tree.queue_nodes[queue]
         for fr, amount in amounts.items():
-            node: Node | None = start
+            node: TreeNode | None = start
             delta = sign * amount
             while node is not None and delta:
                 usage = self.usage[node]
@@ -225,7 +225,7 @@ class Ledger:
             return most[key]
         return self._available(self.tree.queue_nodes[queue], fr, False)
 
-    def _available(self, node: Node, fr: FlavorResource, empty: bool) -> int:
+    def _available(self, node: TreeNode, fr: FlavorResource, empty: bool) -> int:
         tree = self.tree
         usage = 0 if empty else self.usage[node].get(fr, 0)
         parent = tree.parent[node]

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from dispatcher.core.model import AdmittedWorkload, Workload
+from dispatcher.core.model import DispatchedWorkload, Workload
 from dispatcher.core.quota.flavors import Assignment
 from dispatcher.core.quota.model import (
     BorrowPreemption,
@@ -36,7 +36,7 @@ from dispatcher.core.quota.model import (
     Reclaim,
     WithinQueue,
 )
-from dispatcher.core.quota.tree import Ledger, Node
+from dispatcher.core.quota.tree import QuotaLedger, TreeNode
 
 __all__ = ["CapacityOnly", "QuotaRules"]
 
@@ -46,11 +46,11 @@ class QuotaRules:
     workload: Workload
     queue: QueueSpec
     assignment: Assignment
-    ledger: Ledger  # a copy: the search charges and gives back on it
+    ledger: QuotaLedger  # a copy: the search charges and gives back on it
     charges: Mapping[str, Charge]
     fair: bool = False  # fair sharing with preemption: shares, not priorities, decide reclaim
 
-    def allowed(self, candidate: AdmittedWorkload) -> bool:
+    def allowed(self, candidate: DispatchedWorkload) -> bool:
         """Whether the queue's policies let the preemptor evict `candidate` at all."""
         if not candidate.preemptible:
             return False
@@ -68,10 +68,10 @@ class QuotaRules:
                 and charge.admitted_at > mine.created_at
             )
         tree = self.ledger.tree
-        other = Node("queue", charge.queue)
+        other = TreeNode("queue", charge.queue)
         if other not in tree.parent:
             return False
-        root = tree.root(Node("queue", queue.name))
+        root = tree.root(TreeNode("queue", queue.name))
         if root.kind != "cohort" or tree.root(other) != root:
             return False
         if queue.reclaim is Reclaim.NEVER:
@@ -89,11 +89,11 @@ class QuotaRules:
             )
         return True
 
-    def order(self, candidate: AdmittedWorkload) -> int:
+    def order(self, candidate: DispatchedWorkload) -> int:
         charge = self.charges.get(candidate.key)
         return 0 if charge is not None and charge.queue != self.queue.name else 1
 
-    def still_allowed(self, candidate: AdmittedWorkload) -> bool:
+    def still_allowed(self, candidate: DispatchedWorkload) -> bool:
         """Another queue's work stays a victim only while its queue still borrows some
         of what the preemptor needs (with the victims taken so far given back)."""
         charge = self.charges.get(candidate.key)
@@ -146,17 +146,17 @@ class CapacityOnly:
     workload: Workload
     charges: Mapping[str, Charge]
 
-    def allowed(self, candidate: AdmittedWorkload) -> bool:
+    def allowed(self, candidate: DispatchedWorkload) -> bool:
         return (
             candidate.preemptible
             and candidate.priority < self.workload.priority
             and candidate.key not in self.charges
         )
 
-    def order(self, candidate: AdmittedWorkload) -> int:
+    def order(self, candidate: DispatchedWorkload) -> int:
         return 1
 
-    def still_allowed(self, candidate: AdmittedWorkload) -> bool:
+    def still_allowed(self, candidate: DispatchedWorkload) -> bool:
         return True
 
     def evict(self, key: str) -> Callable[[], None]:

@@ -2,7 +2,7 @@
 questions the cycle asks. Pure, no I/O.
 
 Built from the setup and the charges of every dispatched AppWrapper (across all member
-clusters: quota is accounted in the hub), or from a copy of a `Usage` kept on charge and
+clusters: quota is accounted in the hub), or from a copy of a `Charges` kept on charge and
 release. The cycle resolves each workload's queue, asks
 which flavor assignments may take it, charges each admission, and hands the victim search
 the queue's rules. Answers about a (queue, request) are remembered until the next charge.
@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from dispatcher.api.resources import Resources
 from dispatcher.core.model import PodSet, Workload
+from dispatcher.core.quota.charges import Charges
 from dispatcher.core.quota.flavors import (
     Assignment,
     Mode,
@@ -24,8 +25,7 @@ from dispatcher.core.quota.flavors import (
 )
 from dispatcher.core.quota.model import Charge, FlavorResource, QueueSpec
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
-from dispatcher.core.quota.tree import Ledger, QuotaTree
-from dispatcher.core.quota.usage import Usage
+from dispatcher.core.quota.tree import QuotaLedger, QuotaTree
 from dispatcher.core.quota.victims import QuotaRules
 
 __all__ = ["QuotaView"]
@@ -42,7 +42,7 @@ class QuotaView:
         charges: Sequence[Charge] = (),
         *,
         place_flavors: bool = True,
-        usage: Usage | None = None,
+        usage: Charges | None = None,
     ) -> None:
         """`place_flavors` False: fit pods as if flavors selected no nodes (a pooled member
         has none to select; the pods still get the flavor's labels when made). With
@@ -62,7 +62,7 @@ class QuotaView:
             self.ledger = usage.ledger.copy()
             self.charges: Mapping[str, Charge] = usage.charges
             return
-        self.ledger = Ledger(tree)
+        self.ledger = QuotaLedger(tree)
         self.charges = {c.key: c for c in charges}
         # Summed per queue first: the walk up the tree depends only on the running total.
         totals: dict[str, dict[FlavorResource, int]] = {}

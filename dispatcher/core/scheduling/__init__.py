@@ -15,20 +15,20 @@ from dispatcher.core.scheduling.cycle import (
     schedule,
 )
 from dispatcher.core.scheduling.preemption import (
-    Claim,
     HonourClaims,
     LowestPriorityFirst,
     PreemptionPolicy,
+    PreemptorClaim,
 )
 
 __all__ = [
     "Admit",
-    "Claim",
     "CycleResult",
     "HonourClaims",
     "LowestPriorityFirst",
     "Preempt",
     "PreemptionPolicy",
+    "PreemptorClaim",
     "Wait",
     "queue_order_key",
     "schedule",

@@ -1,7 +1,7 @@
 """The member clusters as one scheduling cycle sees them, and the best-fit choice among
 them. Pure, no I/O.
 
-`CycleState` carries what a cycle learns from one workload to the next: a `ClusterState`
+`CycleScratch` carries what a cycle learns from one workload to the next: a `ClusterRoom`
 per cluster (built on first use), the clusters held for a preemptor or a starving
 workload, this cycle's admissions, and answers that stand until the next admission or
 hold. It also says which clusters a workload may use at all: those its placement
@@ -24,10 +24,10 @@ from dispatcher.core.model import (
     Reservation,
     Workload,
 )
-from dispatcher.core.scheduling.kept import KeptStates
-from dispatcher.core.scheduling.placement import POD, ClusterState, Gang, Placed, Refusal
+from dispatcher.core.scheduling.kept import KeptRooms
+from dispatcher.core.scheduling.placement import POD, ClusterRoom, Gang, Placed, Refusal
 
-__all__ = ["CycleState", "Reasons", "best_fit", "scarcest_of"]
+__all__ = ["CycleScratch", "Reasons", "best_fit", "scarcest_of"]
 
 Reasons = list[tuple[str, Refusal]]  # (cluster name, why it does not fit there)
 
@@ -35,22 +35,22 @@ Reasons = list[tuple[str, Refusal]]  # (cluster name, why it does not fit there)
 _MAX_SUBSETS_OF = 6
 
 
-class CycleState:
+class CycleScratch:
     """What one `schedule` call carries from one workload to the next."""
 
     def __init__(
-        self, clusters: Sequence[ClusterSnapshot], now: float, kept: KeptStates | None = None
+        self, clusters: Sequence[ClusterSnapshot], now: float, kept: KeptRooms | None = None
     ) -> None:
         self.clusters = sorted(clusters, key=lambda c: c.name)
         self.now = now
         self.kept = kept
-        self.states: dict[str, ClusterState] = {}  # built (or copied from `kept`) on first use
+        self.states: dict[str, ClusterRoom] = {}  # built (or copied from `kept`) on first use
         self.gangs: dict[tuple[str, ...], Gang] = {}
         self.usable_for: dict[tuple[Placement, str], list[ClusterSnapshot]] = {}
         # Whether some cluster takes only some namespaces (else the namespace filters nothing).
         self.by_namespace = any(c.namespaces is not None for c in self.clusters)
         self.ever: dict[tuple[str, tuple[str, ...]], bool] = {}
-        self.empty: dict[str, ClusterState] = {}
+        self.empty: dict[str, ClusterRoom] = {}
         # Clusters later workloads may not use this cycle, and why (a preemptor's claim,
         # a starving head's reservation).
         self.held: dict[str, str] = {}
@@ -79,10 +79,10 @@ class CycleState:
         self.held[cluster] = why
         self.version += 1
 
-    def state(self, cluster: ClusterSnapshot) -> ClusterState:
+    def state(self, cluster: ClusterSnapshot) -> ClusterRoom:
         state = self.states.get(cluster.name)
         if state is None:
-            state = self.kept.state(cluster) if self.kept is not None else ClusterState(cluster)
+            state = self.kept.state(cluster) if self.kept is not None else ClusterRoom(cluster)
             self.states[cluster.name] = state
         return state
 
@@ -138,7 +138,7 @@ class CycleState:
         if key not in self.ever:
             empty = self.empty.get(cluster.name)
             if empty is None:
-                empty = self.empty[cluster.name] = ClusterState(cluster, empty=True)
+                empty = self.empty[cluster.name] = ClusterRoom(cluster, empty=True)
             self.ever[key] = empty.fits(gang)
         return self.ever[key]
 
@@ -152,7 +152,7 @@ class CycleState:
         )
         return replace(cluster, reservations=cluster.reservations + added)
 
-    def settled(self, gang: Gang, states: list[ClusterState]) -> tuple[bool, str | None]:
+    def settled(self, gang: Gang, states: list[ClusterRoom]) -> tuple[bool, str | None]:
         """(True, the gang's scarcest resource) when it is the same over every subset of
         `states`, so whichever of them the gang turns out to fit; else (False, None).
         Capacities do not change within a cycle: the answer is remembered."""
@@ -207,8 +207,8 @@ UNREACHABLE = Refusal("unreachable")
 
 
 def best_fit(
-    cycle: CycleState, gang: Gang, usable: Sequence[ClusterSnapshot]
-) -> tuple[ClusterState, Placed] | Reasons:
+    cycle: CycleScratch, gang: Gang, usable: Sequence[ClusterSnapshot]
+) -> tuple[ClusterRoom, Placed] | Reasons:
     """Place the gang in the best cluster that fits, or say why none does.
 
     Best fit: among the clusters where the whole gang fits, the one left with the least
@@ -217,7 +217,7 @@ def best_fit(
     the tightest cluster keeps larger holes elsewhere for larger workloads.
     """
     why: dict[str, Refusal] = {}
-    candidates: list[ClusterState] = []
+    candidates: list[ClusterRoom] = []
     for cluster in usable:
         if not cluster.reachable:
             why[cluster.name] = _unreachable(cycle, gang, cluster)
@@ -235,7 +235,7 @@ def best_fit(
             candidates.append(state)
         else:
             why[cluster.name] = refused
-    fitting: list[tuple[ClusterState, Placed]] = []
+    fitting: list[tuple[ClusterRoom, Placed]] = []
     settled, scarcest = cycle.settled(gang, candidates)
     if settled and scarcest is not None:
         # The scarcest resource is the same whichever candidates the gang fits, and each
@@ -261,7 +261,7 @@ def best_fit(
     return chosen
 
 
-def _unreachable(cycle: CycleState, gang: Gang, cluster: ClusterSnapshot) -> Refusal:
+def _unreachable(cycle: CycleScratch, gang: Gang, cluster: ClusterSnapshot) -> Refusal:
     """Why the gang waits for an unreachable cluster: unreachable only where it would fit the
     cluster as last seen; where it would not, its own shortfall, as while the cluster
     answered. A member that answers slowly under load (the probe gives it a few seconds)
@@ -276,7 +276,7 @@ def _unreachable(cycle: CycleState, gang: Gang, cluster: ClusterSnapshot) -> Ref
     return UNREACHABLE
 
 
-def scarcest_of(gang: Gang, states: Sequence[ClusterState]) -> str | None:
+def scarcest_of(gang: Gang, states: Sequence[ClusterRoom]) -> str | None:
     """The requested resource the gang takes the largest share of, over `states`."""
     best: tuple[float, str] | None = None
     for resource, value in gang.totals:

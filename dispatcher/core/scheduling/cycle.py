@@ -36,8 +36,8 @@ from dispatcher.core.quota.model import WhenCanPreempt
 from dispatcher.core.quota.resolve import Queued, QueueProblem
 from dispatcher.core.quota.victims import CapacityOnly, QuotaRules
 from dispatcher.core.quota.view import QuotaView
-from dispatcher.core.scheduling.clusters import CycleState, Reasons, best_fit
-from dispatcher.core.scheduling.kept import KeptStates
+from dispatcher.core.scheduling.clusters import CycleScratch, Reasons, best_fit
+from dispatcher.core.scheduling.kept import KeptRooms
 from dispatcher.core.scheduling.placement import Gang, Refusal
 from dispatcher.core.scheduling.preemption import PreemptionPolicy, VictimRules
 
@@ -111,7 +111,7 @@ def queue_order_key(workload: Workload) -> tuple[int, float, str]:
 def _preempt(
     workload: Workload,
     gang: Gang,
-    cycle: CycleState,
+    cycle: CycleScratch,
     usable: Sequence[ClusterSnapshot],
     policy: PreemptionPolicy,
     rules: Callable[[], VictimRules] | None,
@@ -142,7 +142,7 @@ def _preempt(
 def _policy_done(
     workload: Workload,
     gang: Gang,
-    cycle: CycleState,
+    cycle: CycleScratch,
     usable: Sequence[ClusterSnapshot],
     context: object,
 ) -> bool:
@@ -166,7 +166,7 @@ class _Tried:
 
 def _fit(
     workload: Workload,
-    cycle: CycleState,
+    cycle: CycleScratch,
     preemption: PreemptionPolicy | None,
     *,
     preempt: bool,
@@ -220,11 +220,11 @@ def schedule(
     quotas: QuotaView | None = None,
     presorted: bool = False,
     capacity_checks: tuple[str, ...] = (),
-    kept: KeptStates | None = None,
+    kept: KeptRooms | None = None,
 ) -> CycleResult:
     """Decide, for every pending workload, admit (where) or wait (why); maybe preempt.
 
-    Each cluster gets one `ClusterState` for the whole cycle, so a workload sees the room
+    Each cluster gets one `ClusterRoom` for the whole cycle, so a workload sees the room
     the workloads before it took. Rules kept:
 
     - StrictFIFO: the first workload that does not fit blocks every later one. A workload
@@ -253,7 +253,7 @@ def schedule(
     ordered = _ordered(in_order, resolved, quotas)
 
     # 2. Snapshot: one mutable simulation per cluster, made on first use.
-    cycle = CycleState(clusters, now, kept)
+    cycle = CycleScratch(clusters, now, kept)
     decisions = _Decisions(cycle, now=now, starvation_after=starvation_after)
     strict_fifo = _strict_fifo(mode, quotas)
     order = decisions.order
@@ -329,7 +329,7 @@ def _strict_fifo(mode: QueueMode, quotas: QuotaView | None) -> dict[str, bool]:
 
 def _fit_unqueued(
     workload: Workload,
-    cycle: CycleState,
+    cycle: CycleScratch,
     preemption: PreemptionPolicy | None,
     quotas: QuotaView | None,
     capacity_checks: tuple[str, ...],
@@ -357,7 +357,7 @@ class _Decisions:
     held (in `cycle`).
     """
 
-    cycle: CycleState
+    cycle: CycleScratch
     now: float
     starvation_after: float
     order: list[str] = field(default_factory=list)  # every pending key, as taken
@@ -542,7 +542,7 @@ def _fit_queued(
     workload: Workload,
     queued: Queued,
     quotas: QuotaView,
-    cycle: CycleState,
+    cycle: CycleScratch,
     preemption: PreemptionPolicy | None,
 ) -> tuple[str | _Tried, Assignment, Workload] | QuotaRefusal:
     """Quota fit and capacity fit together: each flavor assignment the queue allows, in its

@@ -1,4 +1,4 @@
-"""Trying an eviction on a `ClusterState`, and taking it back. Pure, no I/O.
+"""Trying an eviction on a `ClusterRoom`, and taking it back. Pure, no I/O.
 
 `evict` changes the state into the cluster as it would be without one dispatched
 AppWrapper and returns the function that changes it back, so a preemption policy can try
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from dispatcher.api.resources import EMPTY, Resources
-from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot
-from dispatcher.core.scheduling.placement import ClusterState
+from dispatcher.core.model import ClusterSnapshot, DispatchedWorkload
+from dispatcher.core.scheduling.placement import ClusterRoom
 
 __all__ = ["evict", "without"]
 
@@ -45,7 +45,7 @@ def without(snapshot: ClusterSnapshot, keys: frozenset[str]) -> ClusterSnapshot:
 
 
 def _held_by(
-    state: ClusterState, victim: AdmittedWorkload
+    state: ClusterRoom, victim: DispatchedWorkload
 ) -> tuple[dict[int, dict[str, int]], dict[str, int]]:
     """What `victim` holds in `state`: per node index, and in the aggregate."""
     per_node: dict[int, dict[str, int]] = {}
@@ -73,7 +73,7 @@ def _held_by(
     return per_node, total
 
 
-def evict(state: ClusterState, victim: AdmittedWorkload) -> Callable[[], None]:
+def evict(state: ClusterRoom, victim: DispatchedWorkload) -> Callable[[], None]:
     """Give back what `victim` holds in `state`; returns the undo."""
     per_node, total = _held_by(state, victim)
     state.give_back(per_node, total)

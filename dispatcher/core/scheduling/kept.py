@@ -1,13 +1,13 @@
 """Each member cluster's free room kept from one cycle to the next. Pure, no I/O.
 
-Building a `ClusterState` charges every reservation (the pods of dispatched AppWrappers
+Building a `ClusterRoom` charges every reservation (the pods of dispatched AppWrappers
 not bound yet) node by node: with about 900 reservations on 3 x 1,000 nodes that is some
-25 ms a cycle, whatever is pending. `KeptStates` keeps each cluster's state of the last
+25 ms a cycle, whatever is pending. `KeptRooms` keeps each cluster's state of the last
 snapshot and brings it to the next one by what differs between the two: a reservation gone
 (or changed) is given back where it was charged, a new one is charged, a node whose bound
 pods changed (`requested`) has the difference applied. Any other change to the nodes (one
 added or removed, labels, taints, readiness, allocatable) builds the state afresh. Each
-cycle places on a copy (`ClusterState.copy`), so the kept state stays the snapshot's.
+cycle places on a copy (`ClusterRoom.copy`), so the kept state stays the snapshot's.
 
 Kept, a reservation stays on the nodes it was charged to when an older one goes; built
 afresh, the later ones could land elsewhere. Both are guesses at where kube-scheduler will
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dispatcher.core.model import ClusterSnapshot, NodeState, Reservation
-from dispatcher.core.scheduling.placement import ClusterState
+from dispatcher.core.model import ClusterSnapshot, NodeSnapshot, Reservation
+from dispatcher.core.scheduling.placement import ClusterRoom
 
-__all__ = ["KeptStates"]
+__all__ = ["KeptRooms"]
 
 REBUILD_AFTER = 500
 """A kept state is built afresh after this many cycles brought it up to date: what it
@@ -31,14 +31,14 @@ remembers by gang shape (and the copies add to) then starts again instead of gro
 every shape ever seen; one build in 500 cycles costs each about 0.05 ms."""
 
 
-class KeptStates:
-    """Per cluster, the `ClusterState` of its last snapshot."""
+class KeptRooms:
+    """Per cluster, the `ClusterRoom` of its last snapshot."""
 
     def __init__(self) -> None:
-        self._kept: dict[str, tuple[ClusterSnapshot, ClusterState, int]] = {}
+        self._kept: dict[str, tuple[ClusterSnapshot, ClusterRoom, int]] = {}
         self.built = 0  # states built afresh: the rest were brought up to date
 
-    def state(self, snapshot: ClusterSnapshot) -> ClusterState:
+    def state(self, snapshot: ClusterSnapshot) -> ClusterRoom:
         """A state of `snapshot` for the caller to place on."""
         kept = self._kept.get(snapshot.name)
         if kept is not None and kept[0] is snapshot:
@@ -47,7 +47,7 @@ class KeptStates:
             state, follows = kept[1], kept[2] + 1
             state.snapshot = snapshot
         else:
-            state, follows = ClusterState(snapshot), 0
+            state, follows = ClusterRoom(snapshot), 0
             self.built += 1
         self._kept[snapshot.name] = (snapshot, state, follows)
         return state.copy()
@@ -58,7 +58,7 @@ class KeptStates:
             del self._kept[name]
 
 
-def _follow(state: ClusterState, old: ClusterSnapshot, new: ClusterSnapshot) -> bool:
+def _follow(state: ClusterRoom, old: ClusterSnapshot, new: ClusterSnapshot) -> bool:
     """Bring `state` (of `old`) to `new`; False, with `state` untouched, when it must be
     built afresh."""
     moved = _requested_moves(old.nodes, new.nodes)
@@ -87,8 +87,8 @@ def _follow(state: ClusterState, old: ClusterSnapshot, new: ClusterSnapshot) -> 
 
 
 def _requested_moves(
-    old: tuple[NodeState, ...], new: tuple[NodeState, ...]
-) -> list[tuple[NodeState, NodeState]] | None:
+    old: tuple[NodeSnapshot, ...], new: tuple[NodeSnapshot, ...]
+) -> list[tuple[NodeSnapshot, NodeSnapshot]] | None:
     """The schedulable nodes whose bound pods changed, or None when anything else about
     the nodes did."""
     if old is new:

@@ -1,6 +1,6 @@
 """Nodes ranked by their free room for pods of some size, kept sorted as room moves. Pure.
 
-`ClusterState` places a pod on the node with the least room that holds it (best fit): a
+`ClusterRoom` places a pod on the node with the least room that holds it (best fit): a
 `NodeOrder` per (resources asked, node constraint) keeps the nodes that may take such pods
 ascending by room, so that a placement walks them from the first that can hold one pod
 instead of scanning every node.

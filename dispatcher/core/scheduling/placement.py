@@ -1,6 +1,6 @@
 """Whether a gang fits one member cluster, where its pods go, and why not. Pure, no I/O.
 
-A `ClusterState` is the mutable, per-cycle picture of one cluster's free room, built from
+A `ClusterRoom` is the mutable, per-cycle picture of one cluster's free room, built from
 a frozen `ClusterSnapshot`. Only schedulable nodes (Ready and not cordoned) take part:
 
 - per node, free = allocatable - requested (the node's bound, non-terminal pods);
@@ -36,14 +36,14 @@ from dispatcher.core.model import (
     PODS,
     UNLIMITED_PODS,
     ClusterSnapshot,
-    NodeState,
+    NodeSnapshot,
     PodSet,
     Reservation,
     Toleration,
 )
 from dispatcher.core.scheduling.nodeorder import NodeOrder, Requests, ranked
 
-__all__ = ["ClusterState", "Gang", "NodeAssignment", "Placed", "Refusal"]
+__all__ = ["ClusterRoom", "Gang", "NodeAssignment", "Placed", "Refusal"]
 
 # Stands for the failing pod set's name in a `Refusal`: one refusal serves every workload
 # of the same shape, and each message names that workload's own pod.
@@ -106,7 +106,7 @@ class Gang:
 
 @dataclass(frozen=True, slots=True)
 class Placed:
-    """A gang placed in a `ClusterState`, and how to take it off again."""
+    """A gang placed in a `ClusterRoom`, and how to take it off again."""
 
     applied: tuple[_Applied, ...]
     node_names: Sequence[str] = field(repr=False)
@@ -125,19 +125,19 @@ class Placed:
 _UNEXPLAINED = Refusal("does not fit")
 
 
-# See `ClusterState._step`: the order walked, the key it starts from, (free column,
+# See `ClusterRoom._step`: the order walked, the key it starts from, (free column,
 # milli-units per pod) per resource, and the nodes known full for such pods.
 _Step = tuple[NodeOrder, tuple[int, int], list[tuple[list[int], int]], set[int]]
 
 
-class ClusterState:
+class ClusterRoom:
     """A mutable simulation of one cluster's free room for one scheduling cycle."""
 
     def __init__(self, snapshot: ClusterSnapshot, *, empty: bool = False) -> None:
         """Build from `snapshot`; with `empty`, as if no pod ran and nothing was reserved."""
         self.name = snapshot.name
         self.snapshot = snapshot
-        self.nodes: list[NodeState] = [n for n in snapshot.nodes if n.schedulable]
+        self.nodes: list[NodeSnapshot] = [n for n in snapshot.nodes if n.schedulable]
         self.names = [n.name for n in self.nodes]
         self.unschedulable = len(snapshot.nodes) - len(self.nodes)
         self.allocatable = Resources.columns([n.allocatable for n in self.nodes])
@@ -212,14 +212,14 @@ class ClusterState:
         """Give back what reservation `key` was charged (see `reserve`)."""
         applied, totals = self.reserved.pop(key)
         self._unapply(list(applied))
-        self._charge(totals, +1)
+        self._take(totals, +1)
         self._failed.clear()
 
-    def copy(self) -> ClusterState:
+    def copy(self) -> ClusterRoom:
         """An independent state with the same free room: a cycle places on the copy and the
         kept one stays as the snapshot was (`core.scheduling.kept`). What depends only on the
         nodes (which nodes a constraint admits, pod sets' order, refusal texts) is shared."""
-        new = object.__new__(ClusterState)
+        new = object.__new__(ClusterRoom)
         new.__dict__.update(self.__dict__)
         new.free = {r: list(column) for r, column in self.free.items()}
         new.free_total = dict(self.free_total)
@@ -245,7 +245,7 @@ class ClusterState:
         applied: list[_Applied] = []
         for index in self._largest_first(gang):
             self._fill(gang, index, applied)  # pods that find no node: aggregate only
-        self._charge(gang.totals, -1)
+        self._take(gang.totals, -1)
         self.reserved[reservation.key] = (applied, gang.totals)
 
     def refusal(self, gang: Gang) -> Refusal | None:
@@ -303,7 +303,7 @@ class ClusterState:
                 # When the nodes these pods may use (selector, taints) lack the room in
                 # total, that is the clearer answer: the aggregate counted other nodes.
                 return self._remember(gang, self._usable_shortfall(gang, index) or why)
-        self._charge(gang.totals, -1)
+        self._take(gang.totals, -1)
         self._placements += 1
         made = self._placements
         undone: list[bool] = []
@@ -313,13 +313,13 @@ class ClusterState:
                 raise RuntimeError("this placement was already undone")
             undone.append(True)
             self._unapply(applied)
-            self._charge(gang.totals, +1)
+            self._take(gang.totals, +1)
             # Room came back: a failure recorded while this placement stood may fit now.
             self._failed = {k: v for k, v in self._failed.items() if v[1] < made}
 
         return Placed(applied=tuple(applied), node_names=self.names, undo=undo)
 
-    def _charge(self, totals: Requests, sign: int) -> None:
+    def _take(self, totals: Requests, sign: int) -> None:
         for resource, value in totals:
             self.free_total[resource] = self.free_total.get(resource, 0) + sign * value
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dispatcher.api.resources import EMPTY, Resources
-from dispatcher.core.model import PODS, ClusterSnapshot, NodeState, PodSet, Workload
+from dispatcher.core.model import PODS, ClusterSnapshot, NodeSnapshot, PodSet, Workload
 
 POOL = "(cluster total)"
 """The one node a member is seen as."""
@@ -25,7 +25,7 @@ def pooled(cluster: ClusterSnapshot) -> ClusterSnapshot:
     nodes = [n for n in cluster.nodes if n.schedulable]
     allocatable = _without_pods(sum((n.allocatable for n in nodes), EMPTY))
     requested = _without_pods(sum((n.requested for n in nodes), EMPTY))
-    pool = NodeState(name=POOL, allocatable=allocatable, requested=requested)
+    pool = NodeSnapshot(name=POOL, allocatable=allocatable, requested=requested)
     return replace(
         cluster,
         nodes=(pool,),

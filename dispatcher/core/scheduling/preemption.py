@@ -13,16 +13,16 @@ from typing import Protocol
 
 from dispatcher.api.models import Reason
 from dispatcher.core.mentions import mention, mention_all
-from dispatcher.core.model import AdmittedWorkload, ClusterSnapshot, Workload
+from dispatcher.core.model import ClusterSnapshot, DispatchedWorkload, Workload
 from dispatcher.core.quota.model import Charge
 from dispatcher.core.scheduling.evictions import evict, without
-from dispatcher.core.scheduling.placement import ClusterState, Gang
+from dispatcher.core.scheduling.placement import ClusterRoom, Gang
 
 __all__ = [
-    "Claim",
     "HonourClaims",
     "LowestPriorityFirst",
     "PreemptionPolicy",
+    "PreemptorClaim",
     "VictimRules",
     "evicting",
     "why_evicted",
@@ -64,11 +64,11 @@ class VictimRules(Protocol):
     """A second thing victims must free besides room in the cluster (a queue's quota),
     and who may be a victim for it (see `core.quota.victims`)."""
 
-    def allowed(self, candidate: AdmittedWorkload) -> bool: ...
+    def allowed(self, candidate: DispatchedWorkload) -> bool: ...
 
-    def order(self, candidate: AdmittedWorkload) -> int: ...
+    def order(self, candidate: DispatchedWorkload) -> int: ...
 
-    def still_allowed(self, candidate: AdmittedWorkload) -> bool: ...
+    def still_allowed(self, candidate: DispatchedWorkload) -> bool: ...
 
     def evict(self, key: str) -> Callable[[], None]: ...
 
@@ -103,7 +103,7 @@ class LowestPriorityFirst:
     short. The set is minimal in that sense, not necessarily the smallest possible (finding
     that is a knapsack problem).
 
-    "Fits" is checked on one `ClusterState` of the cluster, built as the cycle builds
+    "Fits" is checked on one `ClusterRoom` of the cluster, built as the cycle builds
     it, with the victims evicted on it (see `evictions`: each gives back what it holds),
     and the set found is confirmed on a state built afresh without the victims, as the next
     cycle will build it. Where that falls short (a reservation that found no node takes the
@@ -117,7 +117,7 @@ class LowestPriorityFirst:
     ) -> tuple[str, ...] | None:
         candidates = _candidates(workload, cluster, rules)
         gang = Gang.of(workload.pod_sets)
-        trial = _Trial(ClusterState(cluster), gang, rules)
+        trial = _Trial(ClusterRoom(cluster), gang, rules)
         if candidates and trial.fits():
             return ()
         if not candidates:
@@ -150,7 +150,7 @@ class LowestPriorityFirst:
 
 def _candidates(
     workload: Workload, cluster: ClusterSnapshot, rules: VictimRules | None
-) -> list[AdmittedWorkload]:
+) -> list[DispatchedWorkload]:
     """Who may be evicted for `workload`, in the order they are taken: without `rules`, the
     preemptible of strictly lower priority, lowest priority first, then most recently
     dispatched first; with them, those the rules allow, in the rules' order first."""
@@ -166,22 +166,22 @@ def _candidates(
 
 
 class _Trial:
-    """Victims evicted one by one on one `ClusterState` (and the rules' ledger), each with
+    """Victims evicted one by one on one `ClusterRoom` (and the rules' ledger), each with
     the function that gives back what its eviction freed."""
 
     __slots__ = ("gang", "rules", "state", "taken", "undo")
 
-    def __init__(self, state: ClusterState, gang: Gang, rules: VictimRules | None) -> None:
+    def __init__(self, state: ClusterRoom, gang: Gang, rules: VictimRules | None) -> None:
         self.state = state
         self.gang = gang
         self.rules = rules
-        self.taken: list[AdmittedWorkload] = []  # in the order taken
+        self.taken: list[DispatchedWorkload] = []  # in the order taken
         self.undo: dict[str, Callable[[], None]] = {}
 
     def fits(self) -> bool:
         return self.state.fits(self.gang) and (self.rules is None or self.rules.fits())
 
-    def take(self, victim: AdmittedWorkload) -> None:
+    def take(self, victim: DispatchedWorkload) -> None:
         room = evict(self.state, victim)
         quota = self.rules.evict(victim.key) if self.rules is not None else None
 
@@ -192,7 +192,7 @@ class _Trial:
 
         self.undo[victim.key] = back
 
-    def take_until_fits(self, candidates: Iterable[AdmittedWorkload]) -> bool:
+    def take_until_fits(self, candidates: Iterable[DispatchedWorkload]) -> bool:
         """Take candidates in order (those the rules still allow) until the workload fits;
         if it never does, give them all back and say so."""
         rules = self.rules
@@ -244,7 +244,7 @@ class _Afresh:
     def fits(self, keys: list[str]) -> bool:
         if self.rules is not None and not self.rules.fits_without(keys):
             return False
-        return ClusterState(without(self.cluster, frozenset(keys))).fits(self.gang)
+        return ClusterRoom(without(self.cluster, frozenset(keys))).fits(self.gang)
 
     def shortest_run(self, chosen: list[str], spare: list[str]) -> int:
         """How many of `spare`, from the first, `chosen` needs to fit (all of them do)."""
@@ -288,7 +288,7 @@ class _Afresh:
 
 
 @dataclass(frozen=True, slots=True)
-class Claim:
+class PreemptorClaim:
     """A preemptor's hold on the room its victims are freeing, in one cluster."""
 
     cluster: str
@@ -309,7 +309,7 @@ class HonourClaims:
     """
 
     inner: PreemptionPolicy
-    claims: Mapping[str, Claim]
+    claims: Mapping[str, PreemptorClaim]
 
     def choose_victims(
         self, workload: Workload, cluster: ClusterSnapshot, rules: VictimRules | None = None

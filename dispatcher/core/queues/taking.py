@@ -32,7 +32,7 @@ from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
 from dispatcher.core.queues.manager import QueueManager, Wake
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling.cycle import CycleResult, schedule
-from dispatcher.core.scheduling.kept import KeptStates
+from dispatcher.core.scheduling.kept import KeptRooms
 from dispatcher.core.scheduling.preemption import PreemptionPolicy
 
 __all__ = ["take"]
@@ -58,7 +58,7 @@ def take(
     limit: int | None = None,
     prepare: Callable[[list[Workload]], list[Workload]] | None = None,
     capacity_checks: tuple[str, ...] = (),
-    kept: KeptStates | None = None,
+    kept: KeptRooms | None = None,
 ) -> CycleResult:
     """One cycle over `manager.active()`; admitted work leaves the manager, refused work
     is parked. `held_before`: the clusters the previous cycle held (its `held`): when one

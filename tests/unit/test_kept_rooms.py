@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dispatcher.core.model import ClusterSnapshot, Reservation
-from dispatcher.core.scheduling.kept import REBUILD_AFTER, KeptStates
-from dispatcher.core.scheduling.placement import ClusterState, Gang, Refusal
+from dispatcher.core.scheduling.kept import REBUILD_AFTER, KeptRooms
+from dispatcher.core.scheduling.placement import ClusterRoom, Gang, Refusal
 from tests.unit.builders import node, pods, res
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -27,7 +27,7 @@ steps = st.lists(
 )
 
 
-def _applied_room(state: ClusterState) -> dict[str, list[int]]:
+def _applied_room(state: ClusterRoom) -> dict[str, list[int]]:
     """Per node, allocatable - requested - what each reservation was charged there."""
     room = {r: list(column) for r, column in state.allocatable.items()}
     for index, node_state in enumerate(state.nodes):
@@ -47,7 +47,7 @@ def test_a_kept_state_holds_what_a_fresh_one_holds(script: list[tuple[str, int, 
     free room is a fresh state's, and each node's room is its allocatable less its bound
     pods and what the kept reservations were charged there. While reservations are only
     added, newest last, the kept state is the fresh one, node for node."""
-    kept = KeptStates()
+    kept = KeptRooms()
     snapshot = ClusterSnapshot(name="c", nodes=NODES)
     kept.state(snapshot)
     only_added = True
@@ -71,7 +71,7 @@ def test_a_kept_state_holds_what_a_fresh_one_holds(script: list[tuple[str, int, 
             only_added = False
         snapshot = replace(snapshot, nodes=tuple(nodes), reservations=tuple(reservations))
         state = kept.state(snapshot)
-        fresh = ClusterState(snapshot)
+        fresh = ClusterRoom(snapshot)
         assert state.free_total == fresh.free_total
         room = _applied_room(state)
         assert {r: state.free[r] for r in room} == room
@@ -81,7 +81,7 @@ def test_a_kept_state_holds_what_a_fresh_one_holds(script: list[tuple[str, int, 
 
 
 def test_placing_on_the_copy_leaves_the_kept_state_as_it_was() -> None:
-    kept = KeptStates()
+    kept = KeptRooms()
     snapshot = ClusterSnapshot(
         name="c", nodes=NODES, reservations=(Reservation("ns/r", (pods(2, cpu=2),)),)
     )
@@ -91,11 +91,11 @@ def test_placing_on_the_copy_leaves_the_kept_state_as_it_was() -> None:
     assert not isinstance(placed, Refusal)
     second = kept.state(snapshot)
     assert second.free == before
-    assert second.free_total == ClusterState(snapshot).free_total
+    assert second.free_total == ClusterRoom(snapshot).free_total
 
 
 def test_any_other_change_to_the_nodes_builds_the_state_afresh() -> None:
-    kept = KeptStates()
+    kept = KeptRooms()
     snapshot = ClusterSnapshot(name="c", nodes=NODES)
     kept.state(snapshot)
     for changed in (
@@ -107,12 +107,12 @@ def test_any_other_change_to_the_nodes_builds_the_state_afresh() -> None:
         built = kept.built
         state = kept.state(replace(snapshot, nodes=changed))
         assert kept.built == built + 1
-        assert state.free == ClusterState(replace(snapshot, nodes=changed)).free
+        assert state.free == ClusterRoom(replace(snapshot, nodes=changed)).free
         kept.state(snapshot)
 
 
 def test_a_cluster_that_left_is_forgotten() -> None:
-    kept = KeptStates()
+    kept = KeptRooms()
     kept.state(ClusterSnapshot(name="a", nodes=NODES))
     kept.state(ClusterSnapshot(name="b", nodes=NODES))
     kept.keep_only(["b"])
@@ -124,7 +124,7 @@ def test_a_cluster_that_left_is_forgotten() -> None:
 
 def test_a_kept_state_is_built_afresh_now_and_then() -> None:
     """What a state remembers by gang shape must not grow for ever in a long-lived one."""
-    kept = KeptStates()
+    kept = KeptRooms()
     snapshot = ClusterSnapshot(name="c", nodes=NODES)
     kept.state(snapshot)
     for step in range(REBUILD_AFTER + 1):

@@ -1,4 +1,4 @@
-"""`Usage` kept on charge and release equals the usage recomputed from all charges, after
+"""`Charges` kept on charge and release equals the usage recomputed from all charges, after
 any sequence of charges, re-charges and releases, in trees with nested cohorts, lending
 and borrowing limits."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dispatcher.core.quota.charges import Charges
 from dispatcher.core.quota.tree import QuotaTree
-from dispatcher.core.quota.usage import Usage
 from dispatcher.core.quota.view import QuotaView
 from tests.unit.quota_builders import DEFAULT, charge, cohort, queue, setup
 
@@ -60,7 +60,7 @@ def test_kept_usage_equals_a_recompute(
     steps: list[tuple[str, int, int, int, int]],
 ) -> None:
     tree = _tree(spec)
-    usage = Usage(tree)
+    usage = Charges(tree)
     for kind, index, queue_index, cpus, gpus in steps:
         key = f"ns/aw-{index}"
         if kind == "release":
@@ -82,7 +82,7 @@ def test_kept_usage_equals_a_recompute(
 
 def test_release_names_the_tree_that_got_quota_back() -> None:
     tree = _tree(([(4, None, None)] * QUEUES, [1, 0, 2, 1], None))
-    usage = Usage(tree)
+    usage = Charges(tree)
     assert usage.charge(charge("ns/a", "q0", {"cpu": "2"})) == "r"
     assert usage.charge(charge("ns/b", "q1", {"cpu": "2"})) == "c0"
     assert usage.charge(charge("ns/c", "nowhere", {"cpu": "2"})) == ""

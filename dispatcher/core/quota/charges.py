@@ -1,11 +1,11 @@
 """Quota in use, kept on charge and release. Pure, no I/O.
 
-`Usage` holds every admitted AppWrapper's `Charge` and a `Ledger` (usage per queue, cohort,
+`Charges` holds every admitted AppWrapper's `Charge` and a `QuotaLedger` (usage per queue, cohort,
 flavor and resource) that is updated by each charge and each release, never recomputed from
 all of them: a cycle's `QuotaView` starts from a copy of it (`QuotaView(tree, usage=...)`),
 which costs the size of the tree, not the number of admitted AppWrappers. The ledger's
 usage of a node depends only on the totals charged under it, so the order of charges and
-releases does not matter (`tests/unit/test_quota_usage.py` checks it against a recompute).
+releases does not matter (`tests/unit/test_quota_charges.py` checks it against a recompute).
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from dispatcher.core.quota.model import Charge
-from dispatcher.core.quota.tree import Ledger, QuotaTree
+from dispatcher.core.quota.tree import QuotaLedger, QuotaTree
 
-__all__ = ["Usage"]
+__all__ = ["Charges"]
 
 
-class Usage:
+class Charges:
     def __init__(self, tree: QuotaTree, charges: Iterable[Charge] = ()) -> None:
         self.tree = tree
-        self.ledger = Ledger(tree)
+        self.ledger = QuotaLedger(tree)
         self._charges: dict[str, Charge] = {}
         for charge in charges:
             self.charge(charge)

@@ -25,7 +25,7 @@ class Hops:
     writes: int
 
 
-class Ledger:
+class Lives:
     def __init__(
         self,
         *,

@@ -1,6 +1,6 @@
-"""DRA resource claims in wrapped objects are refused until they are charged (core/claims.py):
-wherever a pod spec asks for devices through claims, in either AppWrapper generation and in
-MCAD's form, and the claim kinds themselves."""
+"""DRA resource claims in wrapped objects are refused until they are charged
+(core/resourceclaims.py): wherever a pod spec asks for devices through claims, in either
+AppWrapper generation and in MCAD's form, and the claim kinds themselves."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from dispatcher.api.models import AppWrapper
-from dispatcher.core.claims import NOT_CHARGED, claim_problems
 from dispatcher.core.convert import to_v1beta1
+from dispatcher.core.resourceclaims import NOT_CHARGED, claim_problems
 from dispatcher.core.validation import (
     DEFAULT_ALLOWED_KINDS,
     DEFAULT_CLUSTER_SCOPED,
