@@ -65,6 +65,11 @@ class Preemption(_Model):
     withinClusterQueue: str = "Never"
     reclaimWithinCohort: str = "Never"
     borrowWithinCohort: BorrowWithinCohort = Field(default_factory=BorrowWithinCohort)
+    minimumRuntimeSeconds: int = Field(default=0, ge=0, le=7 * 24 * 3600)
+    """Ours: seconds its AppWrappers run before they may be preempted (and the most one may
+    ask with its annotation)."""
+    noticeSeconds: int = Field(default=0, ge=0, le=3600)
+    """Ours: seconds a victim is told before its objects are removed."""
 
 
 class FlavorFungibility(_Model):
@@ -87,6 +92,9 @@ class ClusterAppQueueSpec(_Model):
     stopPolicy: str = "None"
     quotaCharge: str = "AtLeastTemplates"
     admissionChecks: list[str] = Field(default_factory=list)
+    backfill: str = "Declared"
+    """Ours: Declared (its head reserves nodes, work that ends first backfills them) or
+    Never."""
     """Admission checks (the dispatcher's `provisioning.checks` names) run for an AppWrapper
     whose pods fit no member's nodes: its quota is held meanwhile (docs/autoscaling.md)."""
     """AtLeastTemplates: an AppWrapper is charged at least what its pod templates ask;

@@ -175,6 +175,7 @@ class Manager:
             current=self.status.current,
             members=self.members,
             setup=self.quotas.setup,
+            protection=self.config.protection,
         )
         self.waiting = WaitingWriter(
             models=self.reader, status=self.status, clock=self.clock, on_conflict=self._kick

@@ -12,7 +12,7 @@ transitions are in `core.checkstatus`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from dispatcher.api.models import (
@@ -26,6 +26,7 @@ from dispatcher.api.models import (
     WrappedRef,
     format_micro_time,
 )
+from dispatcher.core import protection
 from dispatcher.core.phase import initialised
 from dispatcher.core.validation import clip
 
@@ -341,12 +342,18 @@ def mark_preempting(
     message: str,
     now: datetime,
     reason: Reason = Reason.PREEMPTED_BY_HIGHER_PRIORITY,
+    notice: float = 0.0,
 ) -> Transition | None:
     """Chosen as a preemption victim: still dispatched, its objects are to be removed.
 
     The write of this status is the eviction: the reconciler removes the objects and
-    requeues it, and `preemptedBy` tells any later leader whose room is being freed.
+    requeues it, and `preemptedBy` tells any later leader whose room is being freed. With a
+    `notice` (seconds), the message (and so the Event) says when its objects are removed, so
+    it can checkpoint first; the reconciler reads that time back from it
+    (`core.protection.removal_time`), so a restarted dispatcher keeps the same deadline.
     """
+    if notice > 0:
+        message = protection.with_notice(message, now + timedelta(seconds=notice), notice)
     changed = set_condition(
         status,
         C.PREEMPTED,
@@ -362,6 +369,23 @@ def mark_preempting(
         return None
     settle(status, status.state or AppWrapperState.RUNNING, message)
     return Transition(reason, message, warning=True)
+
+
+def end_within_notice(
+    status: AppWrapperStatus, reason: Reason, message: str, *, now: datetime
+) -> None:
+    """A victim that completed or failed (`reason`) within its notice: no longer being
+    evicted (Preempted False, no `preemptedBy`), so it ends as it ended, not requeued.
+    Written with the Completed or Failed transition, which makes the Event."""
+    set_condition(
+        status,
+        C.PREEMPTED,
+        true=False,
+        reason=reason,
+        message=f"ended within its preemption notice: {message}",
+        now=now,
+    )
+    status.preemptedBy = None
 
 
 def mark_requeued(

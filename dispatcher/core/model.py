@@ -321,8 +321,9 @@ class QueueMode(StrEnum):
 class Backfill(StrEnum):
     """Whether work behind a reserved gang may use the room reserved for it."""
 
-    OFF = "Off"
-    """No reservations: the head waits as its queueing strategy says."""
+    OFF = "Never"
+    """No reservations: the head waits as its queueing strategy says. (Not "Off": YAML 1.1,
+    which kubectl's parser reads, takes an unquoted Off for false.)"""
     DECLARED = "Declared"
     """A head that fits nowhere reserves the nodes it will fit on, from the earliest time the
     running work's declared limits free them; work behind it may use reserved room only if

@@ -22,6 +22,7 @@ import orjson
 
 from dispatcher.api.names import GENERATE_NAME_PREFIX_MAX
 from dispatcher.api.quantity import QuantityError
+from dispatcher.core import protection
 from dispatcher.core.podsets import infer_pod_sets
 from dispatcher.core.resourceclaims import CLAIM_KINDS, claim_problems
 
@@ -33,6 +34,7 @@ __all__ = [
     "MAX_MESSAGE_CHARS",
     "MAX_TEMPLATE_BYTES",
     "MAX_TEMPLATE_DEPTH",
+    "annotation_problems",
     "appwrapper_size",
     "bounded_message",
     "clip",
@@ -311,6 +313,19 @@ def size_problem(obj: Mapping[str, Any], *, limit: int) -> str:
     if size <= limit:
         return ""
     return oversize_message(size, limit, *_biggest_field(obj))
+
+
+def annotation_problems(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
+    """What the admission webhook refuses of the annotations the dispatcher reads on the
+    AppWrapper itself (its protection from preemption, core/protection.py), set or changed by
+    this request (`old`: the stored object, None at create). Only at the webhook: one stored
+    all the same is read as no ask, and never fails the AppWrapper."""
+    return protection.annotation_problems(_annotations_of(obj), _annotations_of(old or {}))
+
+
+def _annotations_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    annotations = _metadata(obj).get("annotations")
+    return annotations if isinstance(annotations, Mapping) else {}
 
 
 def clip(text: str, *, limit: int = MAX_MESSAGE_CHARS) -> str:

@@ -15,7 +15,8 @@ rolling record; then the start is "expected", never later than a limit allows) o
 a `dispatchDuration` limit (then it is "at the latest" that time). When the next end in
 line is not known, neither is the start. The model ignores sizes (a large gang may need
 several ends); the accuracy benchmark (benchmarks/eta_bench.py) measures how far off that
-leaves it.
+leaves it. A gang the scheduler reserved nodes for (`Waiting.reserved_from`) needs no model:
+its start is the reservation's, a bound the running work's declared limits make.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class Waiting:
     message: str = ""
     kind: str = ""  # the kind of its first item, for the durations record
     limit: float | None = None  # its dispatchDuration limit, seconds
+    reserved_from: float | None = None
+    """Nodes are reserved for it from then (the running work's declared limits end there):
+    its estimate, a bound, whatever the slot model would guess."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +242,11 @@ def _lines(
     for waiting in order:
         if waiting.reason == Reason.QUEUE_NOT_READY:
             etas[waiting.key] = Eta(None, f"unknown: {waiting.message}")
+            continue
+        if waiting.reserved_from is not None:
+            start = max(now, waiting.reserved_from)
+            basis = f"nodes reserved for it from {clock(start)} (declared limits), at the latest"
+            etas[waiting.key] = Eta(start, basis, latest=True)
             continue
         heap = ends.get(waiting.cluster_queue) or []
         if not heap:

@@ -66,6 +66,16 @@ _OTHERS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     # its own preemption: the victims are others
     (re.compile(r"; preempting [^;]*$"), "; preempting lower-priority work"),
+    # its reservation: from when, and whose declared limits end first, move with others
+    (
+        re.compile(
+            r"; reserved (\d+ nodes?) in cluster (\S+) from \S+"
+            r"(?: \(fits when [^;]*?: declared limits\))?"
+        ),
+        r"; \1 reserved for it in cluster \2",
+    ),
+    # the victims it needs are protected: until when moves with theirs
+    (re.compile(r"protected until [^;(]+ \(minimum runtime\)"), "protected (minimum runtime)"),
     # quota: what others use and lend
     (re.compile(r", in use [^,;]+"), ""),
     (re.compile(r", cohort can lend [^,;]+"), ""),

@@ -314,3 +314,18 @@ def test_every_pending_one_is_listed_once_whatever_happened_since_the_cycle(
             if item.key not in waits:
                 assert item.reason == Reason.QUEUED
                 assert item.message == NOT_JUDGED
+
+
+def test_a_reserved_gang_starts_when_its_reservation_does() -> None:
+    """Its estimate is the reservation's start, a bound, whatever runs ahead of it; the next
+    one in line is estimated by the slot model as before."""
+    active = [Occupant("a/long", NOW - 10, "q", "Job", None)]
+    order = [
+        Waiting("a/hero", 5, NOW - 5, "q", reserved_from=NOW + 52),
+        Waiting("a/next", 0, NOW - 1, "q"),
+    ]
+    view = pending_view(order, active, Durations(), NOW)
+    hero = view.by_key["a/hero"].eta
+    assert (hero.at, hero.latest) == (NOW + 52, True)
+    assert "reserved" in hero.basis
+    assert view.by_key["a/next"].eta.at is None  # nothing ahead has a known end

@@ -38,7 +38,7 @@ from dispatcher.core.quota.kueue import (
     KueueQuotas,
     priority_value,
 )
-from dispatcher.core.validation import bounded_message, size_problem
+from dispatcher.core.validation import annotation_problems, bounded_message, size_problem
 from dispatcher.core.workloads import InvalidSpec, workload_of
 from dispatcher.kube.api import KubeApi
 from dispatcher.kube.client import ResourceInfo
@@ -209,6 +209,7 @@ class Gatekeeper:
         in_v1beta2 = v1beta2.requested_in_v1beta2(request)
         problems = reserved_annotation_problems(obj, old, in_v1beta2=in_v1beta2)
         problems += reserved_field_problems(obj)
+        problems += annotation_problems(obj, old if operation == "UPDATE" else None)
         if operation == "UPDATE" and old is not None:
             problems += rules.update_problems(obj, old, user)
             if in_v1beta2:

@@ -19,7 +19,8 @@ and makes the world match it, so a missed event or a restart costs nothing:
   after a restart), then follow its pods and objects to Running, Completed, Failed, a
   requeue or a reset (resetting.py: its objects removed and made again after a pause, its
   room kept); a member silent for too long requeues it;
-- evicting (chosen as a victim): remove its objects, requeue it;
+- evicting (chosen as a victim): after the notice its eviction gave (notice.py: it may
+  complete or fail meanwhile), remove its objects, requeue it;
 - Failed: remove its objects once, giving the capacity back;
 - deleting: remove its objects wherever they may be, then the finalizer (both ending.py).
 """
@@ -43,6 +44,7 @@ from dispatcher.config import Config
 from dispatcher.controller.errors import Action, decide
 from dispatcher.controller.lifecycle.ending import Endings
 from dispatcher.controller.lifecycle.making import Maker, NotYet
+from dispatcher.controller.lifecycle.notice import Notices
 from dispatcher.controller.lifecycle.progress import Pacing, measure, seconds_since
 from dispatcher.controller.lifecycle.provisioning import Provisioning
 from dispatcher.controller.lifecycle.resetting import Resets
@@ -112,6 +114,14 @@ class Reconciler:
         self._endings = Endings(
             maker=maker, status=status, members=members, schedule_soon=schedule_soon
         )
+        self._notices = Notices(
+            config=config,
+            reader=reader,
+            status=status,
+            clock=clock,
+            wake_owner=wake_owner,
+            start_task=start_task,
+        )
         self._log = structlog.get_logger("reconciler")
 
     def forget(self, key: str) -> None:
@@ -162,8 +172,7 @@ class Reconciler:
         if phase is Phase.BACKOFF:
             return await self._backoff(aw, obj, status)
         if phase is Phase.EVICTING:
-            await self._evict(aw, obj, status)
-            return Result.done()
+            return await self._evict(aw, obj, status)
         if phase is Phase.DISPATCHED:
             return await self._follow(aw, obj, status)
         checks_after = None
@@ -299,11 +308,16 @@ class Reconciler:
             await self._status.write(obj, status, [transition])
         return Result.done()
 
-    async def _evict(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> None:
+    async def _evict(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> Result:
         preempted = status.condition(C.PREEMPTED)
         member = self.member_of(status)
         if member is not None and member.lost(self._config.member_timeout_seconds):
             member = None  # out of reach: the collector removes its copies when it answers
+        elif member is not None:
+            # Its objects stay until the time its eviction gave it (notice.py).
+            waiting = await self._notices.follow(aw, obj, status, member)
+            if waiting is not None:
+                return waiting
         await self._requeue(
             aw,
             obj,
@@ -314,6 +328,7 @@ class Reconciler:
             remove_from=member,
             preempted_by=status.preemptedBy or "",
         )
+        return Result.done()
 
     async def _follow(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> Result:
         """A dispatched AppWrapper, step by step: its member still there; its dispatch still

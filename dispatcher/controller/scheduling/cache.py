@@ -18,9 +18,16 @@ from typing import Any
 
 from dispatcher.cluster.member import Member
 from dispatcher.controller.reading import AppWrapperReader, resource_version
-from dispatcher.controller.scheduling.standing import Eviction, Standing, derive, eviction_of
+from dispatcher.controller.scheduling.standing import (
+    UNSET,
+    Eviction,
+    Standing,
+    derive,
+    eviction_of,
+)
 from dispatcher.core.model import Workload
 from dispatcher.core.phase import Phase, phase_of_raw
+from dispatcher.core.protection import Defaults
 from dispatcher.core.quota.model import Charge, QuotaSetup
 from dispatcher.core.workloads import queue_name_of
 
@@ -68,8 +75,11 @@ class SchedulerCache:
         current: Callable[[str], Obj | None],
         members: Mapping[str, Member],
         setup: Callable[[], QuotaSetup] = QuotaSetup,
+        protection: Defaults = UNSET,
     ) -> None:
         self._models = models
+        self._protection = protection
+        """Where no queue says: how long dispatched work is protected from preemption."""
         self._current = current
         self._members = members
         self._setup = setup
@@ -202,6 +212,7 @@ class SchedulerCache:
                 now=now,
                 setup=self._setup,
                 only_member=self.only_member,
+                defaults=self._protection,
             )
         return entry.standing
 
@@ -241,6 +252,12 @@ class SchedulerCache:
         if entry.assumed is not None:
             return entry.assumed.charge
         return entry.standing.charge if entry.standing is not None else None
+
+    def checkpointed_at(self, key: str) -> float:
+        """The last checkpoint a dispatched AppWrapper declared, as last derived (0.0: none)."""
+        entry = self._entries.get(key)
+        standing = entry.standing if entry is not None else None
+        return standing.checkpointed_at if standing is not None else 0.0
 
     def only_member(self) -> str:
         # Dispatched before the cluster was recorded (by MCAD, which had no clusterName):

@@ -11,8 +11,10 @@ an event can change its answer, keeping its last waiting status), and for each d
 - an admission is assumed in the cache at once (the next cycle sees the room in use), then
   written as the `Dispatched` condition; the reconciler, woken by the write, creates the
   objects. A failed write drops the assumption and the AppWrapper is decided again;
-- an eviction is written as the victim's `Preempted` condition (with `preemptedBy`); the
-  reconciler removes the victim's objects and requeues it;
+- an eviction is written as the victim's `Preempted` condition (with `preemptedBy`, and the
+  time its objects go when it is given notice); the reconciler removes the victim's objects
+  then and requeues it. A preemptor that protection alone holds back (its victims' minimum
+  runtimes) says until when, and a cycle runs at that time;
 - a wait goes to the waiting writer, which decides whether it is worth a status write.
 
 Then it publishes: those who only read (the queues' status, the metrics) get a frozen
@@ -22,9 +24,11 @@ Then it publishes: those who only read (the queues' status, the metrics) get a f
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,7 +42,7 @@ from dispatcher.api.models import (
     FlavorAssignment,
     Reason,
 )
-from dispatcher.clock import Clock
+from dispatcher.clock import Clock, Timer
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config, Fit
 from dispatcher.controller.reading import AppWrapperReader
@@ -54,6 +58,7 @@ from dispatcher.core.conditions import Transition
 from dispatcher.core.mentions import recorded_preemptor
 from dispatcher.core.model import Workload
 from dispatcher.core.phase import Phase, initialised, queueing, status_phase
+from dispatcher.core.protection import clock_time, notice_seconds
 from dispatcher.core.queues import take
 from dispatcher.core.quota.flavors import charge_of, with_flavors
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
@@ -127,7 +132,10 @@ class Scheduler:
             tuple(provisioning.capacity_only_checks) if provisioning.enabled else ()
         )
         self._wrote = wrote  # a status write about this key landed: the reconciler goes on
-        self._policy: PreemptionPolicy | None = LowestPriorityFirst() if config.preemption else None
+        self._preempting = config.preemption
+        self._protection_timer: Timer | None = None
+        self._protection_wake = math.inf  # when the timer fires
+        self._protection_over = False  # it fired: wake the work it held back
         self._kick = asyncio.Event()
         self._slots = asyncio.Semaphore(config.dispatch_concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -169,6 +177,9 @@ class Scheduler:
         #    (a deletion too: what left must leave the pending list).
         self.state.refresh(now, tree)
         queues = self.state.queues
+        if self._protection_over:  # the end of a protection is no event that wakes work
+            self._protection_over = False
+            queues.capacity_freed()
         if not self._cache.anything_queued() or not len(queues):
             self._running = tuple(self.state.running())
             self._observe_none(now)
@@ -177,9 +188,14 @@ class Scheduler:
             return None
         # 2. The members' room (waking capacity-parked work if it changed) and the claims.
         snapshot = self.state.snapshot(now)
-        policy = None
-        if self._policy is not None:
-            policy = HonourClaims(self._policy, snapshot.claims)
+        policy: PreemptionPolicy | None = None
+        protected: dict[str, float] = {}
+        if self._preempting:
+            # Built each cycle: protection from preemption is judged at the cycle's time,
+            # and where it alone holds a preemptor back, the policy notes until when.
+            policy = HonourClaims(
+                LowestPriorityFirst(now=now, protected=protected), snapshot.claims
+            )
         clusters = snapshot.clusters
         pooled_fit = self._config.fit is Fit.CLUSTER_TOTAL
         if pooled_fit:
@@ -208,7 +224,9 @@ class Scheduler:
             prepare=prepare,
             capacity_checks=self._capacity_checks,
             kept=self._kept,
+            backfill=self._config.backfill,
         )
+        result = self._protection_noted(result, protected, now)
         self._held = result.held
         if result.again:  # more to decide: a hold ended, or more was active than one takes
             self.kick()
@@ -232,6 +250,44 @@ class Scheduler:
             seconds=round(self._cycle_seconds, 4),
         )
         return result
+
+    def _protection_noted(
+        self, result: CycleResult, protected: Mapping[str, float], now: float
+    ) -> CycleResult:
+        """The waits of preemptors that protection alone holds back say until when; and the
+        cycle runs again then (their work is parked until an event, and the end of a
+        minimum runtime is none)."""
+        preempting = {p.key for p in result.preemptions}
+        held = {key: until for key, until in protected.items() if key not in preempting}
+        if not held:
+            return result
+        self._wake_at(min(held.values()), now)
+        waits = tuple(
+            replace(
+                wait,
+                message=f"{wait.message}; the victims it needs are protected until"
+                f" {clock_time(held[wait.key])} (minimum runtime)",
+            )
+            if wait.key in held
+            else wait
+            for wait in result.waits
+        )
+        return replace(result, waits=waits)
+
+    def _wake_at(self, at: float, now: float) -> None:
+        """Run a cycle at `at` (the earliest asked for), waking the work parked for room."""
+        if self._protection_timer is not None:
+            if self._protection_wake <= at:
+                return
+            self._protection_timer.cancel()
+        self._protection_wake = at
+        self._protection_timer = self._clock.call_after(at - now, self._protection_ended)
+
+    def _protection_ended(self) -> None:
+        self._protection_timer = None
+        self._protection_wake = math.inf
+        self._protection_over = True
+        self.kick()
 
     def _publish(self) -> None:
         """The cycle is over: readers are told if who is pending or what is charged moved
@@ -363,10 +419,20 @@ class Scheduler:
                 )
                 self._recorder.preempted(preempt.queue, reason.value)
                 by = recorded_preemptor(preempt.key, uid=uid, victim=victim)
+                notice = self._notice(victim, tree)
                 self._spawn(
-                    self._evict(victim, preempt.key, message, reason, recorded=by),
+                    self._evict(victim, preempt.key, message, reason, recorded=by, notice=notice),
                     f"evict-{victim}",
                 )
+
+    def _notice(self, victim: str, tree: QuotaTree | None) -> float:
+        """Seconds `victim` is told before its objects are removed: its cluster queue's
+        notice, or the settings' for work admitted through none."""
+        charge = self._cache.charge_of(victim)
+        queue = None
+        if charge is not None and tree is not None:
+            queue = tree.setup.queues.get(charge.queue)
+        return notice_seconds(queue, self._config.protection)
 
     def _evictable(self, key: str) -> bool:
         return self._cache.phase(key) is Phase.DISPATCHED and not self._cache.busy(key)
@@ -449,10 +515,19 @@ class Scheduler:
             self.kick()
 
     async def _evict(
-        self, key: str, preemptor: str, message: str, reason: Reason, *, recorded: str
+        self,
+        key: str,
+        preemptor: str,
+        message: str,
+        reason: Reason,
+        *,
+        recorded: str,
+        notice: float = 0.0,
     ) -> None:
         """The eviction is one status write on the victim: Preempted, by whom (`recorded`:
-        `preemptor` as the victim's status may name it, `core.mentions.recorded_preemptor`).
+        `preemptor` as the victim's status may name it, `core.mentions.recorded_preemptor`),
+        and, given a `notice` (seconds), when its objects are removed (the reconciler waits
+        until then; the condition's Event tells the victim, so it can checkpoint).
 
         A Conflict means only that something else wrote the victim meanwhile (its pod
         counts, most often): the update is made again on the newest object, as long as the
@@ -466,13 +541,15 @@ class Scheduler:
                 return None
             moment = datetime.fromtimestamp(self._clock.time(), UTC)
             transition = cond.mark_preempting(
-                status, by=recorded, message=message, now=moment, reason=reason
+                status, by=recorded, message=message, now=moment, reason=reason, notice=notice
             )
             return Change(status, [transition])
 
         try:
             if await self._status.update(key, preempt) is not None:
-                self._log.info("preempted", appwrapper=key, preemptor=preemptor, reason=message)
+                self._log.info(
+                    "preempted", appwrapper=key, preemptor=preemptor, reason=message, notice=notice
+                )
                 self._wrote(key)
         except (KubeError, ValidationError) as exc:
             self._log.warning("preemption_failed", appwrapper=key, error=str(exc)[:300])

@@ -44,8 +44,9 @@ MAY_OCCUPY = SCHEDULED | {Phase.DELETING, Phase.BACKOFF}
 may hold it (a dispatched AppWrapper being deleted holds it until its objects are gone;
 one pausing after a requeue may still hold quota while its pods go)."""
 CLAIM_TIMEOUT = 120.0
-"""Seconds a preemptor's claim on the room its victims free lasts (victims stuck
-terminating must not hold a cluster for ever)."""
+"""Seconds a preemptor's claim on the room its victims free lasts once their objects are
+removed (at the end of the notice they were given; victims stuck terminating must not hold a
+cluster for ever)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,14 +329,18 @@ class SchedulerState:
         for key, uid, workload, dispatched_at, candidate in occupants:
             revision = capacity.owner_revision(key, uid)
             known = self._occupied.get(key)
+            checkpointed_at = self._cache.checkpointed_at(key)
             if (
                 known is None
                 or known.revision != revision
                 or known.workload is not workload
                 or known.dispatched_at != dispatched_at
+                or known.occupancy.admitted.checkpointed_at != checkpointed_at
             ):
                 pods = capacity.owned_pods(key, uid)
-                found = occupancy(workload, pods, dispatched_at=dispatched_at)
+                found = occupancy(
+                    workload, pods, dispatched_at=dispatched_at, checkpointed_at=checkpointed_at
+                )
                 known = self._occupied[key] = _Occupied(revision, workload, dispatched_at, found)
             if known.occupancy.reservation is not None:
                 reservations.append(known.occupancy.reservation)
@@ -353,7 +358,7 @@ class SchedulerState:
         """
         claims: dict[str, PreemptorClaim] = {}
         for key, entry, eviction in self._cache.evicted():
-            if now - eviction.at > CLAIM_TIMEOUT:
+            if now - eviction.removes_at > CLAIM_TIMEOUT:  # counted from the notice's end
                 continue
             # Requeued before this process saw it evicting: its member is where its pods
             # still are, or the only one; else the claim is not known (multi-cluster only).

@@ -133,8 +133,9 @@ class Visibility:
             for key in result.order
             if key in waits  # not admitted by that cycle
         ]
+        reserved = {key: info.start for key, info in result.reservations.items()}
         if pending_now is None:
-            return [self._waiting(*found) for found in judged]
+            return [self._waiting(*found, reserved) for found in judged]
         # What is pending now decides who is listed: the judged work still pending in the
         # cycle's order, the rest merged in by rule 3 (the order each line keeps).
         now = list(pending_now())
@@ -142,10 +143,14 @@ class Visibility:
         judged = [found for found in judged if found[0].key in still]
         rest = [found for found in now if found[0].key not in waits]
         merged = heapq.merge(judged, rest, key=lambda found: order_key(found[0]))
-        return [self._waiting(*found) for found in merged]
+        return [self._waiting(*found, reserved) for found in merged]
 
     def _waiting(
-        self, workload: Workload, wait: Wait, resolved: Queued | QueueProblem | None
+        self,
+        workload: Workload,
+        wait: Wait,
+        resolved: Queued | QueueProblem | None,
+        reserved: Mapping[str, float],
     ) -> Waiting:
         queue, local = _queues(resolved)
         return Waiting(
@@ -158,6 +163,7 @@ class Visibility:
             message=wait.message,
             kind=workload.kind,
             limit=workload.duration_limit,
+            reserved_from=reserved.get(workload.key),
         )
 
     def view(self) -> PendingView:

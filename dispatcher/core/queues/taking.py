@@ -14,7 +14,9 @@ parked: the first a cycle refused is reported as head only when it is that.
 
 Not parked, as their answer may change from one cycle to the next on its own: a workload
 that asked for victims and got some (it is preempting), and one past the starvation
-guard's limit that holds clusters. One past the limit whose clusters were all held already
+guard's limit that holds clusters, and a head that holds a reservation (`schedule`'s
+`backfill`: it is derived again each cycle, and keeps later work off its nodes only in a
+cycle that tries it). One past the limit whose clusters were all held already
 (by an older one) is parked by its question; when a hold ends (a cluster held in the last
 cycle is not in this one), capacity-parked work is woken for the next cycle and the result
 says so (`again`), so that it is tried at once. A StrictFIFO head that blocks its line is
@@ -28,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from dispatcher.api.models import Reason
-from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
+from dispatcher.core.model import Backfill, ClusterSnapshot, QueueMode, Workload
 from dispatcher.core.queues.manager import QueueManager, Wake
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling.cycle import CycleResult, schedule
@@ -59,6 +61,7 @@ def take(
     prepare: Callable[[list[Workload]], list[Workload]] | None = None,
     capacity_checks: tuple[str, ...] = (),
     kept: KeptRooms | None = None,
+    backfill: Backfill = Backfill.OFF,
 ) -> CycleResult:
     """One cycle over `manager.active()`; admitted work leaves the manager, refused work
     is parked. `held_before`: the clusters the previous cycle held (its `held`): when one
@@ -68,7 +71,8 @@ def take(
     `limit`: decide at most that many (the first in order); with more active, the result
     says `again` and the next cycle takes the rest, so that no cycle costs more than
     `limit` decisions however many an event woke.
-    `kept`: the clusters' states from the last cycle (see `schedule`)."""
+    `kept`: the clusters' states from the last cycle; `backfill`: for work with no queue
+    (see `schedule`)."""
     manager.wake_starving(now - starvation_after)
     active = manager.active(per_line, None if limit is None else limit + 1)
     more = limit is not None and len(active) > limit
@@ -85,6 +89,7 @@ def take(
         presorted=True,
         capacity_checks=capacity_checks,
         kept=kept,
+        backfill=backfill,
     )
     for admit in result.admits:
         manager.admitted(admit.key, preemption=preemption is not None)
@@ -94,7 +99,9 @@ def take(
         manager.blocked(head)
     for wait in result.waits:
         key = wait.key
-        if key in preempting or key in result.holders or manager.is_parked(key):
+        if key in preempting or key in result.holders or key in result.reservations:
+            continue
+        if manager.is_parked(key):
             continue
         workload = manager.workload(key)
         if workload is None:

@@ -19,7 +19,7 @@ from dispatcher.api.queues import (
     FairSharing,
 )
 from dispatcher.api.queues import ResourceGroup as GroupModel
-from dispatcher.core.model import QueueMode, Taint, Toleration
+from dispatcher.core.model import Backfill, QueueMode, Taint, Toleration
 from dispatcher.core.quota.model import (
     BorrowPreemption,
     CohortSpec,
@@ -144,6 +144,9 @@ def queue_of(model: ClusterAppQueue) -> QueueSpec:
         stop=StopPolicy(spec.stopPolicy),
         charge=QuotaCharge(spec.quotaCharge),
         checks=tuple(dict.fromkeys(spec.admissionChecks)),
+        backfill=Backfill(spec.backfill),
+        minimum_runtime=float(preemption.minimumRuntimeSeconds),
+        notice_seconds=float(preemption.noticeSeconds),
         problems=tuple(problems),
     )
 

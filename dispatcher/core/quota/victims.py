@@ -19,7 +19,10 @@ With fair sharing (and `fair_sharing_preemption`), priorities do not limit recla
 cohort: another queue's work may be taken while that queue, without it, would still hold at
 least the weighted share the preemptor's queue holds once admitted.
 Other queues' work is tried first (reclaiming what was lent), then lowest priority, then
-most recently dispatched.
+the least runtime lost (since its dispatch or its last declared checkpoint), then most
+recently dispatched. Work still within its minimum runtime is no victim under any policy:
+the search leaves it out before asking these rules (`scheduling.preemption`), so a queue's
+policies never reach a protected AppWrapper.
 """
 
 from __future__ import annotations

@@ -3,18 +3,20 @@ them. Pure, no I/O.
 
 `CycleScratch` carries what a cycle learns from one workload to the next: a `ClusterRoom`
 per cluster (built on first use), the clusters held for a preemptor or a starving
-workload, this cycle's admissions, and answers that stand until the next admission or
-hold. It also says which clusters a workload may use at all: those its placement
-(clusterScheduling) allows that take its namespace (a member's `namespaces` mapping), and
-why none, when none is left. `best_fit` places a gang in the best cluster that fits, or
-says why none does.
+workload, the nodes reserved for a head (`Fence`, made by `core.scheduling.reservation`)
+that work ending after the reservation starts may not use, this cycle's admissions, and
+answers that stand until the next admission, hold or fence. It also says which clusters a
+workload may use at all: those its placement (clusterScheduling) allows that take its
+namespace (a member's `namespaces` mapping), and why none, when none is left. `best_fit`
+places a gang in the best cluster that fits, or says why none does; `ask_victims` asks the
+preemption policy in every cluster for one that fits nowhere.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from dispatcher.core.model import (
     NOT_MAPPED,
@@ -24,15 +26,43 @@ from dispatcher.core.model import (
     Reservation,
     Workload,
 )
+from dispatcher.core.scheduling.evictions import withhold
 from dispatcher.core.scheduling.kept import KeptRooms
 from dispatcher.core.scheduling.placement import POD, ClusterRoom, Gang, Placed, Refusal
+from dispatcher.core.scheduling.preemption import PreemptionPolicy, VictimRules
 
-__all__ = ["CycleScratch", "Reasons", "best_fit", "scarcest_of"]
+__all__ = [
+    "CycleScratch",
+    "Fence",
+    "Reasons",
+    "Victims",
+    "ask_victims",
+    "backfills",
+    "best_fit",
+    "policy_done",
+    "scarcest_of",
+]
 
 Reasons = list[tuple[str, Refusal]]  # (cluster name, why it does not fit there)
 
 # `_best_fit` reasons over every subset of up to this many clusters (see `settled`).
 _MAX_SUBSETS_OF = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Nodes of one cluster reserved this cycle for head `holder` from `start`."""
+
+    holder: str
+    start: float
+    nodes: tuple[int, ...]  # indices in the cluster's `ClusterRoom`
+
+
+def backfills(workload: Workload, now: float, start: float) -> bool:
+    """Whether `workload`, started `now`, is gone by `start` at the latest: its declared
+    limit ends it by then (EASY backfill). Work without a limit never is."""
+    limit = workload.duration_limit
+    return limit is not None and now + limit <= start
 
 
 class CycleScratch:
@@ -54,7 +84,10 @@ class CycleScratch:
         # Clusters later workloads may not use this cycle, and why (a preemptor's claim,
         # a starving head's reservation).
         self.held: dict[str, str] = {}
+        self.fences: dict[str, Fence] = {}  # cluster -> the nodes reserved there, at most one
         self.admitted: dict[str, list[Workload]] = {}
+        # Per cluster, this cycle's admissions and where their pods went.
+        self.placed: dict[str, list[tuple[Workload, Placed]]] = {}
         # (cluster, gang shape) -> the highest priority for which the policy found no
         # victims: room only shrinks within a cycle, and a lower priority has fewer
         # candidates, so asking again could not do better.
@@ -69,10 +102,36 @@ class CycleScratch:
         self.version = 0
         self.scarcest: dict[tuple[object, ...], tuple[bool, str | None]] = {}  # see `settled`
 
-    def admit(self, workload: Workload, cluster: str) -> None:
+    def admit(self, workload: Workload, cluster: str, placed: Placed) -> None:
         """Record an admission (its pods are placed in the cluster's state already)."""
         self.admitted.setdefault(cluster, []).append(workload)
+        self.placed.setdefault(cluster, []).append((workload, placed))
         self.version += 1
+
+    def fence(self, cluster: str, fence: Fence) -> None:
+        """Keep later work that ends after `fence.start` off the fence's nodes."""
+        self.fences[cluster] = fence
+        self.version += 1
+
+    def fenced(self, workload: Workload) -> tuple[str, ...]:
+        """The clusters whose reserved nodes `workload` may not use (it would not be gone
+        when the reservation starts)."""
+        if not self.fences:
+            return ()
+        return tuple(
+            name for name, f in self.fences.items() if not backfills(workload, self.now, f.start)
+        )
+
+    def fence_off(self, clusters: Sequence[str]) -> Callable[[], None]:
+        """Take the fenced nodes of `clusters` out of their room until the function returned
+        gives them back (what was placed meanwhile stays, on other nodes)."""
+        undos = [withhold(self.states[name], self.fences[name].nodes) for name in clusters]
+
+        def give_back() -> None:
+            for undo in reversed(undos):
+                undo()
+
+        return give_back
 
     def hold(self, cluster: str, why: str) -> None:
         """Keep later workloads out of `cluster` for the rest of the cycle."""
@@ -285,3 +344,58 @@ def scarcest_of(gang: Gang, states: Sequence[ClusterRoom]) -> str | None:
         if best is None or share > best[0]:
             best = (share, resource)
     return None if best is None else best[1]
+
+
+@dataclass(frozen=True, slots=True)
+class Victims:
+    """Evicting `keys` in `cluster` makes room for the workload that asked."""
+
+    cluster: str
+    keys: tuple[str, ...]
+
+
+def ask_victims(
+    workload: Workload,
+    gang: Gang,
+    cycle: CycleScratch,
+    usable: Sequence[ClusterSnapshot],
+    policy: PreemptionPolicy,
+    rules: Callable[[], VictimRules] | None,
+    context: object,
+) -> Victims | None:
+    """Ask the policy in every usable cluster; take the fewest victims, then cluster name.
+    The quota `rules` are made only if the policy is asked (they copy the ledger)."""
+    best: Victims | None = None
+    made: VictimRules | None = None
+    for cluster in usable:
+        if not cluster.reachable or cluster.name in cycle.held:
+            continue
+        failed_at = cycle.no_victims.get((cluster.name, gang.shape, context))
+        if failed_at is not None and workload.priority <= failed_at:
+            continue
+        if rules is not None and made is None:
+            made = rules()
+        victims = policy.choose_victims(workload, cycle.with_admitted(cluster), made)
+        if victims is None:  # cannot make room there
+            cycle.no_victims[(cluster.name, gang.shape, context)] = workload.priority
+        elif victims and (best is None or len(victims) < len(best.keys)):
+            best = Victims(cluster.name, victims)
+            if len(victims) == 1:
+                break  # no later cluster can name fewer, and a tie goes to the earlier one
+    return best
+
+
+def policy_done(
+    workload: Workload,
+    gang: Gang,
+    cycle: CycleScratch,
+    usable: Sequence[ClusterSnapshot],
+    context: object,
+) -> bool:
+    """Whether `ask_victims` would ask the policy nothing for this workload now."""
+    for cluster in usable:
+        if cluster.reachable and cluster.name not in cycle.held:
+            failed_at = cycle.no_victims.get((cluster.name, gang.shape, context))
+            if failed_at is None or workload.priority > failed_at:
+                return False
+    return True

@@ -17,7 +17,7 @@ Admission checks (docs/autoscaling.md): a workload whose cluster queue names che
 cluster instead of waiting: its quota is reserved (`Admit.cluster == ""`) while its checks
 (a ProvisioningRequest) run, and it asks for no victims. Once they passed (`Workload.checked`)
 it is fitted as any other, but first in the cycle, before any queue's head takes room or quota
-(`checked_first`).
+(`checked_first`). Reservations and backfill: `core.scheduling.reservation`.
 """
 
 from __future__ import annotations
@@ -29,17 +29,31 @@ from itertools import chain
 
 from dispatcher.api.models import Reason
 from dispatcher.core.mentions import for_reader, mention_all, namespace_of
-from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
+from dispatcher.core.model import Backfill, ClusterSnapshot, QueueMode, Workload
 from dispatcher.core.quota.fairshare import fair_order, nominal_first
 from dispatcher.core.quota.flavors import Assignment, QuotaRefusal
 from dispatcher.core.quota.model import WhenCanPreempt
 from dispatcher.core.quota.resolve import Queued, QueueProblem
 from dispatcher.core.quota.victims import CapacityOnly, QuotaRules
 from dispatcher.core.quota.view import QuotaView
-from dispatcher.core.scheduling.clusters import CycleScratch, Reasons, best_fit
+from dispatcher.core.scheduling.clusters import (
+    CycleScratch,
+    Reasons,
+    Victims,
+    ask_victims,
+    best_fit,
+    policy_done,
+)
 from dispatcher.core.scheduling.kept import KeptRooms
-from dispatcher.core.scheduling.placement import Gang, Refusal
+from dispatcher.core.scheduling.placement import Gang, NodeAssignment, Placements, Refusal
 from dispatcher.core.scheduling.preemption import PreemptionPolicy, VictimRules
+from dispatcher.core.scheduling.reservation import (
+    ReservationInfo,
+    Reservations,
+    declared_lines,
+    fenced_words,
+    reserved_words,
+)
 
 __all__ = [
     "Admit",
@@ -97,10 +111,14 @@ class CycleResult:
     # cycle took them, and the queue each resolved to (with quotas).
     order: tuple[str, ...] = ()
     resolved: Mapping[str, Queued | QueueProblem | None] = field(default_factory=dict)
-    held: frozenset[str] = frozenset()  # clusters held for a preemptor or a starving one
+    held: frozenset[str] = frozenset()  # clusters held for a preemptor or a starving one,
+    # or with nodes reserved for a head: when one no longer is, parked work is woken
     holders: frozenset[str] = frozenset()  # the starving ones that hold some of `held`
     again: bool = False  # work was woken for the next cycle (`core.queues.take`): run it soon
-    blocking: frozenset[str] = frozenset()  # StrictFIFO heads that block those after them
+    blocking: frozenset[str] = frozenset()  # StrictFIFO heads that block all those after them
+    reservations: Mapping[str, ReservationInfo] = field(default_factory=dict)  # head -> its own
+    # Where each admission's pods went, node by node (a guess at where they will be bound).
+    placements: Mapping[str, tuple[NodeAssignment, ...]] = field(default_factory=Placements)
 
 
 def queue_order_key(workload: Workload) -> tuple[int, float, str]:
@@ -108,60 +126,13 @@ def queue_order_key(workload: Workload) -> tuple[int, float, str]:
     return (-workload.priority, workload.created_at, workload.key)
 
 
-def _preempt(
-    workload: Workload,
-    gang: Gang,
-    cycle: CycleScratch,
-    usable: Sequence[ClusterSnapshot],
-    policy: PreemptionPolicy,
-    rules: Callable[[], VictimRules] | None,
-    context: object,
-) -> Preempt | None:
-    """Ask the policy in every usable cluster; take the fewest victims, then cluster name.
-    The quota `rules` are made only if the policy is asked (they copy the ledger)."""
-    best: Preempt | None = None
-    made: VictimRules | None = None
-    for cluster in usable:
-        if not cluster.reachable or cluster.name in cycle.held:
-            continue
-        failed_at = cycle.no_victims.get((cluster.name, gang.shape, context))
-        if failed_at is not None and workload.priority <= failed_at:
-            continue
-        if rules is not None and made is None:
-            made = rules()
-        victims = policy.choose_victims(workload, cycle.with_admitted(cluster), made)
-        if victims is None:  # cannot make room there
-            cycle.no_victims[(cluster.name, gang.shape, context)] = workload.priority
-        elif victims and (best is None or len(victims) < len(best.victims)):
-            best = Preempt(key=workload.key, cluster=cluster.name, victims=victims)
-            if len(victims) == 1:
-                break  # no later cluster can name fewer, and a tie goes to the earlier one
-    return best
-
-
-def _policy_done(
-    workload: Workload,
-    gang: Gang,
-    cycle: CycleScratch,
-    usable: Sequence[ClusterSnapshot],
-    context: object,
-) -> bool:
-    """Whether `_preempt` would ask the policy nothing for this workload now."""
-    for cluster in usable:
-        if cluster.reachable and cluster.name not in cycle.held:
-            failed_at = cycle.no_victims.get((cluster.name, gang.shape, context))
-            if failed_at is None or workload.priority > failed_at:
-                return False
-    return True
-
-
 @dataclass(slots=True)
 class _Tried:
-    """Why a workload did not fit, and the preemption it asked for (if any)."""
+    """Why a workload did not fit, and the victims it asked for (if any)."""
 
     reasons: Reasons
     why: Refusal
-    chosen: Preempt | None = None
+    chosen: Victims | None = None
 
 
 def _fit(
@@ -189,22 +160,26 @@ def _fit(
     # answer a later question that asks for victims.
     asks = preempt and preemption is not None
     where = (None if placement.anywhere else placement, cycle.namespace(workload))
-    question = (gang.shape, where, priority, context, asks)
+    fenced = cycle.fenced(workload)  # clusters whose reserved nodes it would outlast
+    question = (gang.shape, where, priority, context, asks, fenced)
     known = cycle.known_refusal(question)
     if known is not None:
         return _Tried(*known)
+    give_back = cycle.fence_off(fenced) if fenced else None
     outcome = best_fit(cycle, gang, usable)
+    if give_back is not None:
+        give_back()
     if isinstance(outcome, tuple):
         if not quota_limit:
-            cycle.admit(workload, outcome[0].name)
+            cycle.admit(workload, outcome[0].name, outcome[1])
             return outcome[0].name
         outcome[1].undo()
         tried = _Tried([], Refusal(quota_limit))
     else:
         tried = _Tried(outcome, cycle.combine(outcome) if usable else cycle.nowhere(workload))
     if preempt and preemption is not None:
-        tried.chosen = _preempt(workload, gang, cycle, usable, preemption, rules, context)
-    if not asks or (tried.chosen is None and _policy_done(workload, gang, cycle, usable, context)):
+        tried.chosen = ask_victims(workload, gang, cycle, usable, preemption, rules, context)
+    if not asks or (tried.chosen is None and policy_done(workload, gang, cycle, usable, context)):
         cycle.refused[question] = (cycle.version, tried.reasons, tried.why)
     return tried
 
@@ -221,6 +196,7 @@ def schedule(
     presorted: bool = False,
     capacity_checks: tuple[str, ...] = (),
     kept: KeptRooms | None = None,
+    backfill: Backfill = Backfill.OFF,
 ) -> CycleResult:
     """Decide, for every pending workload, admit (where) or wait (why); maybe preempt.
 
@@ -238,6 +214,9 @@ def schedule(
     - Preemption: a workload that fits nowhere asks `preemption` for victims; the cluster
       where it preempts is held for it for the rest of the cycle (its victims' room is its
       claim), and at most one preemption happens per cluster per cycle.
+    - Backfill `Declared` (a cluster queue's `backfill`; `backfill` for no queue): a line's
+      head that fits nowhere reserves nodes from the earliest time it fits; later work its
+      limit does not end by then is kept off them (`core.scheduling.reservation`).
     - With quotas, the queueing strategy is each cluster queue's own: a StrictFIFO head
       blocks only its queue; a workload held back by its queue (a broken link, a stopped
       queue) or by quota holds no cluster. With fair sharing, queues that borrow the least
@@ -254,7 +233,8 @@ def schedule(
 
     # 2. Snapshot: one mutable simulation per cluster, made on first use.
     cycle = CycleScratch(clusters, now, kept)
-    decisions = _Decisions(cycle, now=now, starvation_after=starvation_after)
+    reserving = Reservations(declared_lines(backfill, quotas))
+    decisions = _Decisions(cycle, now=now, starvation_after=starvation_after, reserving=reserving)
     strict_fifo = _strict_fifo(mode, quotas)
     order = decisions.order
 
@@ -360,6 +340,7 @@ class _Decisions:
     cycle: CycleScratch
     now: float
     starvation_after: float
+    reserving: Reservations
     order: list[str] = field(default_factory=list)  # every pending key, as taken
     admits: list[Admit] = field(default_factory=list)
     waits: list[Wait] = field(default_factory=list)
@@ -394,7 +375,10 @@ class _Decisions:
 
     def waits_behind_head(self, workload: Workload, queued: Queued | None) -> bool:
         """Whether a StrictFIFO head before it blocks it (its cluster queue's head, or with
-        no queue the head of line); if so it waits, saying behind whom."""
+        no queue the head of line); if so it waits, saying behind whom. A head with a
+        reservation lets pass what ends by its start."""
+        if self.reserving.passes(queued.queue if queued else "", workload, self.now):
+            return False
         if queued is not None:
             behind = self.blocked_queues.get(queued.queue)
             if behind is None:
@@ -414,7 +398,7 @@ class _Decisions:
         message = self.cycle.messages.setdefault(refusal.message, refusal.message)
         self._wait(workload.key, message, Reason.QUOTA_EXCEEDED)
         self._head(queued.queue, workload)
-        if strict and not refusal.never:
+        if strict and not refusal.never and queued.queue not in self.reserving.passable:
             self._block(workload.key, queued, Reason.QUOTA_EXCEEDED)
 
     def admitted(
@@ -450,31 +434,42 @@ class _Decisions:
         strict: bool,
     ) -> None:
         """It fits no cluster (`fitted`: with the flavors of `assignment`): it waits saying
-        why, preempts if victims were chosen, and then, as a StrictFIFO head, blocks those
-        after it, or, starving under BestEffortFIFO, holds every cluster it could fit."""
+        why, preempts if victims were chosen, or reserves as its line's head, and then, as a
+        StrictFIFO head, blocks those after it, or, starving under BestEffortFIFO, holds
+        every cluster it could fit (unless it reserved)."""
         cycle = self.cycle
-        self._head(queued.queue if queued else "", workload)
+        line = queued.queue if queued else ""
+        self._head(line, workload)
+        gang = cycle.gang(fitted)
+        usable = cycle.usable(fitted)
         message = cycle.message(fitted, tried.reasons, tried.why)
         if assignment is not None and assignment.admissible:
             # Capacity refused it in the flavor its quota came from: say which nodes those are.
             message += f" (in flavor {assignment.describe()})"
+        if cycle.fences:
+            message += fenced_words(cycle, fitted, usable)
         # Its quota keeps it out when no flavor it may use has quota now (it preempts for it).
         quota_bound = assignment is not None and not assignment.admissible
         reason = Reason.QUOTA_EXCEEDED if quota_bound else Reason.INSUFFICIENT_RESOURCES
         self._wait(workload.key, message, reason)
         if tried.chosen is not None:
             # (After `_wait`: its victims are named for it already, and it holds a cluster.)
-            wait = self.waits[-1]
-            self.waits[-1] = replace(
-                wait, message=wait.message + self._preempt(workload, tried.chosen, queued)
-            )
-        gang = cycle.gang(fitted)
-        usable = cycle.usable(fitted)
+            self._add(self._preempt(workload, tried.chosen, queued))
+        head = tried.chosen is None and not quota_bound and self.heads.get(line) is workload
+        reserved = self.reserving.reserve(cycle, line, workload, gang, usable) if head else None
+        if reserved is not None:
+            self._add(reserved_words(workload.key, reserved))
         if strict:
-            if any(cycle.could_ever_fit(gang, c) for c in usable):
-                self._block(workload.key, queued, reason)
-        elif self.now - workload.queued_since > self.starvation_after:
+            blocked = line in self.reserving.passable  # by its head, which reserved
+            if not blocked and any(cycle.could_ever_fit(gang, c) for c in usable):
+                self._block(workload.key, queued, reason, reserved)
+        elif reserved is None and self.now - workload.queued_since > self.starvation_after:
             self._guard_starving(workload, gang, usable)
+
+    def _add(self, words: str) -> None:
+        """The last wait's message ends with `words`."""
+        wait = self.waits[-1]
+        self.waits[-1] = replace(wait, message=wait.message + words)
 
     def _head(self, queue: str, workload: Workload) -> None:
         """`workload` was refused in `queue`: the queue's head is the first refused in
@@ -484,21 +479,31 @@ class _Decisions:
         if known is None or queue_order_key(workload) < queue_order_key(known):
             self.heads[queue] = workload
 
-    def _preempt(self, workload: Workload, chosen: Preempt, queued: Queued | None) -> str:
+    def _preempt(self, workload: Workload, victims: Victims, queued: Queued | None) -> str:
         """Record the preemption and hold its cluster for the preemptor (its victims' room is
         its claim); the words its wait message ends with."""
-        if queued is not None:
-            chosen = replace(chosen, queue=queued.queue)
+        queue = queued.queue if queued is not None else ""
+        chosen = Preempt(workload.key, victims.cluster, victims.keys, queue=queue)
         self.preemptions.append(chosen)
         self.named.add(workload.key)
         self.cycle.hold(chosen.cluster, f"held for {workload.key}, which is preempting")
         where = "" if len(self.cycle.clusters) == 1 else f" in {chosen.cluster}"
         return f"; preempting {mention_all(chosen.victims, to=workload.key)}{where}"
 
-    def _block(self, key: str, queued: Queued | None, reason: Reason) -> None:
+    def _block(
+        self,
+        key: str,
+        queued: Queued | None,
+        reason: Reason,
+        reserved: ReservationInfo | None = None,
+    ) -> None:
         """StrictFIFO: head `key` blocks every later workload of its cluster queue (with no
-        queue, every later workload with no queue)."""
-        self.blocking.add(key)
+        queue, every later workload with no queue); with a reservation, only those that
+        its start does not see gone (so its line is not parked behind it, `core.queues`)."""
+        if reserved is None:
+            self.blocking.add(key)
+        else:
+            self.reserving.passable[queued.queue if queued else ""] = reserved.start
         self.named.add(key)
         if queued is None:
             self.blocked = f"waiting behind {key} (head of line)"
@@ -513,7 +518,9 @@ class _Decisions:
         """The starvation guard: a workload queued too long holds every cluster not held yet
         that it could fit when empty, so smaller ones after it cannot take its room."""
         for cluster in usable:
-            if cluster.name not in self.cycle.held and self.cycle.could_ever_fit(gang, cluster):
+            if cluster.name in self.cycle.held or cluster.name in self.cycle.fences:
+                continue  # (its nodes reserved: what is left there is for backfill)
+            if self.cycle.could_ever_fit(gang, cluster):
                 self.holders.add(workload.key)
                 self.named.add(workload.key)
                 self.cycle.hold(
@@ -532,9 +539,17 @@ class _Decisions:
             heads=frozenset(w.key for w in heads.values()),
             order=tuple(self.order),
             resolved=resolved,
-            held=frozenset(self.cycle.held),
+            held=frozenset(self.cycle.held).union(self.cycle.fences),
             holders=frozenset(self.holders),
             blocking=frozenset(self.blocking),
+            reservations=self.reserving.made,
+            placements=Placements(
+                {
+                    w.key: placed
+                    for admissions in self.cycle.placed.values()
+                    for w, placed in admissions
+                }
+            ),
         )
 
 

@@ -7,19 +7,21 @@ An evicted AppWrapper gives back exactly what it holds in the state: the request
 bound pods to their nodes and to the aggregate, and its reservation's charges (the pods
 placed on nodes, and the whole reservation against the aggregate). The other reservations
 keep the nodes they were charged to. Evictions add room and their undos take the same
-room again, so they may be tried and taken back in any order.
+room again, so they may be tried and taken back in any order. `lift` does the same for a
+gang this cycle placed (it is in no snapshot yet): reservations let such work end too; and
+`withhold` takes a node's free room away for a while (nodes reserved for another).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from dispatcher.api.resources import EMPTY, Resources
 from dispatcher.core.model import ClusterSnapshot, DispatchedWorkload
-from dispatcher.core.scheduling.placement import ClusterRoom
+from dispatcher.core.scheduling.placement import ClusterRoom, Placed
 
-__all__ = ["evict", "without"]
+__all__ = ["evict", "lift", "withhold", "without"]
 
 
 def without(snapshot: ClusterSnapshot, keys: frozenset[str]) -> ClusterSnapshot:
@@ -76,6 +78,42 @@ def _held_by(
 def evict(state: ClusterRoom, victim: DispatchedWorkload) -> Callable[[], None]:
     """Give back what `victim` holds in `state`; returns the undo."""
     per_node, total = _held_by(state, victim)
+    return _given_back(state, per_node, total)
+
+
+def lift(state: ClusterRoom, placed: Placed) -> Callable[[], None]:
+    """Give back what a gang placed in `state` this cycle takes (its pods on their nodes,
+    and the same against the aggregate); returns the undo. The placement itself stands:
+    the undo takes the room again."""
+    per_node: dict[int, dict[str, int]] = {}
+    total: dict[str, int] = {}
+    for _, node, requests, count in placed.applied:
+        on_node = per_node.setdefault(node, {})
+        for resource, value in requests:
+            on_node[resource] = on_node.get(resource, 0) + value * count
+            total[resource] = total.get(resource, 0) + value * count
+    return _given_back(state, per_node, total)
+
+
+def withhold(state: ClusterRoom, nodes: Iterable[int]) -> Callable[[], None]:
+    """Take away every bit of free room `nodes` (indices) have, from them and from the
+    aggregate, as if they were full: nodes reserved for another, kept from work that may
+    not use them (`core.scheduling.reservation`); returns the undo."""
+    per_node: dict[int, dict[str, int]] = {}
+    total: dict[str, int] = {}
+    for node in nodes:
+        on_node = per_node[node] = {}
+        for resource, column in state.free.items():
+            if column[node]:
+                on_node[resource] = -column[node]
+                total[resource] = total.get(resource, 0) - column[node]
+    return _given_back(state, per_node, total)
+
+
+def _given_back(
+    state: ClusterRoom, per_node: dict[int, dict[str, int]], total: dict[str, int]
+) -> Callable[[], None]:
+    """Add `per_node` and `total` to `state` (negative amounts take room); returns the undo."""
     state.give_back(per_node, total)
 
     def undo() -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -43,7 +43,7 @@ from dispatcher.core.model import (
 )
 from dispatcher.core.scheduling.nodeorder import NodeOrder, Requests, ranked
 
-__all__ = ["ClusterRoom", "Gang", "NodeAssignment", "Placed", "Refusal"]
+__all__ = ["ClusterRoom", "Gang", "NodeAssignment", "Placed", "Placements", "Refusal"]
 
 # Stands for the failing pod set's name in a `Refusal`: one refusal serves every workload
 # of the same shape, and each message names that workload's own pod.
@@ -115,10 +115,34 @@ class Placed:
     @property
     def assignments(self) -> tuple[NodeAssignment, ...]:
         """Where its pods went, in the order they were placed."""
-        return tuple(
-            NodeAssignment(pod_set=pod_set, node=self.node_names[node], count=count)
-            for pod_set, node, _, count in self.applied
-        )
+        return _assignments(self.applied, self.node_names)
+
+
+def _assignments(
+    applied: tuple[_Applied, ...], node_names: Sequence[str]
+) -> tuple[NodeAssignment, ...]:
+    return tuple(
+        NodeAssignment(pod_set=pod_set, node=node_names[node], count=count)
+        for pod_set, node, _, count in applied
+    )
+
+
+class Placements(Mapping[str, tuple[NodeAssignment, ...]]):
+    """Where each of a cycle's admissions put its pods, by key: worked out when read (most
+    cycles' never are, and a cycle of thousands of admissions would pay for them all)."""
+
+    def __init__(self, placed: Mapping[str, Placed] | None = None) -> None:
+        # What they are made from, without the placement's undo (which holds its state).
+        self._placed = {k: (p.applied, p.node_names) for k, p in (placed or {}).items()}
+
+    def __getitem__(self, key: str) -> tuple[NodeAssignment, ...]:
+        return _assignments(*self._placed[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._placed)
+
+    def __len__(self) -> int:
+        return len(self._placed)
 
 
 # The answer of `place(explain=False)`: working out why costs a pass over the nodes.
@@ -395,6 +419,10 @@ class ClusterRoom:
             used = [i for i, p in enumerate(gang.pod_sets) if p.count > 0]
             order = self._largest[gang.shape] = sorted(used, key=lambda i: (-share(i), i))
         return order
+
+    def admitting(self, pod_set: PodSet) -> list[int]:
+        """The nodes (indices) whose labels and taints let these pods on, in snapshot order."""
+        return self._admitting_nodes(pod_set)
 
     def _admitting_nodes(self, pod_set: PodSet) -> list[int]:
         """The nodes whose labels and taints let these pods on, in snapshot order."""

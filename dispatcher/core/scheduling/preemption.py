@@ -8,7 +8,7 @@ default policy.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from dispatcher.api.models import Reason
@@ -94,14 +94,16 @@ class PreemptionPolicy(Protocol):
 class LowestPriorityFirst:
     """Evict the fewest, least important AppWrappers that make room.
 
-    Candidates are the cluster's dispatched AppWrappers that are preemptible and of strictly
+    Candidates are the cluster's dispatched AppWrappers that are preemptible, of strictly
     lower priority than the workload (equal or higher priority is never evicted, so two
-    workloads can never evict each other in turn). They are taken lowest priority first,
-    then most recently dispatched first (the least work lost), until the workload fits;
-    then every victim whose eviction turns out unnecessary is given back, last taken first,
-    until each remaining victim is needed: sparing any one of them would leave the workload
-    short. The set is minimal in that sense, not necessarily the smallest possible (finding
-    that is a knapsack problem).
+    workloads can never evict each other in turn), and no longer protected at `now` (their
+    minimum runtime run: `DispatchedWorkload.protected_until`). They are taken lowest
+    priority first, then the least runtime lost first (the shortest run since their dispatch
+    or their last declared checkpoint, whichever is later), then most recently dispatched
+    first, until the workload fits; then every victim whose eviction turns out unnecessary is
+    given back, last taken first, until each remaining victim is needed: sparing any one of
+    them would leave the workload short. The set is minimal in that sense, not necessarily
+    the smallest possible (finding that is a knapsack problem).
 
     "Fits" is checked on one `ClusterRoom` of the cluster, built as the cycle builds
     it, with the victims evicted on it (see `evictions`: each gives back what it holds),
@@ -110,58 +112,132 @@ class LowestPriorityFirst:
     room the victims free), the shortest run of further candidates that makes it fit there
     is taken, and then every victim the fresh state does without is spared. Evicting the
     set named always makes the workload fit in the next cycle.
+
+    Where protection alone stands in the way (with the protected candidates it would find
+    victims), the earliest time it no longer does is noted in `protected` under the
+    workload's key: its wait says so, and the shell wakes it then.
     """
+
+    now: float | None = None
+    """The cycle's time; None: protection is not looked at (every candidate may be taken)."""
+    protected: dict[str, float] | None = field(default=None, compare=False)
+    """Filled as it is asked: workload key -> when the protection holding it back ends
+    (the earliest over the clusters asked)."""
 
     def choose_victims(
         self, workload: Workload, cluster: ClusterSnapshot, rules: VictimRules | None = None
     ) -> tuple[str, ...] | None:
-        candidates = _candidates(workload, cluster, rules)
-        gang = Gang.of(workload.pod_sets)
-        trial = _Trial(ClusterRoom(cluster), gang, rules)
-        if candidates and trial.fits():
-            return ()
-        if not candidates:
-            return None
-        # Evict candidates in order until it fits; then give back those not needed.
-        if not trial.take_until_fits(candidates):
-            return None  # evicting all of them still leaves it short
-        trial.give_back_unneeded()
-        chosen = trial.release()
-        # Confirm on the member as the next cycle will build it without the victims: there
-        # the other reservations are placed afresh and may take room the victims free (as
-        # their pending pods would). Take further candidates, in order, while it falls short,
-        # or evicting these would not make it fit and it would have to evict again.
-        afresh = _Afresh(cluster, gang, rules)
-        if afresh.fits(chosen):
-            return tuple(chosen)
-        # Never another queue's work here: whether its queue still borrows is known only
-        # along the run above.
-        taken = set(chosen)
-        spare = [
-            c.key
-            for c in candidates
-            if c.key not in taken and (rules is None or rules.order(c) == 1)
-        ]
-        if not spare or not afresh.fits(chosen + spare):
-            return None
-        chosen += spare[: afresh.shortest_run(chosen, spare)]
-        return tuple(afresh.spare_unneeded(chosen))
+        everyone = _candidates(workload, cluster, rules)
+        now = self.now
+        if now is None:
+            return _search(workload, cluster, rules, everyone)
+        candidates = [c for c in everyone if not _protected(c, now)]
+        found = _search(workload, cluster, rules, candidates)
+        if found is None and len(candidates) < len(everyone) and self.protected is not None:
+            until = _protection_ends(workload, cluster, rules, everyone, now)
+            if until is not None:
+                known = self.protected.get(workload.key, until)
+                self.protected[workload.key] = min(known, until)
+        return found
+
+
+def _search(
+    workload: Workload,
+    cluster: ClusterSnapshot,
+    rules: VictimRules | None,
+    candidates: list[DispatchedWorkload],
+) -> tuple[str, ...] | None:
+    """The victims among `candidates` (in the order they are taken) that make `workload`
+    fit, as `LowestPriorityFirst` says."""
+    gang = Gang.of(workload.pod_sets)
+    trial = _Trial(ClusterRoom(cluster), gang, rules)
+    if candidates and trial.fits():
+        return ()
+    if not candidates:
+        return None
+    # Evict candidates in order until it fits; then give back those not needed.
+    if not trial.take_until_fits(candidates):
+        return None  # evicting all of them still leaves it short
+    trial.give_back_unneeded()
+    chosen = trial.release()
+    # Confirm on the member as the next cycle will build it without the victims: there
+    # the other reservations are placed afresh and may take room the victims free (as
+    # their pending pods would). Take further candidates, in order, while it falls short,
+    # or evicting these would not make it fit and it would have to evict again.
+    afresh = _Afresh(cluster, gang, rules)
+    if afresh.fits(chosen):
+        return tuple(chosen)
+    # Never another queue's work here: whether its queue still borrows is known only
+    # along the run above.
+    taken = set(chosen)
+    spare = [
+        c.key for c in candidates if c.key not in taken and (rules is None or rules.order(c) == 1)
+    ]
+    if not spare or not afresh.fits(chosen + spare):
+        return None
+    chosen += spare[: afresh.shortest_run(chosen, spare)]
+    return tuple(afresh.spare_unneeded(chosen))
+
+
+def _protection_ends(
+    workload: Workload,
+    cluster: ClusterSnapshot,
+    rules: VictimRules | None,
+    everyone: list[DispatchedWorkload],
+    now: float,
+) -> float | None:
+    """The earliest time from which the candidates then unprotected make `workload` fit;
+    None if even all of them would not (protection is not what holds it back). Whether they
+    do only grows with the time (more candidates), so the time is found by halving."""
+    ends = sorted({c.protected_until for c in everyone if _protected(c, now)})
+
+    def works(index: int) -> bool:
+        until = ends[index]
+        free = [c for c in everyone if not _protected(c, until)]
+        return _search(workload, cluster, rules, free) is not None
+
+    high = len(ends) - 1
+    if not works(high):
+        return None
+    low = -1  # ends[low] does not work (-1: now, which did not)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if works(middle):
+            high = middle
+        else:
+            low = middle
+    return ends[high]
+
+
+def _protected(candidate: DispatchedWorkload, now: float) -> bool:
+    """Within its minimum runtime at `now`. One with none is never protected, even
+    dispatched "after" `now` by a clock ahead of this one."""
+    until = candidate.protected_until
+    return until > now and until > candidate.dispatched_at
+
+
+def _since(candidate: DispatchedWorkload) -> float:
+    """Where the runtime its eviction loses starts: its dispatch, or its last declared
+    checkpoint if later (the checkpoint is held to the attempt by the shell)."""
+    return max(candidate.dispatched_at, candidate.checkpointed_at)
 
 
 def _candidates(
     workload: Workload, cluster: ClusterSnapshot, rules: VictimRules | None
 ) -> list[DispatchedWorkload]:
     """Who may be evicted for `workload`, in the order they are taken: without `rules`, the
-    preemptible of strictly lower priority, lowest priority first, then most recently
-    dispatched first; with them, those the rules allow, in the rules' order first."""
+    preemptible of strictly lower priority, lowest priority first, then the least runtime
+    lost first, then most recently dispatched first; with them, those the rules allow, in
+    the rules' order first. Priority comes before the runtime lost, as in Kueue: priorities
+    keep their meaning (the MCAD and AppWrapper suites rely on it)."""
     if rules is None:
         return sorted(
             (a for a in cluster.admitted if a.preemptible and a.priority < workload.priority),
-            key=lambda a: (a.priority, -a.dispatched_at, a.key),
+            key=lambda a: (a.priority, -_since(a), -a.dispatched_at, a.key),
         )
     return sorted(
         (a for a in cluster.admitted if rules.allowed(a)),
-        key=lambda a: (rules.order(a), a.priority, -a.dispatched_at, a.key),
+        key=lambda a: (rules.order(a), a.priority, -_since(a), -a.dispatched_at, a.key),
     )
 
 
