@@ -61,8 +61,7 @@ async def test_a_protected_victim_is_preempted_only_after_its_minimum_runtime(
         samples += 1
     assert samples > 5
     status = (await get_aw(cluster, namespace, "urgent"))["status"]
-    waiting = next(c for c in status["conditions"] if c["type"] == "Dispatched")
-    assert "protected until" in waiting["message"], waiting
+    assert "protected" in status.get("message", ""), status
     # Past its minimum runtime it is preempted, and the preemptor runs.
     await wait_condition(cluster, namespace, "steady", "Preempted", timeout=60)
     assert time.monotonic() - dispatched >= 15

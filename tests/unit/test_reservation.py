@@ -376,3 +376,57 @@ def test_take_keeps_a_reserving_head_active_and_wakes_when_it_ends() -> None:
     # The head's room freed elsewhere is not its own: it is still tried the next cycle.
     again = take(manager, [MIXED], now=NOW + 1, held_before=result.held, **kwargs)  # type: ignore[arg-type]
     assert "ns/gang" in again.reservations
+
+
+def test_a_reservation_whose_start_came_is_kept_while_the_work_it_waited_for_goes() -> None:
+    """At its start the work it waited for reached its limit and is going: no longer
+    dispatched, its pods still on the nodes (terminating). The reservation is kept as it
+    was, so that work without a limit cannot take the nodes in those seconds; once the pods
+    are gone the gang is admitted there."""
+    ending = [busy("ns/a", "n0", 4, ends=60), busy("ns/b", "n1", 4, ends=60)]
+    first = cycle([gang(at=1.0)], [gpus_cluster("c1", 3, *ending, busy("ns/c", "n2"))])
+    reserved = first.reservations["ns/gang"]
+    assert (reserved.start, {n for n, _ in reserved.nodes}) == (NOW + 60, {"n0", "n1"})
+    # 61 s later: a and b are no longer dispatched, their pods not gone yet.
+    going = with_running(
+        cluster("c1", *(node(f"n{i}", gpu=8) for i in range(3))),
+        busy("ns/c", "n2"),
+    )
+    going = with_running(going, *[replace(e, key=f"{e.key}-pods") for e in ending])
+    going = replace(going, admitted=tuple(a for a in going.admitted if a.key == "ns/c"))
+    unbounded = job("ns/unbounded", 4, at=2.0)  # fits beside a going one: reserved room
+    later = cycle(
+        [gang(at=1.0), unbounded], [going], now=NOW + 61, reserved_before=first.reservations
+    )
+    assert later.reservations["ns/gang"] == reserved
+    assert [a.key for a in later.admits] == []
+    # Without the last cycle's reservation, the lapse lets the unbounded one in: the rule
+    # above is what keeps it out.
+    lapsed = cycle([gang(at=1.0), unbounded], [going], now=NOW + 61)
+    assert "ns/gang" not in lapsed.reservations
+    assert [a.key for a in lapsed.admits] == ["ns/unbounded"]
+    # Long past its start, it is not kept for ever.
+    stale = cycle(
+        [gang(at=1.0), unbounded], [going], now=NOW + 600, reserved_before=first.reservations
+    )
+    assert "ns/gang" not in stale.reservations
+
+
+def test_a_reservation_is_kept_when_the_work_it_waited_for_ends_before_its_start() -> None:
+    """The limit is enforced a moment before the second the search counts to (or the work
+    ends early): gone from the dispatched, its pods still there, the start not come yet.
+    The reservation is kept, the nodes fenced from work without a limit."""
+    ending = [busy("ns/a", "n0", 4, ends=60), busy("ns/b", "n1", 4, ends=60)]
+    first = cycle([gang(at=1.0)], [gpus_cluster("c1", 3, *ending, busy("ns/c", "n2"))])
+    going = with_running(
+        cluster("c1", *(node(f"n{i}", gpu=8) for i in range(3))),
+        busy("ns/c", "n2"),
+        *[replace(e, key=f"{e.key}-pods") for e in ending],
+    )
+    going = replace(going, admitted=tuple(a for a in going.admitted if a.key == "ns/c"))
+    unbounded = job("ns/unbounded", 4, at=2.0)
+    early = cycle(
+        [gang(at=1.0), unbounded], [going], now=NOW + 59.5, reserved_before=first.reservations
+    )
+    assert early.reservations["ns/gang"] == first.reservations["ns/gang"]
+    assert early.admits == ()

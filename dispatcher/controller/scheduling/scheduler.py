@@ -74,6 +74,7 @@ from dispatcher.core.scheduling import (
 from dispatcher.core.scheduling.kept import KeptRooms
 from dispatcher.core.scheduling.pooled import anywhere, pooled
 from dispatcher.core.scheduling.preemption import evicting, why_evicted
+from dispatcher.core.scheduling.reservation import ReservationInfo
 from dispatcher.kube.errors import Conflict, KubeError
 from dispatcher.metrics.recorder import Recorder
 
@@ -111,6 +112,7 @@ class Scheduler:
         """The last wait of each pending one (and of some that left: pruned in bulk)."""
         self._resolved: dict[str, Queued | QueueProblem | None] = {}
         self._held: frozenset[str] = frozenset()  # the clusters the last cycle held
+        self._reserved: Mapping[str, ReservationInfo] = {}  # the last cycle's, by head
         self._kept = KeptRooms()  # each member's free room, brought from cycle to cycle
         self._quota_tree = quota_tree
         self._cache = cache
@@ -225,7 +227,9 @@ class Scheduler:
             capacity_checks=self._capacity_checks,
             kept=self._kept,
             backfill=self._config.backfill,
+            reserved_before=self._reserved,
         )
+        self._reserved = result.reservations
         result = self._protection_noted(result, protected, now)
         self._held = result.held
         if result.again:  # more to decide: a hold ended, or more was active than one takes

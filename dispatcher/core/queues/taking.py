@@ -26,7 +26,7 @@ goes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from dispatcher.api.models import Reason
@@ -36,6 +36,7 @@ from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling.cycle import CycleResult, schedule
 from dispatcher.core.scheduling.kept import KeptRooms
 from dispatcher.core.scheduling.preemption import PreemptionPolicy
+from dispatcher.core.scheduling.reservation import ReservationInfo
 
 __all__ = ["take"]
 
@@ -62,6 +63,7 @@ def take(
     capacity_checks: tuple[str, ...] = (),
     kept: KeptRooms | None = None,
     backfill: Backfill = Backfill.OFF,
+    reserved_before: Mapping[str, ReservationInfo] | None = None,
 ) -> CycleResult:
     """One cycle over `manager.active()`; admitted work leaves the manager, refused work
     is parked. `held_before`: the clusters the previous cycle held (its `held`): when one
@@ -90,6 +92,7 @@ def take(
         capacity_checks=capacity_checks,
         kept=kept,
         backfill=backfill,
+        reserved_before=reserved_before,
     )
     for admit in result.admits:
         manager.admitted(admit.key, preemption=preemption is not None)

@@ -197,6 +197,7 @@ def schedule(
     capacity_checks: tuple[str, ...] = (),
     kept: KeptRooms | None = None,
     backfill: Backfill = Backfill.OFF,
+    reserved_before: Mapping[str, ReservationInfo] | None = None,
 ) -> CycleResult:
     """Decide, for every pending workload, admit (where) or wait (why); maybe preempt.
 
@@ -233,7 +234,7 @@ def schedule(
 
     # 2. Snapshot: one mutable simulation per cluster, made on first use.
     cycle = CycleScratch(clusters, now, kept)
-    reserving = Reservations(declared_lines(backfill, quotas))
+    reserving = Reservations(declared_lines(backfill, quotas), before=reserved_before or {})
     decisions = _Decisions(cycle, now=now, starvation_after=starvation_after, reserving=reserving)
     strict_fifo = _strict_fifo(mode, quotas)
     order = decisions.order

@@ -117,6 +117,8 @@ class Reservations:
     one per cluster."""
 
     declared: Mapping[str, bool]  # line -> its backfill is Declared (`declared_lines`)
+    before: Mapping[str, ReservationInfo] = field(default_factory=dict)
+    """The last cycle's reservations, by head (`kept_through`)."""
     made: dict[str, ReservationInfo] = field(default_factory=dict)  # by head
     lines: set[str] = field(default_factory=set)  # the lines whose head reserved
     never: set[tuple[str, tuple[str, ...]]] = field(default_factory=set)  # see `reserve_room`
@@ -137,6 +139,8 @@ class Reservations:
         if not self.declared.get(line, False) or line in self.lines:
             return None
         found = reserve_room(cycle, head.key, gang, usable, self.never)
+        if found is None:
+            found = kept_through(cycle, head.key, self.before.get(head.key), usable)
         if found is not None:
             self.made[head.key] = found
             self.lines.add(line)
@@ -147,6 +151,38 @@ class Reservations:
         reservation, and `workload` is gone by its start."""
         start = self.passable.get(line)
         return start is not None and backfills(workload, now, start)
+
+
+KEPT_PAST_START_SECONDS = 60.0
+"""How long past its start a reservation the head does not fit yet is kept (`kept_through`)."""
+
+
+def kept_through(
+    cycle: CycleScratch,
+    key: str,
+    before: ReservationInfo | None,
+    usable: Sequence[ClusterSnapshot],
+) -> ReservationInfo | None:
+    """The head's reservation of the last cycle, kept as it was when the search finds none:
+    the work it waited for ended (at its limit, which the dispatcher enforces a moment
+    before the second the search counts to, or earlier) and its pods are going, and pods on
+    their way out (terminating, or of an AppWrapper that ended) are no running work with a
+    declared end the search could let go. Without this, the reservation would lapse in those
+    seconds and work without a limit could take the nodes. Kept at most
+    KEPT_PAST_START_SECONDS past its start, on the same nodes, if they are still there."""
+    if before is None or cycle.now - before.start > KEPT_PAST_START_SECONDS:
+        return None
+    cluster = next((c for c in usable if c.name == before.cluster), None)
+    if cluster is None or not cluster.reachable or cluster.name in cycle.held:
+        return None
+    if cluster.name in cycle.fences:
+        return None
+    index = cycle.state(cluster).index
+    if any(name not in index for name, _ in before.nodes):
+        return None
+    nodes = tuple(sorted(index[name] for name, _ in before.nodes))
+    cycle.fence(cluster.name, Fence(key, max(cycle.now, before.start), nodes))
+    return before
 
 
 def declared_lines(backfill: Backfill, quotas: QuotaView | None) -> dict[str, bool]:
