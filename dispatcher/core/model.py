@@ -321,7 +321,7 @@ class QueueMode(StrEnum):
 class Backfill(StrEnum):
     """Whether work behind a reserved gang may use the room reserved for it."""
 
-    OFF = "Never"
+    NEVER = "Never"
     """No reservations: the head waits as its queueing strategy says. (Not "Off": YAML 1.1,
     which kubectl's parser reads, takes an unquoted Off for false.)"""
     DECLARED = "Declared"

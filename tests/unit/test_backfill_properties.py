@@ -171,7 +171,7 @@ def test_reserved_nodes_go_only_to_work_that_ends_before_the_start(
 def test_with_backfill_off_the_decisions_are_todays(world: Any, preempt: bool) -> None:
     nodes, running, specs, mode, starvation_after = world
     policy = LowestPriorityFirst() if preempt else None
-    got, pending = _cycle(world, Backfill.OFF, preemption=policy)
+    got, pending = _cycle(world, Backfill.NEVER, preemption=policy)
     assert got.reservations == {}
     want = plain_schedule(
         pending,
@@ -186,7 +186,7 @@ def test_with_backfill_off_the_decisions_are_todays(world: Any, preempt: bool) -
     no_limits = (nodes, [(*r[:3], None) for r in running], [(*s[:2], None, s[3]) for s in specs])
     unlimited = (*no_limits, mode, starvation_after)
     declared, _ = _cycle(unlimited, Backfill.DECLARED, preemption=policy)
-    off, _ = _cycle(unlimited, Backfill.OFF, preemption=policy)
+    off, _ = _cycle(unlimited, Backfill.NEVER, preemption=policy)
     assert declared.reservations == {}
     assert _decisions(declared) == _decisions(off)
 

@@ -38,7 +38,7 @@ def test_the_fields_are_read() -> None:
         )
     )
     assert (spec.backfill, spec.minimum_runtime, spec.notice_seconds) == (
-        Backfill.OFF,
+        Backfill.NEVER,
         600.0,
         30.0,
     )
@@ -67,7 +67,7 @@ def test_the_crd_allows_what_the_model_reads_and_no_yaml_boolean() -> None:
     crd = next(d for d in docs if d["spec"]["names"]["kind"] == "ClusterAppQueue")
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     backfill = spec["properties"]["backfill"]
-    assert backfill["enum"] == [b.value for b in (Backfill.DECLARED, Backfill.OFF)]
+    assert backfill["enum"] == [b.value for b in (Backfill.DECLARED, Backfill.NEVER)]
     assert backfill["default"] == Backfill.DECLARED.value
     assert all(isinstance(v, str) and v.lower() not in {"on", "off"} for v in backfill["enum"])
     preemption = spec["properties"]["preemption"]["properties"]

@@ -28,7 +28,7 @@ from tests.unit.quota_builders import queue, setup
 STRICT = QueueMode.STRICT_FIFO
 BEST = QueueMode.BEST_EFFORT_FIFO
 DECLARED = Backfill.DECLARED
-OFF = Backfill.OFF
+NEVER = Backfill.NEVER
 NOW = 1000.0
 T60 = "1970-01-01T00:17:40Z"  # NOW + 60
 
@@ -148,7 +148,7 @@ CASES = [
         clusters=(FOUR,),
         want_reserved={},
         want_waits={"ns/gang": "needs nvidia.com/gpu 16, free 0 of 32"},
-        backfill=OFF,
+        backfill=NEVER,
     ),
     Case(
         id="work-ending-at-the-same-instant-goes-together",
@@ -191,7 +191,7 @@ CASES = [
         want_reserved={},
         want_waits={"ns/short": "waiting behind ns/gang (head of line)"},
         mode=STRICT,
-        backfill=OFF,
+        backfill=NEVER,
     ),
     Case(
         id="only-the-head-reserves",
@@ -275,7 +275,7 @@ def test_a_starving_head_reserves_instead_of_holding_the_cluster() -> None:
     assert "ns/gang" in result.reservations
     assert result.holders == frozenset()
     assert [a.key for a in result.admits] == ["ns/short"]
-    today = cycle(pending, [MIXED], starvation_after=10.0, backfill=OFF)
+    today = cycle(pending, [MIXED], starvation_after=10.0, backfill=NEVER)
     assert today.holders == {"ns/gang"}
     assert today.admits == ()
 
@@ -304,7 +304,7 @@ def test_one_reservation_per_cluster_the_first_in_the_cycles_order() -> None:
 
 
 def test_a_queue_with_backfill_off_reserves_nothing() -> None:
-    result = cycle([gang(queue="q1")], [FOUR], quotas=_queues(OFF))
+    result = cycle([gang(queue="q1")], [FOUR], quotas=_queues(NEVER))
     assert result.reservations == {}
 
 

@@ -62,7 +62,7 @@ def take(
     prepare: Callable[[list[Workload]], list[Workload]] | None = None,
     capacity_checks: tuple[str, ...] = (),
     kept: KeptRooms | None = None,
-    backfill: Backfill = Backfill.OFF,
+    backfill: Backfill = Backfill.NEVER,
     reserved_before: Mapping[str, ReservationInfo] | None = None,
 ) -> CycleResult:
     """One cycle over `manager.active()`; admitted work leaves the manager, refused work

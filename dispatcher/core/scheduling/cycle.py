@@ -196,7 +196,7 @@ def schedule(
     presorted: bool = False,
     capacity_checks: tuple[str, ...] = (),
     kept: KeptRooms | None = None,
-    backfill: Backfill = Backfill.OFF,
+    backfill: Backfill = Backfill.NEVER,
     reserved_before: Mapping[str, ReservationInfo] | None = None,
 ) -> CycleResult:
     """Decide, for every pending workload, admit (where) or wait (why); maybe preempt.

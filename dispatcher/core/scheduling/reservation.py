@@ -20,7 +20,7 @@ Beside the queueing strategies: a StrictFIFO head that reserved blocks only the 
 line that would not be gone by its start (the rest may pass it, onto any room); under
 BestEffortFIFO a reserving head holds no cluster even when starving, and no starving
 workload holds a cluster where nodes are reserved (what is left there is for backfill).
-With backfill off (`Backfill.OFF`), or no limit declared anywhere, none of this happens.
+With backfill off (`Backfill.NEVER`), or no limit declared anywhere, none of this happens.
 
 Nothing is kept between cycles: each cycle derives the reservation again from its snapshot
 alone, so a restarted dispatcher derives the same one, and work backfilled into the
