@@ -72,8 +72,8 @@ class Mode:
 
 
 MODES = (
-    Mode("StrictFIFO", QueueMode.STRICT_FIFO, Backfill.OFF),
-    Mode("BestEffortFIFO", QueueMode.BEST_EFFORT_FIFO, Backfill.OFF),
+    Mode("StrictFIFO", QueueMode.STRICT_FIFO, Backfill.NEVER),
+    Mode("BestEffortFIFO", QueueMode.BEST_EFFORT_FIFO, Backfill.NEVER),
     Mode("reservation+backfill", QueueMode.BEST_EFFORT_FIFO, Backfill.DECLARED),
 )
 
