@@ -390,7 +390,7 @@ class Config(BaseModel):
     backfill: Backfill = Backfill.DECLARED
     """Declared: a head that fits nowhere reserves the nodes it will fit on once the running
     work's declared limits end it, and later work may use them only if its own limit ends it
-    first. Off: no reservations. With quotas, only for AppWrappers that name no queue (a
+    first. Never: no reservations. With quotas, only for AppWrappers that name no queue (a
     ClusterAppQueue has `spec.backfill`)."""
     protection: ProtectionConfig = Field(default_factory=lambda: ProtectionConfig())
     """Preemption that respects a minimum runtime and gives notice (docs/scheduling.md)."""

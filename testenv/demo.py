@@ -5,8 +5,12 @@ KubeRay, runs the dispatcher in this process, applies the samples, prints what u
 and tears everything down (or keeps it with --keep). The admission webhook is on: a user
 who may only create AppWrappers is refused one that wraps a Job. Then quotas (samples/queues/): dev
 RayClusters share a queue with room for one, and a prod one preempts the running dev one.
-Last, autoscaling (samples/autoscaling/): a RayCluster larger than any node, in a queue with
+Then autoscaling (samples/autoscaling/): a RayCluster larger than any node, in a queue with
 the ProvisioningRequest admission check, gets its nodes from the test kit's provisioner.
+Last, reservation with backfill, on the three GPU nodes once the earlier acts' AppWrappers are
+deleted: a gang that fits only when two running jobs' declared limits end reserves the nodes,
+a short job backfills them, one without a limit waits behind the gang, which runs when the
+limits end the two.
 """
 
 from __future__ import annotations
@@ -60,6 +64,15 @@ KINDS = (
 )
 AUTOSCALING = REPO_ROOT / "samples" / "autoscaling"
 GROW = "grow"  # the namespace of the autoscaling act
+HERO = "hero"  # the namespace of the reservation act
+GPU_NODES = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
+POOL = "demo.codeflare.dev/pool"  # the reservation act's pods go to GPU_NODES only
+LIMIT = 40  # seconds: the running jobs' dispatchDuration.limit in the reservation act
+MESSAGE = 'jsonpath={.status.message}{"\\n"}'
+DISPATCHED = (  # the Dispatched condition: why it waits, and its reservation
+    "jsonpath={range .status.conditions[?(@.type=='Dispatched')]}{.type}={.status} "
+    '({.reason}: {.message}){"\\n"}{end}'
+)
 
 
 def _say(text: str) -> None:
@@ -174,6 +187,7 @@ async def demo(workdir: Path, keep: bool) -> int:
             ok = await _privilege_act(cluster) and ok
             ok = await _queues_act(cluster) and ok
             ok = await _autoscaling_act(cluster, provisioner) and ok
+            ok = await _reservation_act(cluster) and ok
             if keep:
                 _say(
                     f"Still running. Try: kubectl --kubeconfig {cluster.kubeconfig} get aw -A"
@@ -382,6 +396,171 @@ async def _autoscaling_act(cluster: LocalCluster, provisioner: TestProvisioner) 
     await _show(cluster, "get", "provisioningrequests", "-n", GROW)
     await _show(cluster, "get", "pods", "-n", GROW, "-o", "wide")
     return ok
+
+
+def _gpu_job(name: str, pods: int, gpus: int, limit: int | None) -> dict[str, Any]:
+    """An AppWrapper of a Deployment of `pods` pods of `gpus` GPUs each on the GPU nodes,
+    with `limit` as its dispatchDuration.limit (KWOK's pods never end by themselves: the
+    limit is what ends a running one)."""
+    resources = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": str(gpus)}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": pods,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": {POOL: HERO},
+                    "containers": [
+                        {
+                            "name": "work",
+                            "image": "busybox",
+                            "command": ["sleep", "infinity"],
+                            "resources": {"requests": resources, "limits": resources},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    spec: dict[str, Any] = {"resources": {"GenericItems": [{"generictemplate": deployment}]}}
+    if limit is not None:
+        spec["schedulingSpec"] = {"dispatchDuration": {"limit": limit}}
+    return {
+        "apiVersion": "workload.codeflare.dev/v1beta1",
+        "kind": "AppWrapper",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+async def _submit_gpu_job(
+    cluster: LocalCluster, name: str, pods: int, gpus: int, limit: int | None
+) -> None:
+    bound = f"limit {limit}s" if limit is not None else "no limit"
+    size = f"{pods} pod{'s' if pods > 1 else ''} x {gpus} GPU{'s' if gpus > 1 else ''}"
+    print(f"$ kubectl apply -n {HERO} -f -   # {name}: {size}, {bound}")
+    out = await cluster.akubectl(
+        "apply", "-n", HERO, "-f", "-", input=json.dumps(_gpu_job(name, pods, gpus, limit))
+    )
+    print(out.stdout, end="", flush=True)
+
+
+async def _wait_message(
+    cluster: LocalCluster, name: str, part: str, timeout: float, namespace: str = HERO
+) -> bool:
+    """Until the AppWrapper's status.message contains `part`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if part in await _value(cluster, "aw", name, "-n", namespace, "-o", MESSAGE):
+            return True
+        await asyncio.sleep(0.5)
+    return False
+
+
+async def _wait_nodes_empty(cluster: LocalCluster, nodes: tuple[str, ...], timeout: float) -> bool:
+    """Until no pod is bound to any of `nodes`."""
+    where = 'jsonpath={range .items[*]}{.spec.nodeName}{"\\n"}{end}'
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        bound = (await _value(cluster, "pods", "-A", "-o", where)).split()
+        if not set(bound) & set(nodes):
+            return True
+        await asyncio.sleep(0.5)
+    return False
+
+
+def _hero_queue() -> list[dict[str, Any]]:
+    """The reservation act's queue: StrictFIFO with backfill Declared, quota for all of it
+    at once (capacity, not quota, is what the gang waits for), admitting namespace HERO,
+    which submits to it through its AppQueue `default`: StrictFIFO with backfill, as batch
+    systems pair them (the head keeps its place; only work that ends before it starts may
+    pass it)."""
+    group = "workload.codeflare.dev/v1beta1"
+    quota = {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "12"}
+    return [
+        {"apiVersion": group, "kind": "AppFlavor", "metadata": {"name": HERO}, "spec": {}},
+        {
+            "apiVersion": group,
+            "kind": "ClusterAppQueue",
+            "metadata": {"name": HERO},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": HERO}},
+                "queueingStrategy": "StrictFIFO",
+                "backfill": "Declared",
+                "resourceGroups": [
+                    {
+                        "coveredResources": list(quota),
+                        "flavors": [
+                            {
+                                "name": HERO,
+                                "resources": [
+                                    {"name": k, "nominalQuota": v} for k, v in quota.items()
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": group,
+            "kind": "AppQueue",
+            "metadata": {"name": "default", "namespace": HERO},
+            "spec": {"clusterQueue": HERO},
+        },
+    ]
+
+
+async def _reservation_act(cluster: LocalCluster) -> bool:
+    """Reservation with backfill on the three 2-GPU nodes, emptied of the earlier acts' work,
+    in a StrictFIFO queue whose backfill is Declared: two jobs with a declared limit hold two
+    nodes; a gang of 3 x 2 GPUs reserves all three from when the limits end; a short job
+    passes it onto the free room, gone before then; one without a limit waits behind it; the
+    gang runs once the limits end the two jobs."""
+    _say("Reservation and backfill: a hero gang reserved while small jobs backfill")
+    for namespace in (NAMESPACE, TEAM, GROW):  # the earlier acts' work goes
+        await cluster.akubectl("delete", "aw", "--all", "-n", namespace, check=False)
+    ok = await _wait_nodes_empty(cluster, GPU_NODES, 60)
+    cluster.kubectl("create", "namespace", HERO)
+    await _show(cluster, "label", "nodes", *GPU_NODES, f"{POOL}={HERO}")
+    print(f"(the earlier acts' AppWrappers are deleted; this act's pods select {POOL}={HERO})")
+    print("$ kubectl apply -f -   # ClusterAppQueue hero (StrictFIFO, backfill: Declared),")
+    print("                       # AppFlavor hero, AppQueue hero/default")
+    queue = {"apiVersion": "v1", "kind": "List", "items": _hero_queue()}
+    out = await cluster.akubectl("apply", "-f", "-", input=json.dumps(queue))
+    print(out.stdout, end="", flush=True)
+    active = "jsonpath={.status.conditions[?(@.type=='Active')].status}"
+    ok = await _wait_value(cluster, "True", "clusterappqueue", HERO, "-o", active) and ok
+
+    _say(f"Two jobs of 2 GPUs, each stopped by its limit ({LIMIT}s): a GPU node left free")
+    for name in ("runner-1", "runner-2"):
+        await _submit_gpu_job(cluster, name, 1, 2, LIMIT)
+    for name in ("runner-1", "runner-2"):
+        ok = await _wait_for(cluster, name, "Running", 60, HERO) and ok
+
+    _say("The hero gang (3 pods x 2 GPUs) fits only when they end: it reserves the nodes")
+    await _submit_gpu_job(cluster, "hero", 3, 2, None)
+    ok = await _wait_message(cluster, "hero", "declared limits", 30) and ok
+    await _show(cluster, "get", "aw", "hero", "-n", HERO, "-o", DISPATCHED)
+
+    _say("A short job (limit 15s, gone before the reservation starts) backfills the free room")
+    await _submit_gpu_job(cluster, "short", 1, 1, 15)
+    ok = await _wait_for(cluster, "short", "Dispatched", 30, HERO) and ok
+    _say("A job without a limit may not pass the reserved gang: it waits behind it")
+    await _submit_gpu_job(cluster, "open-ended", 1, 1, None)
+    ok = await _wait_message(cluster, "open-ended", "waiting behind", 30) and ok
+    await _show(cluster, "get", "aw", "-n", HERO)
+    await _show(cluster, "get", "aw", "open-ended", "-n", HERO, "-o", MESSAGE)
+
+    _say("The limits end the running jobs (Failed: they ran too long); the hero gang runs")
+    ok = await _wait_for(cluster, "hero", "Running", LIMIT + 30, HERO) and ok
+    await _show(cluster, "get", "aw", "-n", HERO)
+    await _show(cluster, "get", "pods", "-n", HERO, "-o", "wide")
+    return ok and (await _conditions(cluster, "open-ended", HERO)).get("Dispatched") != "True"
 
 
 async def demo_members(workdir: Path, members: int, keep: bool) -> int:
