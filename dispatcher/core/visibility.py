@@ -243,12 +243,18 @@ def _lines(
         if waiting.reason == Reason.QUEUE_NOT_READY:
             etas[waiting.key] = Eta(None, f"unknown: {waiting.message}")
             continue
+        heap = ends.get(waiting.cluster_queue) or []
         if waiting.reserved_from is not None:
             start = max(now, waiting.reserved_from)
             basis = f"nodes reserved for it from {clock(start)} (declared limits), at the latest"
             etas[waiting.key] = Eta(start, basis, latest=True)
+            if heap:  # it takes the slot it waited for, as any other: those behind wait on it
+                heapq.heappop(heap)
+                own = _end_of(
+                    waiting.key, start, waiting.cluster_queue, waiting.kind, waiting.limit, expected
+                )
+                heapq.heappush(heap, own)
             continue
-        heap = ends.get(waiting.cluster_queue) or []
         if not heap:
             where = waiting.cluster_queue or "capacity-only work"
             etas[waiting.key] = Eta(

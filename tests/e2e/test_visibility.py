@@ -157,8 +157,11 @@ async def test_pending_list_positions_and_eta(queue: Queue) -> None:
     assert [i["priority"] for i in items] == [10, 9, 8]
     assert items[0]["reason"] == "InsufficientResources"
     assert "cpu" in items[0]["message"]
-    # long-1 runs for at most an hour: wait-a starts when it ends, at the latest.
-    assert items[0]["eta"]["basis"].startswith(f"after {ns}/long-1 ends, at the latest ")
+    # long-1 runs for at most an hour: the head reserves its node from when long-1's limit
+    # ends it, and starts then at the latest (docs/scheduling.md, reservations).
+    assert "reserved 1 node in cluster local from" in items[0]["message"]
+    assert items[0]["eta"]["basis"].startswith("nodes reserved for it from ")
+    assert items[0]["eta"]["basis"].endswith("(declared limits), at the latest")
     assert items[0]["eta"]["latest"] is True
     assert items[0]["eta"]["at"]
     # Nothing known ends after wait-a (no limit, nothing observed yet).
@@ -236,7 +239,8 @@ async def test_plugin_commands(queue: Queue) -> None:
     assert rows[3][0] == "long-1"
     assert rows[3][3] == "-"
     wide = (await kubectl_aw(cluster, "list", "-n", ns, "-o", "wide", "--as=alice")).stdout
-    assert f"after {ns}/long-1 ends, at the latest" in wide
+    # wait-a reserves long-1's node from when long-1's limit ends it (its estimate's basis).
+    assert "nodes reserved for it from" in wide
     as_json = json.loads(
         (await kubectl_aw(cluster, "list", "-n", ns, "-o", "json", "--as=alice")).stdout
     )
