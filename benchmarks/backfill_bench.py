@@ -38,6 +38,7 @@ import json
 import random
 import statistics
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from typing import Any
 
 from benchmarks.core_bench import machine
 from dispatcher.api.resources import Resources
+from dispatcher.core.limituse import LimitUse
 from dispatcher.core.model import (
     Backfill,
     ClusterSnapshot,
@@ -69,13 +71,16 @@ class Mode:
     name: str
     queueing: QueueMode
     backfill: Backfill
+    learns: bool = False  # expected ends from the share of their limit recent jobs used
 
 
 MODES = (
     Mode("StrictFIFO", QueueMode.STRICT_FIFO, Backfill.NEVER),
     Mode("BestEffortFIFO", QueueMode.BEST_EFFORT_FIFO, Backfill.NEVER),
-    Mode("reservation+backfill", QueueMode.BEST_EFFORT_FIFO, Backfill.DECLARED),
+    Mode("reservation (limits)", QueueMode.BEST_EFFORT_FIFO, Backfill.DECLARED),
+    Mode("reservation+backfill", QueueMode.BEST_EFFORT_FIFO, Backfill.DECLARED, learns=True),
 )
+SHARES_KEPT = 100  # as the controller's record of durations (core.visibility.RECORD_SIZE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,13 +201,16 @@ def simulate(jobs: Sequence[Job], mode: Mode, *, nodes: int) -> Run:
     heapq.heapify(events)
     pending: dict[str, Workload] = {}
     running: dict[str, _Running] = {}
+    shares: deque[float] = deque(maxlen=SHARES_KEPT)
     run = Run()
     while events:
         now = events[0][0]
         while events and events[0][0] == now:
             _, kind, key = heapq.heappop(events)
             if kind == 0:
-                del running[key]
+                ended = running.pop(key).job
+                if ended.limit is not None:
+                    shares.append(ended.runtime / ended.limit)
             else:
                 pending[key] = by_key[key].workload()
         if not pending:
@@ -217,6 +225,7 @@ def simulate(jobs: Sequence[Job], mode: Mode, *, nodes: int) -> Run:
             preemption=None,
             presorted=True,
             backfill=mode.backfill,
+            limit_use=LimitUse.of(shares) if mode.learns else None,
         )
         run.seconds += time.perf_counter() - started
         run.cycles += 1

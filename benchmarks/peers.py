@@ -91,12 +91,16 @@ def go_binary(module: str, version: str, package: str, source: Path, binary: Pat
 
 
 def kueue(cache: Path = DEFAULT_CACHE, *, build: bool = True) -> Peer:
-    """Kueue: cmd/kueue and its CRDs (config/components/crd/bases)."""
+    """Kueue: cmd/kueue and its CRDs (config/components/crd/bases); without `build`, its
+    source alone (the CRDs), downloaded when missing."""
     home = kueue_dir(cache)
     source = home / f"src-{KUEUE_VERSION}"
     binary = home / f"kueue-{KUEUE_VERSION}"
     if build:
         go_binary(KUEUE_MODULE, KUEUE_VERSION, "./cmd/kueue", source, binary)
+    else:
+        home.mkdir(parents=True, exist_ok=True)
+        conformance.module_source(KUEUE_MODULE, KUEUE_VERSION, source)
     crds = source / "config" / "components" / "crd" / "bases"
     return Peer("kueue", KUEUE_VERSION, source, binary, crds)
 
@@ -152,6 +156,8 @@ def crd_documents(peer: Peer, storage: str | None = None) -> list[dict[str, Any]
                 for version in versions:
                     version["storage"] = version["name"] == storage
             documents.append(doc)
+    if not documents:  # a CRD directory missing or moved: nothing would be installed
+        raise FileNotFoundError(f"no CustomResourceDefinition in {peer.crds}/*.yaml")
     return documents
 
 

@@ -198,7 +198,7 @@ class Manager:
             finished=self.cache.finished,
             changes=self.scheduler.pending_changes,
         )
-        self.scheduler.observe_with(self.visibility.observe)
+        self.scheduler.observe_with(self.visibility.observe, self.visibility.durations.limit_use)
 
     def _build_acting(self) -> None:
         """The reconciler, upkeep and the ledger of lives."""

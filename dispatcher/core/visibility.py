@@ -15,8 +15,10 @@ rolling record; then the start is "expected", never later than a limit allows) o
 a `dispatchDuration` limit (then it is "at the latest" that time). When the next end in
 line is not known, neither is the start. The model ignores sizes (a large gang may need
 several ends); the accuracy benchmark (benchmarks/eta_bench.py) measures how far off that
-leaves it. A gang the scheduler reserved nodes for (`Waiting.reserved_from`) needs no model:
-its start is the reservation's, a bound the running work's declared limits make.
+leaves it. A gang the scheduler reserved nodes for (`Waiting.reserved_from`) needs no slot:
+its start is the reservation's, where the work it waits for is expected to end by the share
+of their limits recent work ran (`Durations.limit_use`), and never later than their
+declared limits allow (`Waiting.reserved_latest`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from statistics import median
 from typing import NamedTuple
 
 from dispatcher.api.models import Reason
+from dispatcher.core.limituse import LimitUse
 from dispatcher.core.mentions import KEY, hide, namespace_of
 from dispatcher.core.quota.model import QuotaSetup
 
@@ -55,6 +58,9 @@ CAPACITY_ONLY = ""
 RECORD_SIZE = 32
 """Durations kept per (queue, kind): recent enough to follow a change of workload."""
 
+LIMIT_RECORD_SIZE = 128
+"""Shares of their limit kept, across queues: the reservations' start estimates."""
+
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
@@ -70,8 +76,10 @@ class Waiting:
     kind: str = ""  # the kind of its first item, for the durations record
     limit: float | None = None  # its dispatchDuration limit, seconds
     reserved_from: float | None = None
-    """Nodes are reserved for it from then (the running work's declared limits end there):
-    its estimate, a bound, whatever the slot model would guess."""
+    """Nodes are reserved for it from then (the work it waits for is expected to end
+    there): its estimate, whatever the slot model would guess."""
+    reserved_latest: float | None = None
+    """Its reservation's latest start (where the declared limits of that work end it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,21 +142,34 @@ class PendingView:
 
 
 class Durations:
-    """How long AppWrappers ran, per (cluster queue, kind): the last `RECORD_SIZE` of each.
-    A plain in-memory record (a restart starts it empty; limits still give bounds)."""
+    """How long AppWrappers ran, per (cluster queue, kind): the last `RECORD_SIZE` of each;
+    and, of those with a declared limit, the share of it they ran: the last
+    `LIMIT_RECORD_SIZE`, across queues. A plain in-memory record (a restart starts it empty;
+    limits still give bounds)."""
 
     def __init__(self, size: int = RECORD_SIZE) -> None:
         self._size = size
         self._seen: dict[tuple[str, str], deque[float]] = {}
+        self._shares: deque[float] = deque(maxlen=LIMIT_RECORD_SIZE)
+        self._use: LimitUse | None = None
 
-    def observe(self, queue: str, kind: str, seconds: float) -> None:
+    def observe(self, queue: str, kind: str, seconds: float, limit: float | None = None) -> None:
         if seconds < 0:
             return
+        if limit is not None and limit > 0:
+            self._shares.append(seconds / limit)
+            self._use = None
         for where in ((queue, kind), (queue, ""), ("*", kind)):
             record = self._seen.get(where)
             if record is None:
                 record = self._seen[where] = deque(maxlen=self._size)
             record.append(seconds)
+
+    def limit_use(self) -> LimitUse:
+        """The shares of their limits recent work ran (`core.limituse`)."""
+        if self._use is None:
+            self._use = LimitUse.of(self._shares)
+        return self._use
 
     def expected(self, queue: str, kind: str) -> float | None:
         """The median of the closest record: same queue and kind, same queue, same kind."""
@@ -157,6 +178,20 @@ class Durations:
             if record:
                 return float(median(record))
         return None
+
+
+def _reserved_eta(start: float, latest: float | None, durations: Durations) -> Eta:
+    """The estimate of a gang with nodes reserved from `start`, `latest` at the latest."""
+    if latest is None or latest <= start:
+        basis = f"nodes reserved for it from {clock(start)} (declared limits), at the latest"
+        return Eta(start, basis, latest=True)
+    typical = durations.limit_use().typical()
+    ran = "" if typical is None else f": recent work ran {typical:.0%} of its limit (median)"
+    basis = (
+        f"nodes reserved for it, expected from {clock(start)} (declared limits{ran}), "
+        f"at the latest {clock(latest)}"
+    )
+    return Eta(start, basis)
 
 
 class _End(NamedTuple):
@@ -246,8 +281,7 @@ def _lines(
         heap = ends.get(waiting.cluster_queue) or []
         if waiting.reserved_from is not None:
             start = max(now, waiting.reserved_from)
-            basis = f"nodes reserved for it from {clock(start)} (declared limits), at the latest"
-            etas[waiting.key] = Eta(start, basis, latest=True)
+            etas[waiting.key] = _reserved_eta(start, waiting.reserved_latest, durations)
             if heap:  # it takes the slot it waited for, as any other: those behind wait on it
                 heapq.heappop(heap)
                 own = _end_of(

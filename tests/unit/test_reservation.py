@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from dispatcher.core.limituse import LimitUse
 from dispatcher.core.model import (
     Backfill,
     ClusterSnapshot,
@@ -430,3 +431,28 @@ def test_a_reservation_is_kept_when_the_work_it_waited_for_ends_before_its_start
     )
     assert early.reservations["ns/gang"] == first.reservations["ns/gang"]
     assert early.admits == ()
+
+
+def test_a_record_of_early_ends_moves_the_start_earlier_and_backfill_with_it() -> None:
+    """Work recorded to run half its limit: the two ends the gang waits for (on two of its
+    three nodes) are expected at +10 and +25 s (of +30 and +60 s); the start is then, its latest where the limits end (+60 s), the
+    message names the latest (the snapshot alone gives it), and work that would outlast the
+    expected start is kept off the nodes, though it would end by the latest."""
+    clusters = [gpus_cluster("c1", 3, busy("ns/r0", "n0", ends=30), busy("ns/r1", "n1", ends=60))]
+    pending = [
+        gang(nodes=3, at=1),
+        job("ns/quick", 4, limit=20, at=2),
+        job("ns/slower", 4, limit=30, at=3),
+    ]
+    halves = LimitUse.of([0.5] * 5)
+    result = cycle(pending, clusters, limit_use=halves)
+    info = result.reservations["ns/gang"]
+    assert (info.start - NOW, info.latest - NOW) == (25.0, 60.0)
+    assert {n for n, _ in info.nodes} == {"n0", "n1", "n2"}
+    assert f"from {T60} (fits when ns/r0, ns/r1 end" in waits(result)["ns/gang"]
+    assert [a.key for a in result.admits] == ["ns/quick"]
+    assert "its declared limit runs past the reservation's start" in waits(result)["ns/slower"]
+    # With nothing recorded, the start is the latest and both end by it.
+    bound = cycle(pending, clusters)
+    assert bound.reservations["ns/gang"].start == bound.reservations["ns/gang"].latest == NOW + 60
+    assert [a.key for a in bound.admits] == ["ns/quick", "ns/slower"]

@@ -329,3 +329,17 @@ def test_a_reserved_gang_starts_when_its_reservation_does() -> None:
     assert (hero.at, hero.latest) == (NOW + 52, True)
     assert "reserved" in hero.basis
     assert view.by_key["a/next"].eta.at is None  # nothing ahead has a known end
+
+
+def test_a_reserved_gang_expected_before_its_latest_says_both_and_why() -> None:
+    durations = Durations()
+    for seconds in (30.0, 40.0, 50.0):  # of limits of 100 s: 40% as the median
+        durations.observe("q", "Job", seconds, 100.0)
+    durations.observe("q", "Job", 70.0)  # no limit: no share
+    order = [Waiting("a/hero", 5, NOW - 5, "q", reserved_from=NOW + 20, reserved_latest=NOW + 600)]
+    hero = pending_view(order, [], durations, NOW).by_key["a/hero"].eta
+    assert (hero.at, hero.latest) == (NOW + 20, False)
+    assert hero.basis == (
+        "nodes reserved for it, expected from 08:00 UTC (declared limits: recent work ran"
+        " 40% of its limit (median)), at the latest 08:10 UTC"
+    )

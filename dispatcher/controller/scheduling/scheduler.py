@@ -55,6 +55,7 @@ from dispatcher.controller.visibility.pending import Found, Pending, in_line_ord
 from dispatcher.core import checkstatus
 from dispatcher.core import conditions as cond
 from dispatcher.core.conditions import Transition
+from dispatcher.core.limituse import LimitUse
 from dispatcher.core.mentions import recorded_preemptor
 from dispatcher.core.model import Workload
 from dispatcher.core.phase import Phase, initialised, queueing, status_phase
@@ -108,6 +109,7 @@ class Scheduler:
         self._config = config
         self._recorder = recorder or Recorder()
         self._observe: Observer | None = None
+        self._limit_use: Callable[[], LimitUse] = LimitUse  # none recorded: ends at limits
         self._waits: dict[str, Wait] = {}
         """The last wait of each pending one (and of some that left: pruned in bulk)."""
         self._resolved: dict[str, Queued | QueueProblem | None] = {}
@@ -228,6 +230,7 @@ class Scheduler:
             kept=self._kept,
             backfill=self._config.backfill,
             reserved_before=self._reserved,
+            limit_use=self._limit_use(),
         )
         self._reserved = result.reservations
         result = self._protection_noted(result, protected, now)
@@ -311,9 +314,12 @@ class Scheduler:
         ended."""
         return iter(self._running)
 
-    def observe_with(self, observe: Observer) -> None:
-        """Hand every cycle's order and waits to `observe` (controller/visibility/pending.py)."""
+    def observe_with(self, observe: Observer, limit_use: Callable[[], LimitUse]) -> None:
+        """Hand every cycle's order and waits to `observe`, and estimate reservations'
+        starts with `limit_use`: the pending list's (controller/visibility/pending.py),
+        which sees the work that ended."""
         self._observe = observe
+        self._limit_use = limit_use
 
     def on_published(self, listener: Callable[[], None]) -> None:
         """Call `listener` after a cycle that changed the pending work or the charges."""

@@ -133,7 +133,7 @@ class Visibility:
             for key in result.order
             if key in waits  # not admitted by that cycle
         ]
-        reserved = {key: info.start for key, info in result.reservations.items()}
+        reserved = {key: (i.start, i.latest) for key, i in result.reservations.items()}
         if pending_now is None:
             return [self._waiting(*found, reserved) for found in judged]
         # What is pending now decides who is listed: the judged work still pending in the
@@ -150,9 +150,10 @@ class Visibility:
         workload: Workload,
         wait: Wait,
         resolved: Queued | QueueProblem | None,
-        reserved: Mapping[str, float],
+        reserved: Mapping[str, tuple[float, float]],
     ) -> Waiting:
         queue, local = _queues(resolved)
+        start, latest = reserved.get(workload.key, (None, None))
         return Waiting(
             key=workload.key,
             priority=workload.priority,
@@ -163,7 +164,8 @@ class Visibility:
             message=wait.message,
             kind=workload.kind,
             limit=workload.duration_limit,
-            reserved_from=reserved.get(workload.key),
+            reserved_from=start,
+            reserved_latest=latest,
         )
 
     def view(self) -> PendingView:
@@ -189,7 +191,8 @@ class Visibility:
             seen[key] = known
         for key, known in self._known.items():
             if key not in seen and self._finished(key):
-                self.durations.observe(known.queue, known.kind, self._at - known.started_at)
+                ran = self._at - known.started_at
+                self.durations.observe(known.queue, known.kind, ran, known.limit)
         self._known = seen
         return [Occupant(k, v.started_at, v.queue, v.kind, v.limit) for k, v in seen.items()]
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from dispatcher.api.models import Reason
+from dispatcher.core.limituse import LimitUse
 from dispatcher.core.model import Backfill, ClusterSnapshot, QueueMode, Workload
 from dispatcher.core.queues.manager import QueueManager, Wake
 from dispatcher.core.quota.view import QuotaView
@@ -64,6 +65,7 @@ def take(
     kept: KeptRooms | None = None,
     backfill: Backfill = Backfill.NEVER,
     reserved_before: Mapping[str, ReservationInfo] | None = None,
+    limit_use: LimitUse | None = None,
 ) -> CycleResult:
     """One cycle over `manager.active()`; admitted work leaves the manager, refused work
     is parked. `held_before`: the clusters the previous cycle held (its `held`): when one
@@ -93,6 +95,7 @@ def take(
         kept=kept,
         backfill=backfill,
         reserved_before=reserved_before,
+        limit_use=limit_use,
     )
     for admit in result.admits:
         manager.admitted(admit.key, preemption=preemption is not None)

@@ -28,6 +28,7 @@ from functools import partial
 from itertools import chain
 
 from dispatcher.api.models import Reason
+from dispatcher.core.limituse import LimitUse
 from dispatcher.core.mentions import for_reader, mention_all, namespace_of
 from dispatcher.core.model import Backfill, ClusterSnapshot, QueueMode, Workload
 from dispatcher.core.quota.fairshare import fair_order, nominal_first
@@ -198,6 +199,7 @@ def schedule(
     kept: KeptRooms | None = None,
     backfill: Backfill = Backfill.NEVER,
     reserved_before: Mapping[str, ReservationInfo] | None = None,
+    limit_use: LimitUse | None = None,
 ) -> CycleResult:
     """Decide, for every pending workload, admit (where) or wait (why); maybe preempt.
 
@@ -226,6 +228,8 @@ def schedule(
     `presorted`: `pending` is in queue order already (a `core.queues.QueueManager` keeps it
     so); it is not sorted again. `kept`: the clusters' states kept from the last cycle
     (`core.scheduling.kept`), brought up to these snapshots instead of built afresh.
+    `reserved_before`: the last cycle's reservations; `limit_use`: how much of their
+    declared limits recent work ran (`limituse.LimitUse`): reservations' estimates.
     """
     # 1. Order the queue (`_ordered`).
     in_order = list(pending) if presorted else sorted(pending, key=queue_order_key)
@@ -234,7 +238,9 @@ def schedule(
 
     # 2. Snapshot: one mutable simulation per cluster, made on first use.
     cycle = CycleScratch(clusters, now, kept)
-    reserving = Reservations(declared_lines(backfill, quotas), before=reserved_before or {})
+    reserving = Reservations(
+        declared_lines(backfill, quotas), use=limit_use or LimitUse(), before=reserved_before or {}
+    )
     decisions = _Decisions(cycle, now=now, starvation_after=starvation_after, reserving=reserving)
     strict_fifo = _strict_fifo(mode, quotas)
     order = decisions.order

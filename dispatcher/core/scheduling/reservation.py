@@ -22,6 +22,15 @@ BestEffortFIFO a reserving head holds no cluster even when starving, and no star
 workload holds a cluster where nodes are reserved (what is left there is for backfill).
 With backfill off (`Backfill.NEVER`), or no limit declared anywhere, none of this happens.
 
+Expected and latest: the work let go is ordered by when it is expected to end
+(`limituse.LimitUse`: the share of their limits recent work ran, measured by the
+controller; the limit itself before any ended). T is that expected time: the estimate
+users see and the line backfill must end by. The reservation's latest start is where the
+limits of the work let go end it: the gang fits then, whatever order that work really ends
+in. Expecting less than the limits only makes backfill stricter, so work that ends early
+lets the head start early instead of leaving backfill on its nodes; the head's message
+names the latest start, which depends on nothing but the snapshot.
+
 Nothing is kept between cycles: each cycle derives the reservation again from its snapshot
 alone, so a restarted dispatcher derives the same one, and work backfilled into the
 reserved nodes ends by T, so T does not move later on its account.
@@ -35,6 +44,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 from dispatcher.api.resources import Resources
+from dispatcher.core.limituse import LimitUse
 from dispatcher.core.mentions import mention_all
 from dispatcher.core.model import Backfill, ClusterSnapshot, DispatchedWorkload, Workload
 from dispatcher.core.quota.view import QuotaView
@@ -56,6 +66,8 @@ __all__ = [
     "reserved_words",
 ]
 
+NO_RECORD = LimitUse()  # every end at its limit
+
 UNLIMITED = 10**12  # pods a node holds of a pod that asks for nothing
 
 NAMED = 3
@@ -65,23 +77,27 @@ NAMED = 3
 @dataclass(frozen=True, slots=True)
 class ReservationInfo:
     """A head's reservation: in `cluster`, from `start` (seconds since the epoch: its start
-    estimate), the `nodes` with what its gang takes on each; `ending`: the AppWrappers whose
-    declared ends free room on those nodes, in the order they end."""
+    estimate, where the work it waits for is expected to end, `Reservations.use`) and
+    `latest` (where their declared limits end it at the latest), the `nodes` with what its
+    gang takes on each; `ending`: the AppWrappers whose ends free room on those nodes, in
+    the order they end."""
 
     cluster: str
     start: float
     nodes: tuple[tuple[str, Resources], ...]
     ending: tuple[str, ...]
+    latest: float
 
 
 @dataclass(frozen=True, slots=True)
 class Ending:
-    """Work that ends at `at` by its declared limit: dispatched work of the snapshot, or a
-    gang this cycle placed."""
+    """Work with a declared limit, expected to end at `at` and ended by its limit at
+    `latest`: dispatched work of the snapshot, or a gang this cycle placed."""
 
     at: float
     key: str
     holds: DispatchedWorkload | Placed
+    latest: float
 
     def release(self, state: ClusterRoom) -> Callable[[], None]:
         """Let it go on `state`; the function returned takes its room again."""
@@ -109,6 +125,7 @@ class _Found:
     nodes: tuple[int, ...]
     taken: tuple[tuple[str, Resources], ...]
     ending: tuple[str, ...]
+    latest: float
 
 
 @dataclass(slots=True)
@@ -117,6 +134,9 @@ class Reservations:
     one per cluster."""
 
     declared: Mapping[str, bool]  # line -> its backfill is Declared (`declared_lines`)
+    use: LimitUse = field(default_factory=LimitUse)
+    """How much of their limits recent work ran: starts are estimated with it. A start
+    that assumes less than the limits only makes backfill stricter, never a head later."""
     before: Mapping[str, ReservationInfo] = field(default_factory=dict)
     """The last cycle's reservations, by head (`kept_through`)."""
     made: dict[str, ReservationInfo] = field(default_factory=dict)  # by head
@@ -138,7 +158,7 @@ class Reservations:
         reserve, before its head); None if it may not or finds no room (`reserve_room`)."""
         if not self.declared.get(line, False) or line in self.lines:
             return None
-        found = reserve_room(cycle, head.key, gang, usable, self.never)
+        found = reserve_room(cycle, head.key, gang, usable, self.never, self.use)
         if found is None:
             found = kept_through(cycle, head.key, self.before.get(head.key), usable)
         if found is not None:
@@ -154,7 +174,8 @@ class Reservations:
 
 
 KEPT_PAST_START_SECONDS = 60.0
-"""How long past its start a reservation the head does not fit yet is kept (`kept_through`)."""
+"""How long past its latest start a reservation the head does not fit yet is kept
+(`kept_through`)."""
 
 
 def kept_through(
@@ -169,8 +190,9 @@ def kept_through(
     their way out (terminating, or of an AppWrapper that ended) are no running work with a
     declared end the search could let go. Without this, the reservation would lapse in those
     seconds and work without a limit could take the nodes. Kept at most
-    KEPT_PAST_START_SECONDS past its start, on the same nodes, if they are still there."""
-    if before is None or cycle.now - before.start > KEPT_PAST_START_SECONDS:
+    KEPT_PAST_START_SECONDS past its latest start, on the same nodes, if they are still
+    there."""
+    if before is None or cycle.now - before.latest > KEPT_PAST_START_SECONDS:
         return None
     cluster = next((c for c in usable if c.name == before.cluster), None)
     if cluster is None or not cluster.reachable or cluster.name in cycle.held:
@@ -197,14 +219,24 @@ def declared_lines(backfill: Backfill, quotas: QuotaView | None) -> dict[str, bo
 
 
 def endings(
-    cluster: ClusterSnapshot, placed: Iterable[tuple[Workload, Placed]], now: float
+    cluster: ClusterSnapshot,
+    placed: Iterable[tuple[Workload, Placed]],
+    now: float,
+    use: LimitUse = NO_RECORD,
 ) -> list[Ending]:
-    """What ends in `cluster` by a declared limit, in the order it ends (then by key): its
-    dispatched work with an `ends_at`, and `placed`, this cycle's admissions there."""
-    found = [Ending(a.ends_at, a.key, a) for a in cluster.admitted if a.ends_at is not None]
+    """What ends in `cluster` by a declared limit, in the order it is expected to end
+    (`use`; then by key): its dispatched work with an `ends_at`, and `placed`, this cycle's
+    admissions there."""
+    found = []
+    for admitted in cluster.admitted:
+        if (ends_at := admitted.ends_at) is not None:
+            started = admitted.dispatched_at
+            expected = use.expected_end(started, ends_at - started, now)
+            found.append(Ending(expected, admitted.key, admitted, ends_at))
     for workload, placement in placed:
-        if workload.duration_limit is not None:
-            found.append(Ending(now + workload.duration_limit, workload.key, placement))
+        if (limit := workload.duration_limit) is not None:
+            expected = use.expected_end(now, limit, now)
+            found.append(Ending(expected, workload.key, placement, now + limit))
     found.sort(key=lambda e: (e.at, e.key))
     return found
 
@@ -256,10 +288,12 @@ def earliest_start(
 ) -> _Found | None:
     """The first time, as the work of `ending` (in order) ends, that the gang fits `state`,
     and where; None if it fits not even once all of it ended, or not before `before`.
-    `state` is left as it was. Work that ends by `now` already (past its limit, still
-    there) frees its room now."""
+    `state` is left as it was. Work expected to have ended by `now` already (still there)
+    frees its room now. The latest start is where the limits of all the work let go end
+    it: the gang fits then whatever the order they really end in."""
     undos: list[Callable[[], None]] = []
     released: list[Ending] = []
+    latest = now
     tally = _Tally(state, gang)
     try:
         for at, group in groupby(ending, key=lambda e: e.at):
@@ -268,6 +302,7 @@ def earliest_start(
             for end in group:  # all that ends at the same instant goes together
                 undos.append(end.release(state))
                 released.append(end)
+                latest = max(latest, end.latest)
                 tally.moved(end.nodes(state))
             if tally.short:
                 continue
@@ -275,7 +310,8 @@ def earliest_start(
             if isinstance(placed, Placed):
                 nodes, taken = _taken(placed)
                 placed.undo()
-                return _Found(max(at, now), nodes, taken, _waited_for(state, released, nodes))
+                waited = _waited_for(state, released, nodes)
+                return _Found(max(at, now), nodes, taken, waited, latest)
         return None
     finally:
         for undo in reversed(undos):
@@ -309,6 +345,7 @@ def reserve_room(
     gang: Gang,
     usable: Sequence[ClusterSnapshot],
     never: set[tuple[str, tuple[str, ...]]],
+    use: LimitUse,
 ) -> ReservationInfo | None:
     """Reserve for head `key` the earliest room its gang will have in one of `usable`, and
     fence it; None when it has none (no cluster frees enough by declared limits). Clusters
@@ -322,7 +359,7 @@ def reserve_room(
             continue
         if (name, gang.shape) in never or not cycle.could_ever_fit(gang, cluster):
             continue
-        ending = endings(cluster, cycle.placed.get(name, ()), cycle.now)
+        ending = endings(cluster, cycle.placed.get(name, ()), cycle.now, use)
         if not ending:
             continue
         # Only a strictly earlier start can win over the best found (ties: cluster order).
@@ -336,15 +373,16 @@ def reserve_room(
         return None
     cluster, found = best
     cycle.fence(cluster.name, Fence(key, found.start, found.nodes))
-    return ReservationInfo(cluster.name, found.start, found.taken, found.ending)
+    return ReservationInfo(cluster.name, found.start, found.taken, found.ending, found.latest)
 
 
 def reserved_words(key: str, info: ReservationInfo) -> str:
-    """What head `key`'s wait message ends with: its reservation, and whom it waits for
+    """What head `key`'s wait message ends with: its reservation from its latest start (a
+    bound that the snapshot alone gives, so the same after a restart), and whom it waits for
     (named for its own namespace, `core.mentions`)."""
     count = len(info.nodes)
     nodes = f"{count} node{'' if count == 1 else 's'}"
-    words = f"; reserved {nodes} in cluster {info.cluster} from {rfc3339(info.start)}"
+    words = f"; reserved {nodes} in cluster {info.cluster} from {rfc3339(info.latest)}"
     ending = info.ending
     if not ending:
         return words
