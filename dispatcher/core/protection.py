@@ -213,6 +213,20 @@ def checkpoint_within(at: float | None, *, dispatched_at: float, now: float) -> 
     return min(max(at, dispatched_at), max(now, dispatched_at))
 
 
+def runtime_lost(*, dispatched_at: float, checkpointed_at: float | None, at: float) -> float:
+    """The runtime a victim whose objects are removed at `at` loses: since its last declared
+    checkpoint (held to this attempt, `checkpoint_within`), else since its dispatch. One
+    that checkpoints within its notice loses only what it ran after that checkpoint."""
+    since = checkpoint_within(checkpointed_at, dispatched_at=dispatched_at, now=at)
+    return max(0.0, at - (since or dispatched_at))
+
+
+def with_loss(message: str, lost: float, *, checkpointed: bool) -> str:
+    """A victim's requeue message, saying what the eviction cost it."""
+    since = "its last checkpoint" if checkpointed else "its dispatch (no checkpoint declared)"
+    return f"{message}; {lost:.0f}s of runtime lost, since {since}"
+
+
 def notice_seconds(queue: QueueSpec | None, defaults: Defaults) -> float:
     """Seconds a victim of this queue (None: of none) is told before its objects go."""
     seconds = queue.notice_seconds if queue is not None else defaults.notice_seconds

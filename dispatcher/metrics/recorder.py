@@ -76,6 +76,13 @@ class Recorder:
             ["preempting_cluster_queue", "reason"],
             registry=registry,
         )
+        self.runtime_lost = Counter(
+            f"{PREFIX}_preempted_runtime_lost_seconds",
+            "Runtime preemption victims lost (since their last declared checkpoint, or their"
+            " dispatch) when their objects were removed, by the victim's cluster queue.",
+            ["cluster_queue"],
+            registry=registry,
+        )
         self.attempts = Counter(
             f"{PREFIX}_admission_attempts",
             "Scheduling cycles over pending work: success when one admitted something.",
@@ -112,6 +119,10 @@ class Recorder:
     def evicted(self, status: AppWrapperStatus, reason: str) -> None:
         admission = status.admission
         self.evicted_total.labels(admission.clusterQueue if admission else "", reason).inc()
+
+    def lost(self, status: AppWrapperStatus, seconds: float) -> None:
+        admission = status.admission
+        self.runtime_lost.labels(admission.clusterQueue if admission else "").inc(seconds)
 
     def preempted(self, preempting_queue: str, reason: str, victims: int = 1) -> None:
         self.preempted_total.labels(preempting_queue, reason).inc(victims)

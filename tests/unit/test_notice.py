@@ -243,3 +243,54 @@ async def test_a_victims_notice_is_its_cluster_queues_else_the_settings() -> Non
         assert notice("ns/b", tree) == 0  # type: ignore[arg-type]  # its queue says none
         assert notice("ns/c", tree) == 5  # type: ignore[arg-type]  # admitted through none
         assert notice("ns/a", None) == 5  # no quotas at all
+
+
+def lost_seconds(env: FakeEnv) -> float:
+    registry = env.manager.recorder.registry
+    name = "appwrapper_dispatcher_preempted_runtime_lost_seconds_total"
+    return registry.get_sample_value(name, {"cluster_queue": ""}) or 0.0
+
+
+def requeued_message(obj: Obj) -> str:
+    return str(next(c for c in obj["status"]["conditions"] if c["type"] == "Requeued")["message"])
+
+
+async def test_a_checkpoint_within_the_notice_is_all_the_victim_loses() -> None:
+    """low-b, dispatched about 1 s before the preemptor, then running 30 s of notice: without
+    a checkpoint it loses all of that, said in its requeue message and counted; with one
+    declared 25 s into the notice, only the 5 s since."""
+    for checkpoint_after, want_lost, since in ((None, 31.0, "dispatch"), (25.0, 5.0, "checkpoint")):
+        async with fake_env(protection={"notice_seconds": 30}) as env:
+            await env.add_node("n1", cpu="4")
+            await fill_with_low(env, ["low-a", "low-b"])
+            await preempt_for_high(env)
+            await env.reconcile("low-b")
+            if checkpoint_after is not None:
+                advance(env, checkpoint_after)
+                stamp = datetime.fromtimestamp(env.clock.time(), UTC).isoformat()
+                patch = {"metadata": {"annotations": {CHECKPOINTED_AT: stamp}}}
+                await env.fake.merge_patch(APPWRAPPERS, NAMESPACE, "low-b", patch)
+                await env.caught_up()
+                advance(env, 30 - checkpoint_after)
+            else:
+                advance(env, 30)
+            await env.reconcile("low-b")
+            assert deployments(env) == ["low-a"]
+            message = requeued_message(await env.get("low-b"))
+            assert f"; {want_lost:.0f}s of runtime lost, since its " in message
+            assert since in message
+            assert lost_seconds(env) == pytest.approx(want_lost, abs=1.0)
+
+
+async def test_a_victim_that_completes_within_its_notice_loses_nothing() -> None:
+    async with fake_env(protection={"notice_seconds": 30}) as env:
+        await env.add_node("n1", cpu="4")
+        pods = await fill_with_low(env, ["low-a", "low-b"])
+        await preempt_for_high(env)
+        await env.reconcile("low-b")
+        advance(env, 10)
+        await env.set_pod_phase(pods["low-b"], "Succeeded")
+        await env.reconcile("low-b")
+        await env.reconcile("low-b")
+        assert (await env.conditions("low-b"))["Completed"] == "True"
+        assert lost_seconds(env) == 0.0

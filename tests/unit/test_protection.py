@@ -404,3 +404,18 @@ async def test_the_webhook_answers_with_the_annotation_named() -> None:
     relabelled = _annotated(**{CHECKPOINTED_AT: "soon"})
     relabelled["metadata"]["labels"] = {"x": "y"}
     assert (await admission.validate(_review("UPDATE", relabelled, bad)))["allowed"] is True
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "want"),
+    [
+        pytest.param(None, 100.0, id="no-checkpoint-since-dispatch"),
+        pytest.param(1080.0, 20.0, id="since-the-checkpoint"),
+        pytest.param(900.0, 100.0, id="a-checkpoint-before-this-attempt-saved-nothing-of-it"),
+        pytest.param(5000.0, 0.0, id="a-future-checkpoint-counts-as-now"),
+        pytest.param(float("nan"), 100.0, id="unreadable-is-none"),
+    ],
+)
+def test_runtime_lost(checkpoint: float | None, want: float) -> None:
+    lost = protection.runtime_lost(dispatched_at=1000.0, checkpointed_at=checkpoint, at=1100.0)
+    assert lost == want

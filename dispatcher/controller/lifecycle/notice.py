@@ -6,8 +6,13 @@ member's caches (`progress.measure`).
 The time is read from the victim's `Preempted` condition (`core.protection.removal_time`),
 never kept in memory: a restarted dispatcher waits for the same time. A victim that completes
 or fails within its notice ends as it ended (Completed, or Failed with its objects removed
-as any Failed one's), and is not requeued; anything else it does meanwhile (a slow start, a
-failure a reset would retry) is left to the eviction.
+as any Failed one's), and is not requeued, nor charged any runtime lost; anything else it
+does meanwhile (a slow start, a failure a reset would retry) is left to the eviction.
+
+When the objects go, the runtime lost (since its last declared checkpoint, or its dispatch)
+is said in its requeue message and counted by its cluster queue
+(`appwrapper_dispatcher_preempted_runtime_lost_seconds_total`): a victim that checkpoints
+within its notice loses only what it ran since (`eviction_message`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from dispatcher.core import conditions as cond
 from dispatcher.core.faulttolerance import effective_requeuing, retry_policy
 from dispatcher.core.lifecycle import Verdict, assess
 from dispatcher.core.model import Workload, tracked_pod_count
-from dispatcher.core.protection import removal_time
+from dispatcher.core.protection import asked, removal_time, runtime_lost, with_loss
+from dispatcher.metrics.recorder import Recorder
 
 Obj = dict[str, Any]
 C = cond.C
@@ -62,14 +68,34 @@ class Notices:
         clock: Clock,
         wake_owner: Callable[[str, Obj | None, Obj | None], None],
         start_task: Callable[[Coroutine[Any, Any, None], str], None],
+        recorder: Recorder,
     ) -> None:
         self._config = config
+        self._recorder = recorder
         self._reader = reader
         self._status = status
         self._clock = clock
         self._wake_owner = wake_owner
         self._start_task = start_task
         self._log = structlog.get_logger("reconciler")
+
+    def eviction_message(self, aw: AppWrapper, status: AppWrapperStatus) -> str:
+        """The requeue message of a victim whose objects are removed now: its `Preempted`
+        message and the runtime it loses (counted for its cluster queue)."""
+        preempted = status.condition(C.PREEMPTED)
+        message = preempted.message if preempted is not None else "preempted"
+        if not status.lastDispatchedAt:
+            return message
+        try:
+            dispatched_at = parse_time(status.lastDispatchedAt).timestamp()
+        except ValueError:
+            return message
+        now = self._clock.time()
+        checkpoint = asked(aw.metadata.annotations).checkpointed_at
+        lost = runtime_lost(dispatched_at=dispatched_at, checkpointed_at=checkpoint, at=now)
+        checkpointed = lost < now - dispatched_at
+        self._recorder.lost(status, lost)
+        return with_loss(message, lost, checkpointed=checkpointed)
 
     async def follow(
         self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus, member: Member

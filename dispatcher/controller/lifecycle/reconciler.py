@@ -121,6 +121,7 @@ class Reconciler:
             clock=clock,
             wake_owner=wake_owner,
             start_task=start_task,
+            recorder=self._recorder,
         )
         self._log = structlog.get_logger("reconciler")
 
@@ -309,7 +310,6 @@ class Reconciler:
         return Result.done()
 
     async def _evict(self, aw: AppWrapper, obj: Obj, status: AppWrapperStatus) -> Result:
-        preempted = status.condition(C.PREEMPTED)
         member = self.member_of(status)
         if member is not None and member.lost(self._config.member_timeout_seconds):
             member = None  # out of reach: the collector removes its copies when it answers
@@ -323,7 +323,7 @@ class Reconciler:
             obj,
             status,
             Reason.PREEMPTED,
-            preempted.message if preempted is not None else "preempted",
+            self._notices.eviction_message(aw, status),
             backoff=True,
             remove_from=member,
             preempted_by=status.preemptedBy or "",
