@@ -34,7 +34,8 @@ from dispatcher.core.limituse import LimitUse
 from dispatcher.core.model import Backfill, ClusterSnapshot, QueueMode, Workload
 from dispatcher.core.queues.manager import QueueManager, Wake
 from dispatcher.core.quota.view import QuotaView
-from dispatcher.core.scheduling.cycle import CycleResult, schedule
+from dispatcher.core.scheduling.cycle import schedule
+from dispatcher.core.scheduling.decisions import CycleResult
 from dispatcher.core.scheduling.kept import KeptRooms
 from dispatcher.core.scheduling.preemption import PreemptionPolicy
 from dispatcher.core.scheduling.reservation import ReservationInfo

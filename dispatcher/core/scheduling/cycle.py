@@ -45,8 +45,9 @@ from dispatcher.core.scheduling.clusters import (
     best_fit,
     policy_done,
 )
+from dispatcher.core.scheduling.decisions import Admit, CycleResult, Preempt, Wait
 from dispatcher.core.scheduling.kept import KeptRooms
-from dispatcher.core.scheduling.placement import Gang, NodeAssignment, Placements, Refusal
+from dispatcher.core.scheduling.placement import Gang, Placements, Refusal
 from dispatcher.core.scheduling.preemption import PreemptionPolicy, VictimRules
 from dispatcher.core.scheduling.reservation import (
     ReservationInfo,
@@ -57,69 +58,10 @@ from dispatcher.core.scheduling.reservation import (
 )
 
 __all__ = [
-    "Admit",
-    "CycleResult",
-    "Preempt",
-    "Wait",
     "checked_first",
     "queue_order_key",
     "schedule",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Admit:
-    """Dispatch workload `key` to `cluster` (charged to cluster queue `queue`, submitted
-    through AppQueue `local`, with the flavors of `assignment`, when it has a queue). With
-    `cluster` "": its quota is reserved while admission checks `checks` run."""
-
-    key: str
-    cluster: str
-    queue: str = ""
-    local: str = ""
-    assignment: Assignment | None = None
-    checks: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    """Workload `key` stays queued; `message` says why, for `kubectl describe`; `reason`
-    whether it waits for capacity, for its queue's quota, or for its queue to be usable."""
-
-    key: str
-    message: str
-    reason: Reason = Reason.INSUFFICIENT_RESOURCES
-
-
-@dataclass(frozen=True, slots=True)
-class Preempt:
-    """Evict `victims` (AppWrapper keys) from `cluster` to make room for workload `key`."""
-
-    key: str
-    cluster: str
-    victims: tuple[str, ...]
-    queue: str = ""  # the preemptor's cluster queue, when it has one
-
-
-@dataclass(frozen=True, slots=True)
-class CycleResult:
-    admits: tuple[Admit, ...] = ()
-    waits: tuple[Wait, ...] = ()
-    preemptions: tuple[Preempt, ...] = ()
-    head_key: str | None = None  # the first workload in queue order not admitted
-    heads: frozenset[str] = frozenset()  # with queues: the first of each queue too
-    # What "see the queue" reads (core/visibility.py): every pending key in the order this
-    # cycle took them, and the queue each resolved to (with quotas).
-    order: tuple[str, ...] = ()
-    resolved: Mapping[str, Queued | QueueProblem | None] = field(default_factory=dict)
-    held: frozenset[str] = frozenset()  # clusters held for a preemptor or a starving one,
-    # or with nodes reserved for a head: when one no longer is, parked work is woken
-    holders: frozenset[str] = frozenset()  # the starving ones that hold some of `held`
-    again: bool = False  # work was woken for the next cycle (`core.queues.take`): run it soon
-    blocking: frozenset[str] = frozenset()  # StrictFIFO heads that block all those after them
-    reservations: Mapping[str, ReservationInfo] = field(default_factory=dict)  # head -> its own
-    # Where each admission's pods went, node by node (a guess at where they will be bound).
-    placements: Mapping[str, tuple[NodeAssignment, ...]] = field(default_factory=Placements)
 
 
 def queue_order_key(workload: Workload) -> tuple[int, float, str]:
