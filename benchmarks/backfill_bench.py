@@ -11,25 +11,25 @@ The cluster is 16 nodes x 8 GPUs. A seeded stream of jobs arrives (Poisson, offe
 limit (`dispatchDuration.limit`) of 2-15 minutes and some without one, and, one job in
 `--gang-every`, a gang of 8 pods x 8 GPUs (64 GPUs) with a limit of 30 minutes. Each job runs
 for a random time no longer than its limit: limit x U(`--fill`, 1) (without a limit, 1-10
-minutes). The same stream is run four times, by the real `schedule` on every event (an
+minutes). The same stream is run three times, by the real `schedule` on every event (an
 arrival or an end; nothing is admitted between events, so no cycle between them could
 decide anything else): StrictFIFO, BestEffortFIFO with the starvation guard at 300 s, and
-BestEffortFIFO with backfill `Declared` (guard at 300 s too) twice: its starts estimated from
-the limits alone, and from the record of the shares of their limits the last 100 jobs ran
-(`core.limituse.LimitUse`, as the controller keeps it). Admitted pods are bound to the nodes
-the cycle placed them on (`CycleResult.placements`) and each job's declared end is its
-dispatch plus its limit (`DispatchedWorkload.ends_at`), as the controller's snapshot says
-them.
+BestEffortFIFO with backfill `Declared` (guard at 300 s too), its start estimates made from
+the record of the shares of their limits the last 100 jobs ran (`core.limituse.LimitUse`,
+as the controller keeps it). Admitted pods are bound to the nodes the cycle placed them on
+(`CycleResult.placements`) and each job's declared end is its dispatch plus its limit
+(`DispatchedWorkload.ends_at`), as the controller's snapshot says them.
 
 Figures per mode: GPU utilisation (GPU-seconds used / available, from the first arrival to
 the last), each gang's wait (mean, p50, p90, max), the small jobs' wait, how many gangs
 waited longer than under StrictFIFO (and by how much at most), and, for gangs that
-reserved, the start-estimate error: |first reservation start computed - actual start|
-(median, p90), and that error again by how closely runtimes fill their limits (a quarter of
-the jobs per stream). The issue's scenario (4 nodes x 8 GPUs, a 32-GPU gang submitted while
-four 60 s jobs run, then one 8-GPU job of 20 s with a 30 s limit every 5 s for 150 s) is run
-in every mode too: the four jobs were dispatched 45, 30, 15 and 8 s before the gang (so one
-node frees at a time, at 15, 30, 45 and 52 s). Side effects: prints tables, writes the
+reserved, the start-estimate error: |first estimate - actual start| (median, p90), beside
+that of the first latest start (the limits alone), and both again by how closely runtimes
+fill their limits (a quarter of the jobs per stream). The issue's scenario (4 nodes x 8
+GPUs, a 32-GPU gang submitted while four 60 s jobs run, then one 8-GPU job of 20 s with a
+30 s limit every 5 s for 150 s) is run in every mode too: the four jobs were dispatched 45,
+30, 15 and 8 s before the gang (so one node frees at a time, at 15, 30, 45 and 52 s). Side
+effects: prints tables, writes the
 JSON file (directories created).
 """
 
@@ -74,14 +74,12 @@ class Mode:
     name: str
     queueing: QueueMode
     backfill: Backfill
-    learns: bool = False  # expected ends from the share of their limit recent jobs used
 
 
 MODES = (
     Mode("StrictFIFO", QueueMode.STRICT_FIFO, Backfill.NEVER),
     Mode("BestEffortFIFO", QueueMode.BEST_EFFORT_FIFO, Backfill.NEVER),
-    Mode("reservation (limits)", QueueMode.BEST_EFFORT_FIFO, Backfill.DECLARED),
-    Mode("reservation+backfill", QueueMode.BEST_EFFORT_FIFO, Backfill.DECLARED, learns=True),
+    Mode("reservation+backfill", QueueMode.BEST_EFFORT_FIFO, Backfill.DECLARED),
 )
 SHARES_KEPT = 100  # as the controller's record of durations (core.visibility.RECORD_SIZE)
 
@@ -120,11 +118,12 @@ class _Running:
 
 @dataclass(slots=True)
 class Run:
-    """One mode's run of a stream: when each job started, and each reserving gang's first
-    reservation start."""
+    """One mode's run of a stream: when each job started, and each reserving head's first
+    reservation: its estimate (from the record of shares) and its latest start."""
 
     started: dict[str, float] = field(default_factory=dict)
     estimates: dict[str, float] = field(default_factory=dict)
+    latest: dict[str, float] = field(default_factory=dict)
     cycles: int = 0
     seconds: float = 0.0  # wall time in `schedule`
 
@@ -228,12 +227,13 @@ def simulate(jobs: Sequence[Job], mode: Mode, *, nodes: int) -> Run:
             preemption=None,
             presorted=True,
             backfill=mode.backfill,
-            limit_use=LimitUse.of(shares) if mode.learns else None,
+            limit_use=LimitUse.of(shares),
         )
         run.seconds += time.perf_counter() - started
         run.cycles += 1
         for key, info in result.reservations.items():
             run.estimates.setdefault(key, info.start)
+            run.latest.setdefault(key, info.latest)
         for admit in result.admits:
             job = by_key[admit.key]
             del pending[admit.key]
@@ -266,6 +266,14 @@ def _spread(values: Sequence[float]) -> dict[str, float | int | None]:
     }
 
 
+def _error(errors: Sequence[float]) -> dict[str, float | None]:
+    p90 = percentile(errors, 0.9)
+    return {
+        "median_s": round(statistics.median(errors), 1) if errors else None,
+        "p90_s": None if p90 is None else round(p90, 1),
+    }
+
+
 def utilisation(jobs: Sequence[Job], run: Run, *, nodes: int, until: float) -> float:
     """GPU-seconds used between the first arrival and `until` over those available."""
     start = min(j.arrival for j in jobs)
@@ -286,6 +294,9 @@ def figures(jobs: Sequence[Job], run: Run, *, nodes: int) -> dict[str, Any]:
     errors = [
         abs(run.estimates[j.key] - run.started[j.key]) for j in gangs if j.key in run.estimates
     ]
+    bound_errors = [
+        abs(run.latest[j.key] - run.started[j.key]) for j in gangs if j.key in run.latest
+    ]
     return {
         "utilisation": round(
             utilisation(jobs, run, nodes=nodes, until=max(j.arrival for j in jobs)), 4
@@ -294,10 +305,8 @@ def figures(jobs: Sequence[Job], run: Run, *, nodes: int) -> dict[str, Any]:
         "small_wait": _spread([waits[j.key] for j in jobs if not j.gang and j.key in waits]),
         "never_started": len(jobs) - len(waits),
         "reserved_gangs": len(errors),
-        "estimate_error": {
-            "median_s": round(statistics.median(errors), 1) if errors else None,
-            "p90_s": round(p, 1) if (p := percentile(errors, 0.9)) is not None else None,
-        },
+        "estimate_error": _error(errors),
+        "latest_start_error": _error(bound_errors),
         "cycles": run.cycles,
         "cycle_ms_mean": round(1000 * run.seconds / max(run.cycles, 1), 3),
         "waits": waits,
@@ -335,24 +344,28 @@ def issue_scenario() -> list[Job]:
 TABLE = (
     f"  {'mode':<22}{'util':>7}{'gang wait mean/p50/p90/max (s)':>34}"
     f"{'small wait mean/p90 (s)':>26}{'>strict (max s)':>17}{'est. err p50/p90 (s)':>22}"
-    f"{'cycle ms':>10}"
+    f"{'latest err p50/p90':>20}{'cycle ms':>10}"
 )
 
 
 def _row(name: str, f: dict[str, Any], strict: dict[str, Any]) -> str:
-    g, s, e = f["gang_wait"], f["small_wait"], f["estimate_error"]
+    g, s = f["gang_wait"], f["small_wait"]
     gang = f"{g['mean_s']:.0f}/{g['p50_s']:.0f}/{g['p90_s']:.0f}/{g['max_s']:.0f}"
     small = f"{s['mean_s']:.0f}/{s['p90_s']:.0f}"
-    err = (
-        "-"
-        if e["median_s"] is None
-        else f"{e['median_s']:.1f}/{e['p90_s']:.1f} ({f['reserved_gangs']})"
-    )
+    err, bound = (_cell(f["estimate_error"]), _cell(f["latest_start_error"]))
+    if err != "-":
+        err += f" ({f['reserved_gangs']})"
     later = f"{strict['gangs_later_than_strict']} (+{strict['most_later_s']:.0f})"
     return (
         f"  {name:<22}{f['utilisation']:>7.1%}{gang:>34}{small:>26}{later:>17}{err:>22}"
-        f"{f['cycle_ms_mean']:>10.2f}"
+        f"{bound:>20}{f['cycle_ms_mean']:>10.2f}"
     )
+
+
+def _cell(error: dict[str, Any]) -> str:
+    if error["median_s"] is None:
+        return "-"
+    return f"{error['median_s']:.1f}/{error['p90_s']:.1f}"
 
 
 def run_modes(jobs: Sequence[Job], *, nodes: int) -> dict[str, dict[str, Any]]:
@@ -400,11 +413,12 @@ FILLS = (1.0, 0.99, 0.95, 0.8, 0.5)
 
 def fill_section(args: argparse.Namespace, count: int) -> dict[str, Any]:
     """The reserved gangs' start-estimate error (median, p90) by how closely work fills its
-    limits, every job with a limit: from the limits alone and from the record of shares."""
+    limits, every job with a limit: the estimate (the record of shares) and the latest start
+    (the limits alone)."""
     nodes = 16
-    modes = [m for m in MODES if m.backfill is Backfill.DECLARED]
+    mode = next(m for m in MODES if m.backfill is Backfill.DECLARED)
     print(f"\nestimate error by fill: {count} jobs per stream, every small job with a limit")
-    print(f"  {'runtime':<22}" + "".join(f"{m.name + ' p50/p90 (s)':>36}" for m in modes))
+    print(f"  {'runtime':<22}{'estimate p50/p90 (s)':>24}{'latest start p50/p90 (s)':>28}")
     found: dict[str, Any] = {}
     for fill in FILLS:
         rng = random.Random(args.seed)
@@ -417,15 +431,16 @@ def fill_section(args: argparse.Namespace, count: int) -> dict[str, Any]:
             fill=fill,
             unlimited=0.0,
         )
-        row: dict[str, Any] = {}
-        for mode in modes:
-            result = figures(jobs, simulate(jobs, mode, nodes=nodes), nodes=nodes)
-            row[mode.name] = result["estimate_error"] | {"reserved_gangs": result["reserved_gangs"]}
+        result = figures(jobs, simulate(jobs, mode, nodes=nodes), nodes=nodes)
+        row = {
+            "estimate_error": result["estimate_error"],
+            "latest_start_error": result["latest_start_error"],
+            "reserved_gangs": result["reserved_gangs"],
+        }
         found[f"{fill:g}"] = row
-        cells = "".join(
-            f"{row[m.name]['median_s']:>27.1f}/{row[m.name]['p90_s']:<8.1f}" for m in modes
-        )
-        print(f"  {'limit x U(' + format(fill, 'g') + ', 1)':<22}{cells}")
+        runtime = f"limit x U({fill:g}, 1)"
+        estimate, bound = _cell(row["estimate_error"]), _cell(row["latest_start_error"])
+        print(f"  {runtime:<22}{estimate:>24}{bound:>28}")
     return found
 
 

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dispatcher.api.resources import Resources
+from dispatcher.core.limituse import LimitUse
 from dispatcher.core.model import (
     Backfill,
     ClusterSnapshot,
@@ -164,6 +165,23 @@ def test_reserved_nodes_go_only_to_work_that_ends_before_the_start(
                 limit = limits[admit.key]
                 assert limit is not None, admit.key
                 assert NOW + limit <= info.start, admit.key
+
+
+shares = st.lists(st.floats(min_value=0.01, max_value=1.0), min_size=1, max_size=8)
+
+
+@SETTINGS
+@given(world_strategy, shares)
+def test_a_record_of_ends_moves_the_estimate_alone_and_never_past_the_latest(
+    world: Any, recorded: list[float]
+) -> None:
+    bound, _ = _cycle(world, Backfill.DECLARED)
+    estimated, _ = _cycle(world, Backfill.DECLARED, limit_use=LimitUse.of(recorded))
+    assert _decisions(estimated) == _decisions(bound)
+    assert estimated.reservations.keys() == bound.reservations.keys()
+    for head, info in estimated.reservations.items():
+        assert NOW <= info.start <= info.latest
+        assert replace(info, start=info.latest) == bound.reservations[head]
 
 
 @SETTINGS

@@ -433,26 +433,27 @@ def test_a_reservation_is_kept_when_the_work_it_waited_for_ends_before_its_start
     assert early.admits == ()
 
 
-def test_a_record_of_early_ends_moves_the_start_earlier_and_backfill_with_it() -> None:
+def test_a_record_of_early_ends_moves_the_estimate_earlier_and_nothing_else() -> None:
     """Work recorded to run half its limit: the two ends the gang waits for (on two of its
-    three nodes) are expected at +10 and +25 s (of +30 and +60 s); the start is then, its latest where the limits end (+60 s), the
-    message names the latest (the snapshot alone gives it), and work that would outlast the
-    expected start is kept off the nodes, though it would end by the latest."""
+    three nodes) are expected at +10 and +25 s (of +30 and +60 s). The estimate is then; the
+    latest start, the nodes, the message and backfill (work that ends by the latest) are as
+    with nothing recorded."""
     clusters = [gpus_cluster("c1", 3, busy("ns/r0", "n0", ends=30), busy("ns/r1", "n1", ends=60))]
     pending = [
         gang(nodes=3, at=1),
         job("ns/quick", 4, limit=20, at=2),
         job("ns/slower", 4, limit=30, at=3),
+        job("ns/long", 4, limit=90, at=4),
     ]
-    halves = LimitUse.of([0.5] * 5)
-    result = cycle(pending, clusters, limit_use=halves)
-    info = result.reservations["ns/gang"]
-    assert (info.start - NOW, info.latest - NOW) == (25.0, 60.0)
-    assert {n for n, _ in info.nodes} == {"n0", "n1", "n2"}
-    assert f"from {T60} (fits when ns/r0, ns/r1 end" in waits(result)["ns/gang"]
-    assert [a.key for a in result.admits] == ["ns/quick"]
-    assert "its declared limit runs past the reservation's start" in waits(result)["ns/slower"]
-    # With nothing recorded, the start is the latest and both end by it.
+    recorded = cycle(pending, clusters, limit_use=LimitUse.of([0.5] * 5))
     bound = cycle(pending, clusters)
-    assert bound.reservations["ns/gang"].start == bound.reservations["ns/gang"].latest == NOW + 60
-    assert [a.key for a in bound.admits] == ["ns/quick", "ns/slower"]
+    assert recorded.reservations["ns/gang"].start == NOW + 25
+    assert bound.reservations["ns/gang"].start == NOW + 60
+    assert replace(recorded.reservations["ns/gang"], start=0) == replace(
+        bound.reservations["ns/gang"], start=0
+    )
+    assert recorded.reservations["ns/gang"].latest == NOW + 60
+    assert waits(recorded) == waits(bound)
+    assert f"from {T60} (fits when ns/r0, ns/r1 end" in waits(recorded)["ns/gang"]
+    assert [a.key for a in recorded.admits] == [a.key for a in bound.admits]
+    assert [a.key for a in recorded.admits] == ["ns/quick", "ns/slower"]

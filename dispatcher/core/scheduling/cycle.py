@@ -452,7 +452,7 @@ class _Decisions:
         if reserved is None:
             self.blocking.add(key)
         else:
-            self.reserving.passable[queued.queue if queued else ""] = reserved.start
+            self.reserving.passable[queued.queue if queued else ""] = reserved.latest
         self.named.add(key)
         if queued is None:
             self.blocked = f"waiting behind {key} (head of line)"

@@ -22,14 +22,13 @@ BestEffortFIFO a reserving head holds no cluster even when starving, and no star
 workload holds a cluster where nodes are reserved (what is left there is for backfill).
 With backfill off (`Backfill.NEVER`), or no limit declared anywhere, none of this happens.
 
-Expected and latest: the work let go is ordered by when it is expected to end
-(`limituse.LimitUse`: the share of their limits recent work ran, measured by the
-controller; the limit itself before any ended). T is that expected time: the estimate
-users see and the line backfill must end by. The reservation's latest start is where the
-limits of the work let go end it: the gang fits then, whatever order that work really ends
-in. Expecting less than the limits only makes backfill stricter, so work that ends early
-lets the head start early instead of leaving backfill on its nodes; the head's message
-names the latest start, which depends on nothing but the snapshot.
+T is the reservation's latest start: every rule above reads it, and it depends on nothing
+but the snapshot. Its start estimate is searched for again on the same cluster with the
+work ordered by when it is expected to end (`limituse.LimitUse`: the share of their limits
+recent work ran, measured by the controller): never later than T, since all that ends by T
+at the latest is expected to end by then. The estimate moves only what users are told; a
+backfill rule on it was measured to cost gangs and small jobs wait without starting gangs
+any sooner (docs/performance.md, "Reservation and backfill").
 
 Nothing is kept between cycles: each cycle derives the reservation again from its snapshot
 alone, so a restarted dispatcher derives the same one, and work backfilled into the
@@ -76,11 +75,11 @@ NAMED = 3
 
 @dataclass(frozen=True, slots=True)
 class ReservationInfo:
-    """A head's reservation: in `cluster`, from `start` (seconds since the epoch: its start
-    estimate, where the work it waits for is expected to end, `Reservations.use`) and
-    `latest` (where their declared limits end it at the latest), the `nodes` with what its
-    gang takes on each; `ending`: the AppWrappers whose ends free room on those nodes, in
-    the order they end."""
+    """A head's reservation: in `cluster`, from `latest` (seconds since the epoch: where the
+    declared limits of the work it waits for end it at the latest, T), the `nodes` with what
+    its gang takes on each; `ending`: the AppWrappers whose declared ends free room on those
+    nodes, in the order they end; `start`: its start estimate (`Reservations.use`), at most
+    `latest`."""
 
     cluster: str
     start: float
@@ -91,13 +90,12 @@ class ReservationInfo:
 
 @dataclass(frozen=True, slots=True)
 class Ending:
-    """Work with a declared limit, expected to end at `at` and ended by its limit at
-    `latest`: dispatched work of the snapshot, or a gang this cycle placed."""
+    """Work that ends at `at` (by its declared limit, or as expected): dispatched work of
+    the snapshot, or a gang this cycle placed."""
 
     at: float
     key: str
     holds: DispatchedWorkload | Placed
-    latest: float
 
     def release(self, state: ClusterRoom) -> Callable[[], None]:
         """Let it go on `state`; the function returned takes its room again."""
@@ -125,7 +123,6 @@ class _Found:
     nodes: tuple[int, ...]
     taken: tuple[tuple[str, Resources], ...]
     ending: tuple[str, ...]
-    latest: float
 
 
 @dataclass(slots=True)
@@ -135,8 +132,7 @@ class Reservations:
 
     declared: Mapping[str, bool]  # line -> its backfill is Declared (`declared_lines`)
     use: LimitUse = field(default_factory=LimitUse)
-    """How much of their limits recent work ran: starts are estimated with it. A start
-    that assumes less than the limits only makes backfill stricter, never a head later."""
+    """How much of their limits recent work ran: start estimates are made with it."""
     before: Mapping[str, ReservationInfo] = field(default_factory=dict)
     """The last cycle's reservations, by head (`kept_through`)."""
     made: dict[str, ReservationInfo] = field(default_factory=dict)  # by head
@@ -203,7 +199,7 @@ def kept_through(
     if any(name not in index for name, _ in before.nodes):
         return None
     nodes = tuple(sorted(index[name] for name, _ in before.nodes))
-    cycle.fence(cluster.name, Fence(key, max(cycle.now, before.start), nodes))
+    cycle.fence(cluster.name, Fence(key, max(cycle.now, before.latest), nodes))
     return before
 
 
@@ -224,19 +220,18 @@ def endings(
     now: float,
     use: LimitUse = NO_RECORD,
 ) -> list[Ending]:
-    """What ends in `cluster` by a declared limit, in the order it is expected to end
-    (`use`; then by key): its dispatched work with an `ends_at`, and `placed`, this cycle's
-    admissions there."""
+    """What ends in `cluster` by a declared limit, in the order it ends (then by key): its
+    dispatched work with an `ends_at`, and `placed`, this cycle's admissions there; each
+    at its limit, or when `use` expects it to end."""
     found = []
     for admitted in cluster.admitted:
         if (ends_at := admitted.ends_at) is not None:
             started = admitted.dispatched_at
-            expected = use.expected_end(started, ends_at - started, now)
-            found.append(Ending(expected, admitted.key, admitted, ends_at))
+            at = use.expected_end(started, ends_at - started, now)
+            found.append(Ending(at, admitted.key, admitted))
     for workload, placement in placed:
         if (limit := workload.duration_limit) is not None:
-            expected = use.expected_end(now, limit, now)
-            found.append(Ending(expected, workload.key, placement, now + limit))
+            found.append(Ending(use.expected_end(now, limit, now), workload.key, placement))
     found.sort(key=lambda e: (e.at, e.key))
     return found
 
@@ -288,12 +283,10 @@ def earliest_start(
 ) -> _Found | None:
     """The first time, as the work of `ending` (in order) ends, that the gang fits `state`,
     and where; None if it fits not even once all of it ended, or not before `before`.
-    `state` is left as it was. Work expected to have ended by `now` already (still there)
-    frees its room now. The latest start is where the limits of all the work let go end
-    it: the gang fits then whatever the order they really end in."""
+    `state` is left as it was. Work that ends by `now` already (past its limit, or its
+    expected end, still there) frees its room now."""
     undos: list[Callable[[], None]] = []
     released: list[Ending] = []
-    latest = now
     tally = _Tally(state, gang)
     try:
         for at, group in groupby(ending, key=lambda e: e.at):
@@ -302,7 +295,6 @@ def earliest_start(
             for end in group:  # all that ends at the same instant goes together
                 undos.append(end.release(state))
                 released.append(end)
-                latest = max(latest, end.latest)
                 tally.moved(end.nodes(state))
             if tally.short:
                 continue
@@ -310,8 +302,7 @@ def earliest_start(
             if isinstance(placed, Placed):
                 nodes, taken = _taken(placed)
                 placed.undo()
-                waited = _waited_for(state, released, nodes)
-                return _Found(max(at, now), nodes, taken, waited, latest)
+                return _Found(max(at, now), nodes, taken, _waited_for(state, released, nodes))
         return None
     finally:
         for undo in reversed(undos):
@@ -359,7 +350,7 @@ def reserve_room(
             continue
         if (name, gang.shape) in never or not cycle.could_ever_fit(gang, cluster):
             continue
-        ending = endings(cluster, cycle.placed.get(name, ()), cycle.now, use)
+        ending = endings(cluster, cycle.placed.get(name, ()), cycle.now)
         if not ending:
             continue
         # Only a strictly earlier start can win over the best found (ties: cluster order).
@@ -373,7 +364,12 @@ def reserve_room(
         return None
     cluster, found = best
     cycle.fence(cluster.name, Fence(key, found.start, found.nodes))
-    return ReservationInfo(cluster.name, found.start, found.taken, found.ending, found.latest)
+    start = found.start
+    if use.shares:  # the same search with the ends expected: never later (module docstring)
+        expected = endings(cluster, cycle.placed.get(cluster.name, ()), cycle.now, use)
+        soonest = earliest_start(cycle.state(cluster), gang, expected, cycle.now)
+        start = min(start, soonest.start) if soonest is not None else start
+    return ReservationInfo(cluster.name, start, found.taken, found.ending, found.start)
 
 
 def reserved_words(key: str, info: ReservationInfo) -> str:
