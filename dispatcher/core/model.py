@@ -281,6 +281,9 @@ class Workload:
     minimum_runtime: float = 0.0
     """Seconds it asks to run before it may be preempted (its annotation; the queue caps
     it, and gives its own where it asks none)."""
+    user: str = ""
+    """Who created it, as its signed creator record says ("" when not known): per-user
+    fair sharing and limits count it for that user."""
     # Its pod sets' shapes: what its fit depends on (see `PodSet.shape`).
     shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
     charge_shape: tuple[str, ...] = field(init=False, repr=False, compare=False)

@@ -5,19 +5,24 @@ come before those that would borrow, as in Kueue, so a queue taking back its own
 met, in the same cycle, by a borrower admitted a moment earlier (it would preempt one of that
 queue's workloads to get it back: a pointless preemption).
 
-Fair sharing (`fair_order`): the order in which queues that borrow are served.
+Fair sharing (`fair_order`): the order in which queues are served.
 
 With fair sharing on, the cycle takes the next workload from the queue with the lowest
-weighted share of what it borrows from its cohort (`QuotaLedger.share`), re-reading a queue's
-share after each of its admissions; within a queue, and between equal shares, the usual
-order (priority, then age) holds. Workloads with no queue, or whose queue cannot be
-resolved, come in the usual order with share 0.
+share (`Shares.share`): in `Instant` mode the weighted share of what it borrows from its
+cohort now (`QuotaLedger.share`), in `Usage` mode its use over time plus what it holds
+(`core.quota.history`), re-reading a queue's share after each of its admissions. Within a
+queue, and between equal shares, the usual order (priority, then age) holds, except that
+in `Usage` mode a BestEffortFIFO queue serves its users the same way: the next workload is
+that of the user with the lowest share (`Shares.user_share`), then by the usual order.
+Workloads with no queue, or whose queue cannot be resolved, come in the usual order with
+share 0.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Protocol
 
 from dispatcher.core.model import QueueMode, Workload
 from dispatcher.core.quota.flavors import request_of
@@ -25,7 +30,17 @@ from dispatcher.core.quota.model import QueueSpec
 from dispatcher.core.quota.resolve import Queued, QueueProblem
 from dispatcher.core.quota.tree import QuotaLedger
 
-__all__ = ["fair_order", "nominal_first"]
+__all__ = ["Shares", "fair_order", "nominal_first"]
+
+
+class Shares(Protocol):
+    """What fair sharing compares (`core.quota.view.QuotaView` answers)."""
+
+    def share(self, queue: str) -> float: ...
+
+    def user_share(self, queue: str, user: str) -> float | None:
+        """None: the queue does not order its users (Instant mode, or StrictFIFO)."""
+        ...
 
 
 def nominal_first(
@@ -85,28 +100,68 @@ def _order(workload: Workload) -> tuple[int, float, str]:
 def fair_order(
     ordered: Sequence[Workload],
     resolved: Mapping[str, Queued | QueueProblem | None],
-    ledger: QuotaLedger,
+    shares: Shares,
 ) -> Iterator[Workload]:
     """`ordered` (already in priority order) re-ordered by queue share, lazily: each
     workload is yielded before the next share is read, so admissions count."""
-    lines: dict[str, list[Workload]] = {}
+    lines: dict[str, _Line] = {}
     for workload in reversed(ordered):  # popped from the end: first in order last in
         queued = resolved.get(workload.key)
-        line = queued.queue if isinstance(queued, Queued) else ""
-        lines.setdefault(line, []).append(workload)
+        name = queued.queue if isinstance(queued, Queued) else ""
+        if name not in lines:
+            lines[name] = _Line(name, shares, by_user=bool(name))
+        lines[name].add(workload)
 
-    def share(line: str) -> float:
-        return ledger.share(line) if line else 0.0
+    def share(name: str) -> float:
+        return shares.share(name) if name else 0.0
 
-    heap = [(share(line), _order(items[-1]), line) for line, items in lines.items()]
+    heap = [(share(name), _order(line.next()), name) for name, line in lines.items()]
     heapq.heapify(heap)
     while heap:
-        known, _, line = heapq.heappop(heap)
-        items = lines[line]
-        now = share(line)
+        known, _, name = heapq.heappop(heap)
+        served = lines[name]
+        now = share(name)
         if now != known:  # it admitted since: take its place again
-            heapq.heappush(heap, (now, _order(items[-1]), line))
+            heapq.heappush(heap, (now, _order(served.next()), name))
             continue
-        yield items.pop()
-        if items:
-            heapq.heappush(heap, (share(line), _order(items[-1]), line))
+        yield served.pop()
+        if served:
+            heapq.heappush(heap, (share(name), _order(served.next()), name))
+
+
+class _Line:
+    """One queue's workloads in the order it serves them: the usual order, or, where the
+    queue orders its users (`Shares.user_share`), its users' by their shares."""
+
+    def __init__(self, queue: str, shares: Shares, *, by_user: bool) -> None:
+        self.queue = queue
+        self.shares = shares
+        self.users: dict[str, list[Workload]] = {}  # user -> theirs, first in order last
+        self.by_user = by_user and shares.user_share(queue, "") is not None
+
+    def add(self, workload: Workload) -> None:  # called in reverse order
+        self.users.setdefault(workload.user if self.by_user else "", []).append(workload)
+
+    def __bool__(self) -> bool:
+        return bool(self.users)
+
+    def _user(self) -> str:
+        if len(self.users) == 1:
+            return next(iter(self.users))
+        queue, shares = self.queue, self.shares
+
+        def rank(user: str) -> tuple[float, tuple[int, float, str]]:
+            return (shares.user_share(queue, user) or 0.0, _order(self.users[user][-1]))
+
+        return min(self.users, key=rank)
+
+    def next(self) -> Workload:
+        return self.users[self._user()][-1]
+
+    def pop(self) -> Workload:
+        user = self._user()
+        items = self.users[user]
+        workload = items.pop()
+        if not items:
+            del self.users[user]
+        return workload

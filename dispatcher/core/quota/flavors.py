@@ -277,6 +277,7 @@ def charge_of(
         priority=workload.priority,
         admitted_at=admitted_at,
         preemptible=workload.preemptible,
+        user=workload.user,
     )
 
 

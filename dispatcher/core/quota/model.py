@@ -90,6 +90,15 @@ class WhenCanBorrow(StrEnum):
     TRY_NEXT_FLAVOR = "TryNextFlavor"  # prefer a later flavor that fits without borrowing
 
 
+class FairSharingMode(StrEnum):
+    """What fair sharing compares: what queues borrow now (`Instant`, Kueue's fair sharing),
+    or what they used over time, decayed with a half-life, plus what they hold now (`Usage`:
+    `core.quota.history`; users within a queue are compared the same way)."""
+
+    INSTANT = "Instant"
+    USAGE = "Usage"
+
+
 class WhenCanPreempt(StrEnum):
     PREEMPT = "Preempt"
     TRY_NEXT_FLAVOR = "TryNextFlavor"
@@ -205,6 +214,9 @@ class QuotaSetup:
     namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     fair_sharing: bool = False
     fair_preemption: bool = True  # with fair sharing: preempt to restore fair shares
+    fair_mode: FairSharingMode = FairSharingMode.INSTANT
+    half_life: float = 7 * 86400.0
+    """`Usage` mode: seconds after which use counts half (`core.quota.history`)."""
     queue_required: bool = False  # with queues: an AppWrapper without one waits
 
     @property
@@ -222,3 +234,4 @@ class Charge:
     priority: int = 0
     admitted_at: float = 0.0
     preemptible: bool = True
+    user: str = ""  # who created it (its signed record), "" when not known

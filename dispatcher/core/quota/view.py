@@ -6,6 +6,8 @@ clusters: quota is accounted in the hub), or from a copy of a `Charges` kept on 
 release. The cycle resolves each workload's queue, asks
 which flavor assignments may take it, charges each admission, and hands the victim search
 the queue's rules. Answers about a (queue, request) are remembered until the next charge.
+With fair sharing it answers each queue's share, and in `Usage` mode each user's in a
+queue, from the queues' usage histories (`core.quota.history`) and what they hold.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from dispatcher.api.resources import Resources
-from dispatcher.core.model import PodSet, Workload
+from dispatcher.core.model import PodSet, QueueMode, Workload
 from dispatcher.core.quota.charges import Charges
 from dispatcher.core.quota.flavors import (
     Assignment,
@@ -23,7 +25,8 @@ from dispatcher.core.quota.flavors import (
     flavored,
     request_of,
 )
-from dispatcher.core.quota.model import Charge, FlavorResource, QueueSpec
+from dispatcher.core.quota.history import UsageHistory, usage_share
+from dispatcher.core.quota.model import Charge, FairSharingMode, FlavorResource, QueueSpec
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
 from dispatcher.core.quota.tree import QuotaLedger, QuotaTree
 from dispatcher.core.quota.victims import QuotaRules
@@ -43,11 +46,16 @@ class QuotaView:
         *,
         place_flavors: bool = True,
         usage: Charges | None = None,
+        history: Mapping[str, UsageHistory] | None = None,
     ) -> None:
         """`place_flavors` False: fit pods as if flavors selected no nodes (a pooled member
         has none to select; the pods still get the flavor's labels when made). With
-        `usage` (kept on charge and release), its ledger is copied and `charges` unused."""
+        `usage` (kept on charge and release), its ledger is copied and `charges` unused.
+        `history`: each queue's use over time (`Usage` fair sharing)."""
         self.tree = tree
+        self.history: Mapping[str, UsageHistory] = history or {}
+        self._capacity: dict[str, dict[str, float]] = {}  # root cohort -> per resource
+        self._users: dict[tuple[str, str], dict[str, float]] | None = None
         self.place_flavors = place_flavors
         self.setup = tree.setup
         self.version = 0
@@ -135,9 +143,59 @@ class QuotaView:
         """Whether the queue still has the quota `assignment` charges."""
         return self._mode(queue, assignment) >= Mode.BORROW
 
-    def admit(self, queue: str, assignment: Assignment) -> None:
+    def admit(self, queue: str, assignment: Assignment, user: str = "") -> None:
         self.ledger.add(queue, assignment.amounts)
         self.version += 1
+        if self._users is not None:
+            _add(self._users.setdefault((queue, user), {}), assignment.amounts)
+
+    def share(self, queue: str) -> float:
+        """Fair sharing: the queue's share (the lowest is served first): `Instant`, what it
+        borrows now (`QuotaLedger.share`); `Usage`, its use over time and now."""
+        if self.setup.fair_mode is FairSharingMode.INSTANT:
+            return self.ledger.share(queue)
+        tree = self.tree
+        node = tree.queue_nodes[queue]
+        holding: dict[str, float] = {}
+        _add(holding, self.ledger.usage[node])
+        history = self.history.get(queue)
+        return usage_share(
+            history.queue if history is not None else None,
+            holding,
+            self._capacity_of(queue),
+            half_life=self.setup.half_life,
+            weight=tree.weight[node],
+        )
+
+    def user_share(self, queue: str, user: str) -> float | None:
+        """`Usage` mode, in a BestEffortFIFO queue: `user`'s share of the queue (the lowest
+        is served first); None where users are not ordered."""
+        setup = self.setup
+        if setup.fair_mode is FairSharingMode.INSTANT:
+            return None
+        if setup.queues[queue].strategy is QueueMode.STRICT_FIFO:
+            return None
+        if self._users is None:
+            self._users = {}
+            for charge in self.charges.values():
+                _add(self._users.setdefault((charge.queue, charge.user), {}), charge.amounts)
+        history = self.history.get(queue)
+        return usage_share(
+            history.users.get(user) if history is not None else None,
+            self._users.get((queue, user), {}),
+            self._capacity_of(queue),
+            half_life=setup.half_life,
+        )
+
+    def _capacity_of(self, queue: str) -> dict[str, float]:
+        """What the queue's root cohort (or the queue alone) has, per resource."""
+        tree = self.tree
+        root = tree.roots[tree.queue_nodes[queue]]
+        found = self._capacity.get(root.name)
+        if found is None:
+            found = self._capacity[root.name] = {}
+            _add(found, tree.subtree[root])
+        return found
 
     def rules(self, workload: Workload, queue: str, assignment: Assignment) -> QuotaRules:
         return QuotaRules(
@@ -148,3 +206,9 @@ class QuotaView:
             charges=self.charges,
             fair=self.setup.fair_sharing and self.setup.fair_preemption,
         )
+
+
+def _add(into: dict[str, float], amounts: Mapping[FlavorResource, int]) -> None:
+    """`amounts` summed per resource, over flavors, into `into`."""
+    for (_, resource), amount in amounts.items():
+        into[resource] = into.get(resource, 0.0) + amount

@@ -230,7 +230,7 @@ def _ordered(
     checked, rest = checked_first(in_order)
     ordered: Iterable[Workload] = rest
     if quotas is not None and quotas.setup.fair_sharing:
-        ordered = fair_order(rest, resolved, quotas.ledger)
+        ordered = fair_order(rest, resolved, quotas)
     elif quotas is not None:
         ordered = nominal_first(rest, resolved, quotas.ledger, quotas.setup.queues)
     return chain(checked, ordered) if checked else ordered
@@ -531,7 +531,7 @@ def _fit_queued(
             continue
         decided = _fit(fitted, cycle, preemption, preempt=False)
         if isinstance(decided, str):
-            quotas.admit(queued.queue, assignment)
+            quotas.admit(queued.queue, assignment, workload.user)
             return decided, assignment, fitted
         if first is None:
             first = (decided, assignment, fitted)
@@ -540,7 +540,7 @@ def _fit_queued(
     _, assignment, fitted = first
     if spec.checks and not workload.checked and assignment.admissible:
         # Its quota fits but no member's nodes do: reserve the quota, run the checks.
-        quotas.admit(queued.queue, assignment)
+        quotas.admit(queued.queue, assignment, workload.user)
         return "", assignment, fitted
     if preemption is None:
         if not assignment.admissible:
@@ -556,7 +556,7 @@ def _fit_queued(
         fitted, cycle, preemption, preempt=True, rules=rules, context=context, quota_limit=limit
     )
     if isinstance(again, str):  # admissible, and room appeared (cannot happen: same cycle)
-        quotas.admit(queued.queue, assignment)
+        quotas.admit(queued.queue, assignment, workload.user)
         return again, assignment, fitted
     if limit and again.chosen is None:
         return QuotaRefusal(limit)
