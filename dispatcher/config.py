@@ -23,6 +23,7 @@ from dispatcher.core.nodehealth import (
     label_problem,
 )
 from dispatcher.core.quota.kueue import KueueQuotas
+from dispatcher.core.quota.model import FairSharingMode
 from dispatcher.core.validation import DEFAULT_ALLOWED_KINDS, DEFAULT_MAX_APPWRAPPER_BYTES
 
 
@@ -417,6 +418,16 @@ class Config(BaseModel):
     """With quotas: queues that borrow less of their cohort (by weight) are served first."""
     fair_sharing_preemption: bool = True
     """With fair sharing: a queue below its fair share may reclaim from one above it."""
+    fair_sharing_mode: FairSharingMode = FairSharingMode.INSTANT
+    """With fair sharing, what queues are compared by: `Instant`, what each borrows of its
+    cohort now; `Usage`, what each used over time (decayed with the half-life below, kept in
+    its status) plus what it holds now, and within a BestEffortFIFO queue its users the same
+    way (docs/quotas.md, "Fair over time")."""
+    fair_sharing_half_life_seconds: float = Field(default=7 * 86400.0, ge=60, le=366 * 86400.0)
+    """`Usage` mode: after this long, what a queue (or user) used counts half."""
+    fair_sharing_sample_seconds: float = Field(default=300.0, ge=1, le=86400.0)
+    """`Usage` mode: the longest time between two samples of what queues hold (each written
+    into the queue's status); any change of what a queue holds is sampled sooner."""
     queue_required: bool = False
     """With quotas: an AppWrapper that names no queue (and whose namespace has no `default`
     AppQueue) waits, instead of being admitted on capacity alone."""

@@ -154,6 +154,7 @@ class Manager:
             declared_as_written=config.declared_pod_resources is DeclaredPodResources.AS_WRITTEN,
             priority_class=self.priority_classes.get,
             attribution=self.gatekeeper.attribution_problem,
+            creator=self.gatekeeper.creator_of,
             priority_policy=config.priority_policy,
             workload_priority_class=(
                 None if config.kueue_quotas is KueueQuotas.OFF else self.quotas.kueue.priority_class
@@ -190,6 +191,7 @@ class Manager:
             clock=self.clock,
             wrote=self.queue.add,
             quota_tree=self.quotas.tree,
+            quota_history=self.quotas.histories,
             recorder=self.recorder,
         )
         self.visibility = Visibility(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -149,6 +150,7 @@ class AppWrapperReader:
         priority_class: Callable[[str], Obj | None],
         declared_as_written: bool = True,
         attribution: Callable[[Obj], str] = lambda obj: "",
+        creator: Callable[[Obj], str] = lambda obj: "",
         priority_policy: PriorityPolicy | None = None,
         workload_priority_class: Callable[[str], Obj | None] | None = None,
     ) -> None:
@@ -156,6 +158,7 @@ class AppWrapperReader:
         self.declared_as_written = declared_as_written
         self._priority_class = priority_class
         self._attribution = attribution
+        self._creator = creator
         self._priority_policy = priority_policy
         # Kueue's WorkloadPriorityClasses, when its quota objects are read (else None).
         self._workload_priority_class = workload_priority_class
@@ -166,6 +169,9 @@ class AppWrapperReader:
         # Why each AppWrapper held as a stub (larger than the size limit) is refused.
         self._oversize: dict[str, str] = {}
         self._parsed: dict[str, tuple[str, AppWrapper]] = {}
+        # key -> who created it, as its signed record says ("" when it is not signed):
+        # read with the model, once per version; kept when the model is dropped.
+        self._users: dict[str, str] = {}
         self._workloads: dict[str, tuple[WorkloadStamp, Workload | InvalidSpec]] = {}
 
     def parse(self, obj: Obj) -> AppWrapper:
@@ -183,6 +189,7 @@ class AppWrapperReader:
             return cached[1]
         model = AppWrapper.from_kube(obj)
         self._parsed[key] = (version, model)
+        self._users[key] = self._creator(obj) if not obj.get(OVERSIZE) else ""
         oversize = obj.get(OVERSIZE)
         if oversize:
             self._oversize[key] = str(oversize)
@@ -282,8 +289,13 @@ class AppWrapperReader:
             queue_name_of(aw.metadata.labels, aw.metadata.annotations),
         )
         cached = self._workloads.get(aw.key)
+        user = self._users.get(aw.key, "")
         if cached is not None and cached[0] == stamp:
-            return cached[1]
+            found = cached[1]
+            if isinstance(found, Workload) and found.user != user:  # its record signed since
+                found = replace(found, user=user)
+                self._workloads[aw.key] = (stamp, found)
+            return found
         result = workload_of(
             aw,
             priority=priority,
@@ -291,6 +303,8 @@ class AppWrapperReader:
             now=now,
             declared_as_written=self.declared_as_written,
         )
+        if isinstance(result, Workload) and user:
+            result = replace(result, user=user)
         self._workloads[aw.key] = (stamp, result)
         return result
 
@@ -298,5 +312,6 @@ class AppWrapperReader:
         """It finished or went: a finished AppWrapper is read again only when deleted."""
         self._parsed.pop(key, None)
         self._workloads.pop(key, None)
+        self._users.pop(key, None)
         self._verified.pop(key, None)
         self._oversize.pop(key, None)

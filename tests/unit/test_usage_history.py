@@ -124,3 +124,70 @@ def test_decayed_use_is_never_negative_and_never_above_what_was_held(
             held_total[resource] += held.get(resource, 0.0) * gap
         for resource, value in decayed.values.items():
             assert 0.0 < value <= held_total[resource] * (1 + 1e-9) + 1e-6
+
+
+def test_the_controllers_record_goes_on_from_the_status_it_wrote() -> None:
+    """Sampled, written into the queue's status, read back by a new dispatcher: the same
+    history, advanced from where it stopped with what is held at its first sample."""
+    from dispatcher.controller.quota.usage import UsageHistories
+    from dispatcher.core.quota.model import Charge
+
+    held = [
+        Charge("ns/a", "team", {("f", "gpu"): 4000}, user="alice"),
+        Charge("ns/b", "team", {("f", "gpu"): 2000}, user="bob"),
+        Charge("ns/c", "other", {("f", "gpu"): 1000}),
+    ]
+    first = UsageHistories(WEEK)
+    first.sample(0.0, ["team", "other"], held, lambda name: None)
+    first.sample(DAY, ["team", "other"], held, lambda name: None)
+    written = {"status": {"usageHistory": first.status_of("team")}}
+    assert first.histories()["team"].users.keys() == {"alice", "bob"}
+    assert first.histories()["other"].users == {}  # work with no signed creator is nobody's
+
+    again = UsageHistories(WEEK)  # a restart: nothing in memory, the status read back
+    again.sample(2 * DAY, ["team"], held, lambda name: written if name == "team" else None)
+    straight = UsageHistories(WEEK)
+    straight.sample(0.0, ["team"], held, lambda name: None)
+    straight.sample(2 * DAY, ["team"], held, lambda name: None)
+    for user in ("alice", "bob"):
+        assert again.histories()["team"].users[user].values["gpu"] == pytest.approx(
+            straight.histories()["team"].users[user].values["gpu"], rel=1e-6
+        )
+    assert again.histories()["team"].queue.values["gpu"] == pytest.approx(
+        straight.histories()["team"].queue.values["gpu"], rel=1e-6
+    )
+    assert "other" not in again.histories()  # a queue gone is forgotten
+
+
+def test_a_record_from_a_clock_ahead_counts_from_now() -> None:
+    ahead = UsageHistory(Decayed(DAY, {"gpu": 5.0}), {"alice": Decayed(DAY, {"gpu": 5.0})})
+    now = ahead.not_after(DAY - 100.0)
+    assert now.queue == Decayed(DAY - 100.0, {"gpu": 5.0})
+    later = now.advance(DAY - 50.0, {"gpu": 1.0}, {"alice": {"gpu": 1.0}}, WEEK)
+    assert later.queue.values["gpu"] > 5.0 * 0.999
+    assert later.users["alice"].values["gpu"] > 5.0 * 0.999
+
+
+def test_each_interval_counts_what_was_held_during_it() -> None:
+    from dispatcher.controller.quota.usage import UsageHistories
+    from dispatcher.core.quota.model import Charge
+
+    record = UsageHistories(WEEK)
+    record.sample(0.0, ["team"], [], lambda name: None)
+    held = [Charge("ns/a", "team", {("f", "gpu"): 4000}, user="alice")]
+    record.sample(DAY, ["team"], held, lambda name: None)  # nothing was held until now
+    assert record.histories()["team"].queue.values == {}
+    record.sample(2 * DAY, ["team"], [], lambda name: None)  # 4 held for the day since
+    want = Decayed(DAY).advance(2 * DAY, {"gpu": 4000.0}, WEEK).values["gpu"]
+    assert record.histories()["team"].queue.values["gpu"] == pytest.approx(want)
+    assert record.histories()["team"].users["alice"].values["gpu"] == pytest.approx(want)
+
+
+def test_a_queue_without_a_record_used_nothing_before_it_was_first_sampled() -> None:
+    from dispatcher.controller.quota.usage import UsageHistories
+    from dispatcher.core.quota.model import Charge
+
+    record = UsageHistories(WEEK)
+    held = [Charge("ns/a", "team", {("f", "gpu"): 4000})]
+    record.sample(1.8e9, ["team"], held, lambda name: {"status": {}})
+    assert record.histories()["team"].queue == Decayed(1.8e9, {})

@@ -16,7 +16,8 @@ beside or instead of ours (`core.quota.kueue`); their status is never written he
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -29,9 +30,17 @@ from dispatcher.api.queues import QUEUE_KINDS, parse
 from dispatcher.clock import Clock
 from dispatcher.config import Config
 from dispatcher.controller.quota.kueue import KueueSource
+from dispatcher.controller.quota.usage import UsageHistories
 from dispatcher.controller.scheduling.view import EMPTY, SchedulerView
+from dispatcher.core.quota.history import UsageHistory
 from dispatcher.core.quota.kueue import KueueQuotas, with_kueue
-from dispatcher.core.quota.model import CohortSpec, Flavor, QuotaSetup, StopPolicy
+from dispatcher.core.quota.model import (
+    CohortSpec,
+    FairSharingMode,
+    Flavor,
+    QuotaSetup,
+    StopPolicy,
+)
 from dispatcher.core.quota.read import setup_of
 from dispatcher.core.quota.resolve import Queued, resolve
 from dispatcher.core.quota.summary import QueueSummary, summarize
@@ -116,6 +125,13 @@ class Quotas:
         self.local_summaries: dict[str, QueueSummary] = {}
         """Each AppQueue ("namespace/name") as its status was last computed."""
         self._publish: Callable[[QueueFigures], None] = lambda figures: None
+        self.usage_histories = (
+            UsageHistories(config.fair_sharing_half_life_seconds)
+            if config.fair_sharing_mode is FairSharingMode.USAGE
+            else None
+        )
+        """`Usage` fair sharing: each cluster queue's use over time (sampled at each status
+        computation, written with the status)."""
         self._log = structlog.get_logger("quotas")
         for informer in [*self.informers.values(), self.namespaces]:
             informer.add_handler(self._on_change)
@@ -228,6 +244,11 @@ class Quotas:
             fair_preemption=self._config.fair_sharing_preemption,
             queue_required=self._config.queue_required,
         )
+        setup = replace(
+            setup,
+            fair_mode=self._config.fair_sharing_mode,
+            half_life=self._config.fair_sharing_half_life_seconds,
+        )
         setup, notes = with_kueue(setup, self.kueue.objects(), mode)
         for note in notes:
             if note not in self._noted:  # each once: the tree is rebuilt on every change
@@ -244,6 +265,8 @@ class Quotas:
             group.create_task(self.namespaces.run(), name="watch-namespaces")
             group.create_task(self.kueue.run(), name="kueue-quotas")
             group.create_task(self._status_loop(), name="queue-status")
+            if self.usage_histories is not None:
+                group.create_task(self._sample_loop(), name="queue-usage-samples")
 
     async def _status_loop(self) -> None:
         await self.synced()
@@ -256,10 +279,25 @@ class Quotas:
                 self._log.warning("queue_status_failed", error=str(exc)[:300])
             await self._clock.sleep(STATUS_EVERY_SECONDS)
 
+    async def _sample_loop(self) -> None:
+        """`Usage` mode: a status write (and so a sample) at least this often."""
+        while True:
+            await self._clock.sleep(self._config.fair_sharing_sample_seconds)
+            self._changed.set()
+
+    def histories(self) -> Mapping[str, UsageHistory]:
+        """Each cluster queue's use over time as last sampled (empty in `Instant` mode)."""
+        return self.usage_histories.histories() if self.usage_histories is not None else {}
+
     def summarize(self) -> tuple[dict[str, QueueSummary], dict[str, QueueSummary]]:
         """Each cluster queue and each AppQueue as the last scheduling cycle left them (the
         status written last may be up to STATUS_EVERY_SECONDS older)."""
         usage, pending = self._queued_usage()
+        if self.usage_histories is not None:
+            store = self.informers["ClusterAppQueue"].store
+            queues = self.tree().setup.queues
+            charges = usage.charges.values()
+            self.usage_histories.sample(self._clock.time(), queues, charges, store.get)
         return summarize(
             self.tree(), usage.charges.values(), pending, usage.local_of, usage.releasing
         )
@@ -311,6 +349,11 @@ class Quotas:
             "admittedWorkloads": summary.admitted,
             "flavorsUsage": summary.flavors_usage(borrowed=borrowed),
         }
+        histories = self.usage_histories
+        if histories is not None and kind == "ClusterAppQueue":
+            history = histories.status_of(name)
+            if history is not None:
+                status["usageHistory"] = history
         condition = {
             "type": "Active",
             "status": "True" if summary.active else "False",

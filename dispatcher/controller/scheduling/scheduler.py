@@ -62,6 +62,7 @@ from dispatcher.core.phase import Phase, initialised, queueing, status_phase
 from dispatcher.core.protection import clock_time, notice_seconds
 from dispatcher.core.queues import take
 from dispatcher.core.quota.flavors import charge_of, with_flavors
+from dispatcher.core.quota.history import UsageHistory
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.view import QuotaView
@@ -104,6 +105,7 @@ class Scheduler:
         clock: Clock,
         wrote: Callable[[str], None],
         quota_tree: Callable[[], QuotaTree] | None = None,
+        quota_history: Callable[[], Mapping[str, UsageHistory]] | None = None,
         recorder: Recorder | None = None,
     ) -> None:
         self._config = config
@@ -117,6 +119,7 @@ class Scheduler:
         self._reserved: Mapping[str, ReservationInfo] = {}  # the last cycle's, by head
         self._kept = KeptRooms()  # each member's free room, brought from cycle to cycle
         self._quota_tree = quota_tree
+        self._quota_history = quota_history  # `Usage` fair sharing: the queues' use over time
         self._cache = cache
         self.state = SchedulerState(cache, members)
         """What the scheduler keeps between cycles: changed by `cycle` alone."""
@@ -207,7 +210,10 @@ class Scheduler:
         self._kept.keep_only([c.name for c in clusters])
         quotas = None
         if tree is not None:
-            quotas = QuotaView(tree, usage=self.state.usage(), place_flavors=not pooled_fit)
+            history = self._quota_history() if self._quota_history is not None else None
+            quotas = QuotaView(
+                tree, usage=self.state.usage(), place_flavors=not pooled_fit, history=history
+            )
         judged: list[Workload] = []
 
         def prepare(active: list[Workload]) -> list[Workload]:

@@ -93,6 +93,14 @@ class UsageHistory:
         live = {user: d for user, d in kept[:MAX_USERS] if d.values or user in held_by_user}
         return UsageHistory(self.queue.advance(now, held, half_life), live)
 
+    def not_after(self, now: float) -> UsageHistory:
+        """Itself, but sampled at `now` at the latest: a record written by a dispatcher whose
+        clock ran ahead would otherwise stop counting until this clock caught up."""
+        if self.queue.at <= now:
+            return self
+        users = {u: Decayed(min(d.at, now), d.values) for u, d in self.users.items()}
+        return UsageHistory(Decayed(now, self.queue.values), users)
+
     def to_status(self) -> dict[str, Any]:
         """The status form: times in seconds since the epoch, values rounded."""
         return {
