@@ -81,6 +81,13 @@ class FairSharing(_Model):
     weight: Quantity | None = None
 
 
+class UserLimits(_Model):
+    """Ours: what each user (the signed creator record's) may hold in the queue at once."""
+
+    maxRunning: int | None = Field(default=None, ge=1, le=1_000_000)
+    maxResources: dict[str, Quantity] = Field(default_factory=dict, max_length=32)
+
+
 class ClusterAppQueueSpec(_Model):
     cohort: str | None = None
     namespaceSelector: ClusterSelector | None = None
@@ -91,14 +98,17 @@ class ClusterAppQueueSpec(_Model):
     fairSharing: FairSharing | None = None
     stopPolicy: str = "None"
     quotaCharge: str = "AtLeastTemplates"
+    """AtLeastTemplates: an AppWrapper is charged at least what its pod templates ask;
+    AsDeclared: what placement reserves (`declared_pod_resources`)."""
     admissionChecks: list[str] = Field(default_factory=list)
+    """Admission checks (the dispatcher's `provisioning.checks` names) run for an AppWrapper
+    whose pods fit no member's nodes: its quota is held meanwhile (docs/autoscaling.md)."""
     backfill: str = "Declared"
     """Ours: Declared (its head reserves nodes, work that ends first backfills them) or
     Never."""
-    """Admission checks (the dispatcher's `provisioning.checks` names) run for an AppWrapper
-    whose pods fit no member's nodes: its quota is held meanwhile (docs/autoscaling.md)."""
-    """AtLeastTemplates: an AppWrapper is charged at least what its pod templates ask;
-    AsDeclared: what placement reserves (`declared_pod_resources`)."""
+    userLimits: UserLimits | None = None
+    """Ours: at most this much held by each user at once (docs/quotas.md, "Per-user
+    limits")."""
 
 
 class ClusterAppQueue(_Model):

@@ -69,10 +69,12 @@ class Assignment:
 @dataclass(frozen=True, slots=True)
 class QuotaRefusal:
     """No flavor can take the workload now; `message` has the limiting figure. `never`:
-    it cannot fit the queue even with all the queue may ever have (waiting cannot help)."""
+    it cannot fit the queue even with all the queue may ever have (waiting cannot help).
+    `user`: its user's own limit keeps it out (it never blocks other users' work)."""
 
     message: str
     never: bool = False
+    user: bool = False
 
 
 def applies(resources: Iterable[str], requested: Iterable[str]) -> bool:

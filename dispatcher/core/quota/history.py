@@ -51,8 +51,10 @@ class Decayed:
         elapsed = now - self.at
         if elapsed <= 0 or half_life <= 0:
             return self
-        keep = 2.0 ** (-elapsed / half_life)
-        gained = (1.0 - keep) * half_life / math.log(2)  # the integral of the weight
+        exponent = -elapsed * math.log(2) / half_life
+        keep = math.exp(exponent)
+        # The integral of the weight over the interval; expm1 keeps it exact for short ones.
+        gained = -math.expm1(exponent) * half_life / math.log(2)
         values = {r: v * keep for r, v in self.values.items()}
         for resource, rate in held.items():
             if rate > 0:

@@ -119,6 +119,15 @@ class Selector:
 
 
 @dataclass(frozen=True, slots=True)
+class UserLimit:
+    """What each user may hold in a queue at once: AppWrappers admitted (None: any number)
+    and resources, summed over flavors (milli-units; a resource not named: no limit)."""
+
+    max_running: int | None = None
+    max_resources: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class QueueSpec:
     """A cluster queue."""
 
@@ -146,6 +155,8 @@ class QueueSpec:
     ask none, and the most one may ask (0: none, and asks are capped by the setting)."""
     notice_seconds: float = 0.0
     """Seconds a victim of a preemption is told before its objects are removed."""
+    user_limit: UserLimit | None = None
+    """What each user may hold in it at once (`core.quota.view.QuotaView.user_refusal`)."""
     problems: tuple[str, ...] = ()  # found while reading the object (e.g. a bad quantity)
 
     def charged(self, workload: Workload) -> tuple[PodSet, ...]:

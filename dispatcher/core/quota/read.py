@@ -17,6 +17,7 @@ from dispatcher.api.queues import (
     AppQueue,
     ClusterAppQueue,
     FairSharing,
+    UserLimits,
 )
 from dispatcher.api.queues import ResourceGroup as GroupModel
 from dispatcher.core.model import Backfill, QueueMode, Taint, Toleration
@@ -34,6 +35,7 @@ from dispatcher.core.quota.model import (
     ResourceGroup,
     Selector,
     StopPolicy,
+    UserLimit,
     WhenCanBorrow,
     WhenCanPreempt,
     WithinQueue,
@@ -94,6 +96,17 @@ def _groups(models: Iterable[GroupModel], problems: list[str]) -> tuple[Resource
     return tuple(groups)
 
 
+def _user_limit(limits: UserLimits | None, problems: list[str]) -> UserLimit | None:
+    if limits is None:
+        return None
+    resources: dict[str, int] = {}
+    for resource, value in sorted(limits.maxResources.items()):
+        milli = _amount(f"userLimits.maxResources[{resource}]", value, problems)
+        if milli is not None:
+            resources[resource] = milli
+    return UserLimit(limits.maxRunning, resources)
+
+
 def _weight(fair: FairSharing | None, problems: list[str]) -> float:
     if fair is None or fair.weight is None:
         return 1.0
@@ -147,6 +160,7 @@ def queue_of(model: ClusterAppQueue) -> QueueSpec:
         backfill=Backfill(spec.backfill),
         minimum_runtime=float(preemption.minimumRuntimeSeconds),
         notice_seconds=float(preemption.noticeSeconds),
+        user_limit=_user_limit(spec.userLimits, problems),
         problems=tuple(problems),
     )
 

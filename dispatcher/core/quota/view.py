@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from dispatcher.api.quantity import format_milli
 from dispatcher.api.resources import Resources
 from dispatcher.core.model import PodSet, QueueMode, Workload
 from dispatcher.core.quota.charges import Charges
@@ -55,7 +56,7 @@ class QuotaView:
         self.tree = tree
         self.history: Mapping[str, UsageHistory] = history or {}
         self._capacity: dict[str, dict[str, float]] = {}  # root cohort -> per resource
-        self._users: dict[tuple[str, str], dict[str, float]] | None = None
+        self._users: dict[tuple[str, str], _Held] | None = None
         self.place_flavors = place_flavors
         self.setup = tree.setup
         self.version = 0
@@ -147,7 +148,7 @@ class QuotaView:
         self.ledger.add(queue, assignment.amounts)
         self.version += 1
         if self._users is not None:
-            _add(self._users.setdefault((queue, user), {}), assignment.amounts)
+            self._users.setdefault((queue, user), _Held()).add(assignment.amounts)
 
     def share(self, queue: str) -> float:
         """Fair sharing: the queue's share (the lowest is served first): `Instant`, what it
@@ -175,17 +176,48 @@ class QuotaView:
             return None
         if setup.queues[queue].strategy is QueueMode.STRICT_FIFO:
             return None
-        if self._users is None:
-            self._users = {}
-            for charge in self.charges.values():
-                _add(self._users.setdefault((charge.queue, charge.user), {}), charge.amounts)
         history = self.history.get(queue)
         return usage_share(
             history.users.get(user) if history is not None else None,
-            self._users.get((queue, user), {}),
+            self._held_by(queue, user).amounts,
             self._capacity_of(queue),
             half_life=setup.half_life,
         )
+
+    def user_refusal(self, queue: str, workload: Workload) -> QuotaRefusal | None:
+        """Why `workload`'s user may not have it admitted in `queue` now, by the queue's
+        per-user limit (None: they may). Work with no signed record counts as one user."""
+        limit = self.setup.queues[queue].user_limit
+        if limit is None:
+            return None
+        held = self._held_by(queue, workload.user)
+        who = f"user {workload.user}" if workload.user else "work with no signed creator record"
+        if limit.max_running is not None and held.count >= limit.max_running:
+            return QuotaRefusal(
+                f"queue {queue}: {who} has {held.count} admitted, its per-user limit"
+                f" (userLimits.maxRunning {limit.max_running})",
+                user=True,
+            )
+        if limit.max_resources:
+            asked = request_of(self.spec(queue).charged(workload))
+            for resource, most in limit.max_resources.items():
+                wanted = held.amounts.get(resource, 0.0) + asked.get(resource, 0)
+                if wanted > most:
+                    return QuotaRefusal(
+                        f"queue {queue}: {who} would hold {resource}"
+                        f" {format_milli(int(wanted), resource)}, over its per-user limit"
+                        f" (userLimits.maxResources {format_milli(most, resource)})",
+                        never=asked.get(resource, 0) > most,
+                        user=True,
+                    )
+        return None
+
+    def _held_by(self, queue: str, user: str) -> _Held:
+        if self._users is None:
+            self._users = {}
+            for charge in self.charges.values():
+                self._users.setdefault((charge.queue, charge.user), _Held()).add(charge.amounts)
+        return self._users.get((queue, user)) or _Held()
 
     def _capacity_of(self, queue: str) -> dict[str, float]:
         """What the queue's root cohort (or the queue alone) has, per resource."""
@@ -212,3 +244,17 @@ def _add(into: dict[str, float], amounts: Mapping[FlavorResource, int]) -> None:
     """`amounts` summed per resource, over flavors, into `into`."""
     for (_, resource), amount in amounts.items():
         into[resource] = into.get(resource, 0.0) + amount
+
+
+class _Held:
+    """What one user holds in one queue: AppWrappers admitted and resources."""
+
+    __slots__ = ("amounts", "count")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.amounts: dict[str, float] = {}
+
+    def add(self, amounts: Mapping[FlavorResource, int]) -> None:
+        self.count += 1
+        _add(self.amounts, amounts)

@@ -343,11 +343,13 @@ class _Decisions:
         self, workload: Workload, queued: Queued, refusal: QuotaRefusal, *, strict: bool
     ) -> None:
         """Quota, not capacity, keeps it out: it waits and holds no cluster; as a StrictFIFO
-        head it blocks its queue, unless waiting cannot help it (`never`)."""
+        head it blocks its queue, unless waiting cannot help it (`never`) or its user's own
+        limit is what keeps it out (`user`: other users' work is not held up by it)."""
         message = self.cycle.messages.setdefault(refusal.message, refusal.message)
         self._wait(workload.key, message, Reason.QUOTA_EXCEEDED)
         self._head(queued.queue, workload)
-        if strict and not refusal.never and queued.queue not in self.reserving.passable:
+        blocks = not (refusal.never or refusal.user)
+        if strict and blocks and queued.queue not in self.reserving.passable:
             self._block(workload.key, queued, Reason.QUOTA_EXCEEDED)
 
     def admitted(
@@ -511,7 +513,11 @@ def _fit_queued(
 ) -> tuple[str | _Tried, Assignment, Workload] | QuotaRefusal:
     """Quota fit and capacity fit together: each flavor assignment the queue allows, in its
     order, until one also fits a cluster (the admission is charged to the queue); else the
-    first one's refusal, with the victims that would make quota and capacity fit."""
+    first one's refusal, with the victims that would make quota and capacity fit. Its
+    user's limit in the queue comes first (`QuotaView.user_refusal`)."""
+    refused = quotas.user_refusal(queued.queue, workload)
+    if refused is not None:
+        return refused
     options = quotas.candidates(queued.queue, workload)
     if isinstance(options, QuotaRefusal):
         return options
