@@ -6,15 +6,19 @@ them apart."""
 from __future__ import annotations
 
 import json
+import signal
 from typing import Any
 
 import pytest
 
 from testenv.manifests import app_cohort, app_flavor, app_queue, cluster_queue
-from testenv.waits import async_wait_until
+from testenv.waits import async_wait_until, wait_until
 from tests.e2e.conftest import apply, appwrapper, deployment, get_aw
+from tests.e2e import test_leader
 
 pytestmark = [pytest.mark.cluster]
+
+replicas = test_leader.replicas  # the same fixture: dispatcher processes with leader election
 
 DEFAULT = "default-flavor"
 USAGE = {"fair_sharing": True, "fair_sharing_mode": "Usage", "fair_sharing_sample_seconds": 1}
@@ -92,3 +96,43 @@ async def test_use_is_kept_in_status_across_a_restart_and_the_lighter_queue_goes
         lambda: dispatched(cluster, namespace, "b-next"), timeout=60, what="bursty's admitted"
     )
     assert not await dispatched(cluster, namespace, "s-next")  # 3 of the 4 cpu are bursty's
+
+
+def test_use_survives_a_sigkill_and_a_leader_change(
+    replicas, quotas, fake_nodes, cluster, namespace
+):
+    """Two dispatcher processes with leader election: the leader's record of a queue's use
+    is in the queue's status; killed (SIGKILL), the new leader goes on from it, never from
+    nothing."""
+    fake_nodes.add("n", cpu="8", memory="64Gi")
+    cq = f"{namespace}-cq"
+    for obj in (app_flavor(DEFAULT), cluster_queue(cq, {DEFAULT: {"cpu": 4}})):
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(app_queue("team", cq)))
+    replicas.start("first", **USAGE)
+    replicas.wait_leads("first", timeout=30)
+    replicas.start("second", **USAGE)
+    replicas.wait_standing_by("second")
+    for name in ("w0", "w1"):
+        body = work(name, "1", "team")
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+
+    def used() -> float:
+        out = cluster.kubectl("get", "clusterappqueue", cq, "-o", "json")
+        history = (json.loads(out.stdout).get("status") or {}).get("usageHistory") or {}
+        return float((history.get("resources") or {}).get("cpu", 0.0))
+
+    # 2 cpu held: about 2,000 milli-cpu-seconds a second.
+    wait_until(lambda: used() >= 2000.0 * 10, timeout=90, what="the leader's record of use")
+    before = used()
+    replicas.processes["first"].send_signal(signal.SIGKILL)
+    replicas.processes["first"].wait(10)
+    replicas.wait_leads("second")
+    seen: list[float] = []
+
+    def grown() -> bool:
+        seen.append(used())
+        return seen[-1] > before + 2000.0 * 3
+
+    wait_until(grown, timeout=60, what="the new leader's record grown from the old one")
+    assert min(seen) >= before * 0.999  # never written back from nothing
