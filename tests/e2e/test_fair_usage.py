@@ -1,7 +1,7 @@
 """Fair sharing by use over time on the real control plane (docs/quotas.md, "Fair over
-time"): a queue's use is kept in its status, a restarted dispatcher goes on from it, and the
-queue that used less is served first where the queues' present use alone would not tell
-them apart."""
+time"): a queue's use is kept in its status, a restarted dispatcher (and a new leader after a
+SIGKILL) goes on from it, and the queue that used less is served first where the queues'
+present use alone would not tell them apart."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 
 from testenv.manifests import app_cohort, app_flavor, app_queue, cluster_queue
 from testenv.waits import async_wait_until, wait_until
-from tests.e2e.conftest import apply, appwrapper, deployment, get_aw
 from tests.e2e import test_leader
+from tests.e2e.conftest import apply, appwrapper, deployment, get_aw
 
 pytestmark = [pytest.mark.cluster]
 
