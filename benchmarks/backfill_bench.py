@@ -48,21 +48,18 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.core_bench import machine
+from benchmarks.gpusim import GPU, MILLI, gpu_nodes, gpu_workload
 from dispatcher.api.resources import Resources
 from dispatcher.core.limituse import LimitUse
 from dispatcher.core.model import (
     Backfill,
     ClusterSnapshot,
     DispatchedWorkload,
-    NodeSnapshot,
-    PodSet,
     QueueMode,
     Workload,
 )
 from dispatcher.core.scheduling import schedule
 
-GPU = "nvidia.com/gpu"
-MILLI = 1000
 STARVATION_AFTER = 300.0
 SMALL_GPUS = ((1, 0.3), (2, 0.3), (4, 0.2), (8, 0.2))  # (GPUs, share of small jobs)
 SMALL_LIMITS = (120.0, 300.0, 600.0, 900.0)
@@ -98,15 +95,7 @@ class Job:
         return self.pods > 1
 
     def workload(self) -> Workload:
-        pods = PodSet(count=self.pods, requests=Resources({GPU: self.gpus * MILLI}), name="pods")
-        return Workload(
-            key=self.key,
-            priority=0,
-            created_at=self.arrival,
-            pod_sets=(pods,),
-            queued_since=self.arrival,
-            duration_limit=self.limit,
-        )
+        return gpu_workload(self.key, self.arrival, self.pods, self.gpus, duration_limit=self.limit)
 
 
 @dataclass(slots=True)
@@ -183,14 +172,7 @@ def _snapshot(nodes: int, running: dict[str, _Running]) -> ClusterSnapshot:
         )
     return ClusterSnapshot(
         name="c1",
-        nodes=tuple(
-            NodeSnapshot(
-                name=name,
-                allocatable=Resources({GPU: GANG_GPUS * MILLI}),
-                requested=Resources({GPU: gpus * MILLI}),
-            )
-            for name, gpus in used.items()
-        ),
+        nodes=gpu_nodes(used, GANG_GPUS),
         admitted=tuple(admitted),
     )
 

@@ -37,12 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.core_bench import machine
-from dispatcher.api.resources import Resources
+from benchmarks.gpusim import GPU, MILLI, gpu_nodes, gpu_workload
 from dispatcher.core.model import (
     ClusterSnapshot,
     DispatchedWorkload,
-    NodeSnapshot,
-    PodSet,
     QueueMode,
     Workload,
 )
@@ -63,8 +61,6 @@ from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.view import QuotaView
 from dispatcher.core.scheduling import schedule
 
-GPU = "nvidia.com/gpu"
-MILLI = 1000
 NODES, PER_NODE = 8, 8
 CAPACITY = NODES * PER_NODE
 HOUR, DAY, WEEK = 3600.0, 86400.0, 7 * 86400.0
@@ -133,15 +129,7 @@ def stream(rng: random.Random, weeks: int, *, late: bool) -> list[Job]:
 
 
 def workload(job: Job) -> Workload:
-    pods = PodSet(count=1, requests=Resources({GPU: job.gpus * MILLI}), name="pod")
-    return Workload(
-        key=job.key,
-        priority=0,
-        created_at=job.arrival,
-        pod_sets=(pods,),
-        queued_since=job.arrival,
-        queue_name=job.team,
-    )
+    return gpu_workload(job.key, job.arrival, 1, job.gpus, queue_name=job.team)
 
 
 @dataclass(slots=True)
@@ -157,14 +145,7 @@ def _snapshot(running: dict[str, _Running]) -> ClusterSnapshot:
         used[run.node] += run.job.gpus
     return ClusterSnapshot(
         name="c1",
-        nodes=tuple(
-            NodeSnapshot(
-                name=name,
-                allocatable=Resources({GPU: PER_NODE * MILLI}),
-                requested=Resources({GPU: gpus * MILLI}),
-            )
-            for name, gpus in used.items()
-        ),
+        nodes=gpu_nodes(used, PER_NODE),
         admitted=tuple(
             DispatchedWorkload(key=k, priority=0, dispatched_at=r.started)
             for k, r in running.items()
