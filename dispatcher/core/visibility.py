@@ -15,10 +15,10 @@ rolling record; then the start is "expected", never later than a limit allows) o
 a `dispatchDuration` limit (then it is "at the latest" that time). When the next end in
 line is not known, neither is the start. The model ignores sizes (a large gang may need
 several ends); the accuracy benchmark (benchmarks/eta_bench.py) measures how far off that
-leaves it. A gang the scheduler reserved nodes for (`Waiting.reserved_from`) needs no slot:
+leaves it. A gang the scheduler reserved nodes for (`Waiting.reserved`) needs no slot:
 its start is the reservation's, where the work it waits for is expected to end by the share
 of their limits recent work ran (`Durations.limit_use`), and never later than their
-declared limits allow (`Waiting.reserved_latest`).
+declared limits allow (`Reserved.latest`); its pending entry names the nodes.
 """
 
 from __future__ import annotations
@@ -63,6 +63,17 @@ LIMIT_RECORD_SIZE = 128
 
 
 @dataclass(frozen=True, slots=True)
+class Reserved:
+    """Nodes reserved for a pending gang: in `cluster`, `nodes` by name, from `start` (its
+    estimate) and at the latest from `latest` (seconds since the epoch)."""
+
+    cluster: str
+    nodes: tuple[str, ...]
+    start: float
+    latest: float
+
+
+@dataclass(frozen=True, slots=True)
 class Waiting:
     """A pending AppWrapper, as the cycle took it (in order)."""
 
@@ -75,11 +86,9 @@ class Waiting:
     message: str = ""
     kind: str = ""  # the kind of its first item, for the durations record
     limit: float | None = None  # its dispatchDuration limit, seconds
-    reserved_from: float | None = None
-    """Nodes are reserved for it from then (the work it waits for is expected to end
-    there): its estimate, whatever the slot model would guess."""
-    reserved_latest: float | None = None
-    """Its reservation's latest start (where the declared limits of that work end it)."""
+    reserved: Reserved | None = None
+    """Nodes reserved for it: its estimate is the reservation's, whatever the slot model
+    would guess."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +125,7 @@ class Pending:
     queue_position: int  # 1-based, in its cluster queue ("" for capacity-only work)
     local_position: int  # 1-based, in its AppQueue (0 when it has none)
     eta: Eta
+    reserved: Reserved | None = None  # nodes reserved for it
 
     @property
     def namespace(self) -> str:
@@ -279,9 +289,9 @@ def _lines(
             etas[waiting.key] = Eta(None, f"unknown: {waiting.message}")
             continue
         heap = ends.get(waiting.cluster_queue) or []
-        if waiting.reserved_from is not None:
-            start = max(now, waiting.reserved_from)
-            etas[waiting.key] = _reserved_eta(start, waiting.reserved_latest, durations)
+        if waiting.reserved is not None:
+            start = max(now, waiting.reserved.start)
+            etas[waiting.key] = _reserved_eta(start, waiting.reserved.latest, durations)
             if heap:  # it takes the slot it waited for, as any other: those behind wait on it
                 heapq.heappop(heap)
                 own = _end_of(
@@ -346,6 +356,7 @@ def pending_view(
                 queue_position=queue_position,
                 local_position=local_position,
                 eta=etas[waiting.key],
+                reserved=waiting.reserved,
             )
         )
     by_queue: dict[str, list[Pending]] = {}

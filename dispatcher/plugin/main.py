@@ -338,6 +338,14 @@ def cmd_why(api: Connection, args: argparse.Namespace) -> None:
             f"  waiting: {_age(item['waitingSeconds'])} ({item['reason']}): {item['message']}"
         )
         lines.append(f"  starts: {item['eta']['basis']}")
+        reservation = item.get("reservation")
+        if isinstance(reservation, dict):
+            nodes = [str(n) for n in reservation.get("nodes") or []]
+            lines.append(
+                f"  reserved: {len(nodes)} node{'' if len(nodes) == 1 else 's'} in cluster"
+                f" {reservation.get('cluster')} ({', '.join(nodes)}), expected from"
+                f" {reservation.get('expectedFrom')}, at the latest {reservation.get('latestFrom')}"
+            )
     for key in ("clusterName", "requeueCount", "admission"):
         value = status.get(key)
         if value:

@@ -161,6 +161,9 @@ async def test_pending_list_positions_and_eta(queue: Queue) -> None:
     # ends it, and starts then at the latest (docs/scheduling.md, reservations).
     assert "reserved 1 node in cluster local from" in items[0]["message"]
     assert items[0]["eta"]["basis"].startswith("nodes reserved for it from ")
+    assert items[0]["reservation"]["cluster"] == "local"
+    assert items[0]["reservation"]["nodes"] == [f"{ns}-n1"]  # the one node long-1 holds
+    assert "reservation" not in items[1]
     assert items[0]["eta"]["basis"].endswith("(declared limits), at the latest")
     assert items[0]["eta"]["latest"] is True
     assert items[0]["eta"]["at"]
@@ -245,6 +248,8 @@ async def test_plugin_commands(queue: Queue) -> None:
         (await kubectl_aw(cluster, "list", "-n", ns, "-o", "json", "--as=alice")).stdout
     )
     assert [i["name"] for i in as_json["items"]][:3] == ["wait-a", "wait-b", "wait-c"]
+    head = (await kubectl_aw(cluster, "why", "wait-a", "-n", ns, "--as=alice")).stdout
+    assert f"  reserved: 1 node in cluster local ({ns}-n1), expected from " in head
     why = (await kubectl_aw(cluster, "why", "wait-b", "-n", ns, "--as=alice")).stdout
     assert f"{ns}/wait-b: Pending" in why
     assert "position: 2 overall, 2 in capacity-only work" in why

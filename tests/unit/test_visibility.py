@@ -26,6 +26,7 @@ from dispatcher.core.scheduling import Wait, schedule
 from dispatcher.core.visibility import (
     Durations,
     Occupant,
+    Reserved,
     Waiting,
     clock,
     pending_view,
@@ -321,7 +322,7 @@ def test_a_reserved_gang_starts_when_its_reservation_does() -> None:
     one in line is estimated by the slot model as before."""
     active = [Occupant("a/long", NOW - 10, "q", "Job", None)]
     order = [
-        Waiting("a/hero", 5, NOW - 5, "q", reserved_from=NOW + 52),
+        Waiting("a/hero", 5, NOW - 5, "q", reserved=Reserved("c", ("n1",), NOW + 52, NOW + 52)),
         Waiting("a/next", 0, NOW - 1, "q"),
     ]
     view = pending_view(order, active, Durations(), NOW)
@@ -336,10 +337,26 @@ def test_a_reserved_gang_expected_before_its_latest_says_both_and_why() -> None:
     for seconds in (30.0, 40.0, 50.0):  # of limits of 100 s: 40% as the median
         durations.observe("q", "Job", seconds, 100.0)
     durations.observe("q", "Job", 70.0)  # no limit: no share
-    order = [Waiting("a/hero", 5, NOW - 5, "q", reserved_from=NOW + 20, reserved_latest=NOW + 600)]
-    hero = pending_view(order, [], durations, NOW).by_key["a/hero"].eta
+    reserved = Reserved("c", ("n1", "n2"), NOW + 20, NOW + 600)
+    order = [Waiting("a/hero", 5, NOW - 5, "q", reserved=reserved)]
+    pending = pending_view(order, [], durations, NOW).by_key["a/hero"]
+    assert pending.reserved == reserved
+    hero = pending.eta
     assert (hero.at, hero.latest) == (NOW + 20, False)
     assert hero.basis == (
         "nodes reserved for it, expected from 08:00 UTC (declared limits: recent work ran"
         " 40% of its limit (median)), at the latest 08:10 UTC"
     )
+
+
+def test_the_web_views_page_of_a_reserved_gang_names_its_nodes_escaped() -> None:
+    from dispatcher.controller.visibility.webview import appwrapper_page
+
+    reserved = Reserved("c<1>", ("n1", "n<2>"), NOW + 20, NOW + 60)
+    order = [Waiting("a/hero", 5, NOW - 5, "q", reserved=reserved), Waiting("a/next", 0, NOW, "q")]
+    view = pending_view(order, [], Durations(), NOW)
+    obj = {"metadata": {"namespace": "a", "name": "hero"}, "status": {}}
+    page = appwrapper_page(obj, view.by_key["a/hero"], NOW)
+    assert "<p class='reserved'>reserved in cluster c&lt;1&gt;: n1, n&lt;2&gt;</p>" in page
+    plain = appwrapper_page(obj, view.by_key["a/next"], NOW)
+    assert "class='reserved'" not in plain

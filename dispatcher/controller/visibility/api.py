@@ -54,6 +54,7 @@ from dispatcher.core.gatekeeping import Access, Creator
 from dispatcher.core.visibility import (
     Pending,
     PendingView,
+    Reserved,
     named_namespaces,
     redacted,
     rfc3339,
@@ -172,6 +173,17 @@ def item_of(pending: Pending, now: float) -> Obj:
             "latest": pending.eta.latest,
             "basis": pending.eta.basis,
         },
+        **({"reservation": reservation_of(pending.reserved)} if pending.reserved else {}),
+    }
+
+
+def reservation_of(reserved: Reserved) -> Obj:
+    """Nodes reserved for a pending gang, as the API shows them."""
+    return {
+        "cluster": reserved.cluster,
+        "nodes": list(reserved.nodes),
+        "expectedFrom": rfc3339(reserved.start),
+        "latestFrom": rfc3339(reserved.latest),
     }
 
 

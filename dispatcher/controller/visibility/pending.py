@@ -26,7 +26,14 @@ from dispatcher.core.model import Workload
 from dispatcher.core.queues import QueueManager, order_key
 from dispatcher.core.quota.resolve import Queued, QueueProblem
 from dispatcher.core.scheduling import CycleResult, Wait
-from dispatcher.core.visibility import Durations, Occupant, PendingView, Waiting, pending_view
+from dispatcher.core.visibility import (
+    Durations,
+    Occupant,
+    PendingView,
+    Reserved,
+    Waiting,
+    pending_view,
+)
 
 Obj = dict[str, Any]
 Found = tuple[Workload, Wait, Queued | QueueProblem | None]
@@ -133,7 +140,10 @@ class Visibility:
             for key in result.order
             if key in waits  # not admitted by that cycle
         ]
-        reserved = {key: (i.start, i.latest) for key, i in result.reservations.items()}
+        reserved = {
+            key: Reserved(i.cluster, tuple(n for n, _ in i.nodes), i.start, i.latest)
+            for key, i in result.reservations.items()
+        }
         if pending_now is None:
             return [self._waiting(*found, reserved) for found in judged]
         # What is pending now decides who is listed: the judged work still pending in the
@@ -150,10 +160,9 @@ class Visibility:
         workload: Workload,
         wait: Wait,
         resolved: Queued | QueueProblem | None,
-        reserved: Mapping[str, tuple[float, float]],
+        reserved: Mapping[str, Reserved],
     ) -> Waiting:
         queue, local = _queues(resolved)
-        start, latest = reserved.get(workload.key, (None, None))
         return Waiting(
             key=workload.key,
             priority=workload.priority,
@@ -164,8 +173,7 @@ class Visibility:
             message=wait.message,
             kind=workload.kind,
             limit=workload.duration_limit,
-            reserved_from=start,
-            reserved_latest=latest,
+            reserved=reserved.get(workload.key),
         )
 
     def view(self) -> PendingView:

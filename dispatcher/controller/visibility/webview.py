@@ -156,6 +156,12 @@ def appwrapper_page(obj: Mapping[str, Any], pending: Pending | None, now: float)
             f" in {escape(pending.cluster_queue or 'capacity-only work')}; starts:"
             f" {escape(pending.eta.basis)}</p><p class='why'>{escape(pending.message)}</p>"
         )
+        reserved = pending.reserved
+        if reserved is not None:
+            parts.append(
+                f"<p class='reserved'>reserved in cluster {escape(reserved.cluster)}:"
+                f" {escape(', '.join(reserved.nodes))}</p>"
+            )
     conditions = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
     conditions.sort(key=lambda c: str(c.get("lastTransitionMicroTime") or ""))
     items = []
