@@ -425,9 +425,10 @@ class Config(BaseModel):
     way (docs/quotas.md, "Fair over time")."""
     fair_sharing_half_life_seconds: float = Field(default=7 * 86400.0, ge=60, le=366 * 86400.0)
     """`Usage` mode: after this long, what a queue (or user) used counts half."""
-    fair_sharing_sample_seconds: float = Field(default=300.0, ge=1, le=86400.0)
-    """`Usage` mode: the longest time between two samples of what queues hold (each written
-    into the queue's status); any change of what a queue holds is sampled sooner."""
+    usage_sample_seconds: float = Field(default=300.0, ge=1, le=86400.0)
+    """The longest time between two samples of what queues hold, for `Usage` fair sharing
+    and budgets (each written into the queue's status); any change of what a queue holds is
+    sampled sooner."""
     queue_required: bool = False
     """With quotas: an AppWrapper that names no queue (and whose namespace has no `default`
     AppQueue) waits, instead of being admitted on capacity alone."""

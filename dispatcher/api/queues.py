@@ -8,7 +8,7 @@ inactive with a message instead of making the object unreadable.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -88,6 +88,16 @@ class UserLimits(_Model):
     maxResources: dict[str, Quantity] = Field(default_factory=dict, max_length=32)
 
 
+class BudgetSpec(_Model):
+    """Ours: at most `amountHours` of `resource` x hours per period (docs/quotas.md,
+    "Budgets")."""
+
+    resource: str = Field(min_length=1, max_length=253)
+    amountHours: Quantity
+    period: Literal["Day", "Week", "Month", "Rolling"] = "Week"
+    windowHours: float = Field(default=168.0, gt=0, le=24 * 366)
+
+
 class ClusterAppQueueSpec(_Model):
     cohort: str | None = None
     namespaceSelector: ClusterSelector | None = None
@@ -107,6 +117,7 @@ class ClusterAppQueueSpec(_Model):
     """Ours: Declared (its head reserves nodes, work that ends first backfills them) or
     Never."""
     userLimits: UserLimits | None = None
+    budget: BudgetSpec | None = None
     """Ours: at most this much held by each user at once (docs/quotas.md, "Per-user
     limits")."""
 

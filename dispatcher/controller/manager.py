@@ -192,6 +192,7 @@ class Manager:
             wrote=self.queue.add,
             quota_tree=self.quotas.tree,
             quota_history=self.quotas.histories,
+            quota_spent=self.quotas.spent,
             recorder=self.recorder,
         )
         self.visibility = Visibility(

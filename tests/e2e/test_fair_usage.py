@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.cluster]
 replicas = test_leader.replicas  # the same fixture: dispatcher processes with leader election
 
 DEFAULT = "default-flavor"
-USAGE = {"fair_sharing": True, "fair_sharing_mode": "Usage", "fair_sharing_sample_seconds": 1}
+USAGE = {"fair_sharing": True, "fair_sharing_mode": "Usage", "usage_sample_seconds": 1}
 
 
 def work(name: str, cpu: str, queue: str) -> dict[str, Any]:

@@ -30,8 +30,9 @@ from dispatcher.api.queues import QUEUE_KINDS, parse
 from dispatcher.clock import Clock
 from dispatcher.config import Config
 from dispatcher.controller.quota.kueue import KueueSource
-from dispatcher.controller.quota.usage import UsageHistories
+from dispatcher.controller.quota.usage import Budgets, UsageHistories
 from dispatcher.controller.scheduling.view import EMPTY, SchedulerView
+from dispatcher.core.quota.budget import Spent
 from dispatcher.core.quota.history import UsageHistory
 from dispatcher.core.quota.kueue import KueueQuotas, with_kueue
 from dispatcher.core.quota.model import (
@@ -132,6 +133,8 @@ class Quotas:
         )
         """`Usage` fair sharing: each cluster queue's use over time (sampled at each status
         computation, written with the status)."""
+        self.budgets = Budgets()
+        """What each cluster queue with a budget spent of it (sampled the same way)."""
         self._log = structlog.get_logger("quotas")
         for informer in [*self.informers.values(), self.namespaces]:
             informer.add_handler(self._on_change)
@@ -265,8 +268,7 @@ class Quotas:
             group.create_task(self.namespaces.run(), name="watch-namespaces")
             group.create_task(self.kueue.run(), name="kueue-quotas")
             group.create_task(self._status_loop(), name="queue-status")
-            if self.usage_histories is not None:
-                group.create_task(self._sample_loop(), name="queue-usage-samples")
+            group.create_task(self._sample_loop(), name="queue-usage-samples")
 
     async def _status_loop(self) -> None:
         await self.synced()
@@ -280,10 +282,15 @@ class Quotas:
             await self._clock.sleep(STATUS_EVERY_SECONDS)
 
     async def _sample_loop(self) -> None:
-        """`Usage` mode: a status write (and so a sample) at least this often."""
+        """A status write (and so a sample of use over time and budgets) at least this
+        often: a queue's use grows while nothing changes."""
         while True:
-            await self._clock.sleep(self._config.fair_sharing_sample_seconds)
+            await self._clock.sleep(self._config.usage_sample_seconds)
             self._changed.set()
+
+    def spent(self) -> Mapping[str, Spent]:
+        """What each cluster queue with a budget spent of it, as last sampled."""
+        return self.budgets.spent()
 
     def histories(self) -> Mapping[str, UsageHistory]:
         """Each cluster queue's use over time as last sampled (empty in `Instant` mode)."""
@@ -293,11 +300,13 @@ class Quotas:
         """Each cluster queue and each AppQueue as the last scheduling cycle left them (the
         status written last may be up to STATUS_EVERY_SECONDS older)."""
         usage, pending = self._queued_usage()
+        store = self.informers["ClusterAppQueue"].store
+        queues = self.tree().setup.queues
+        charges = usage.charges.values()
+        now = self._clock.time()
         if self.usage_histories is not None:
-            store = self.informers["ClusterAppQueue"].store
-            queues = self.tree().setup.queues
-            charges = usage.charges.values()
-            self.usage_histories.sample(self._clock.time(), queues, charges, store.get)
+            self.usage_histories.sample(now, queues, charges, store.get)
+        self.budgets.sample(now, queues, charges, store.get)
         return summarize(
             self.tree(), usage.charges.values(), pending, usage.local_of, usage.releasing
         )
@@ -354,6 +363,10 @@ class Quotas:
             history = histories.status_of(name)
             if history is not None:
                 status["usageHistory"] = history
+        spec = self.tree().setup.queues.get(name) if kind == "ClusterAppQueue" else None
+        spent = self.budgets.status_of(name, spec) if spec is not None else None
+        if spent is not None:
+            status["budget"] = spent
         condition = {
             "type": "Active",
             "status": "True" if summary.active else "False",

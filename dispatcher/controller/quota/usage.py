@@ -1,13 +1,14 @@
-"""Each cluster queue's use over time, for fair sharing in `Usage` mode (`core.quota.history`):
-kept in memory, written into the queue's status and read back from it. Side effects: none of
-its own (the quotas' status write carries what `status_of` gives).
+"""Each cluster queue's use over time, for fair sharing in `Usage` mode (`core.quota.history`),
+and what each spent of its budget (`core.quota.budget`): kept in memory, written into the
+queue's status and read back from it. Side effects: none of their own (the quotas' status
+write carries what `status_of` gives).
 
 A queue's history is read from its `status.usageHistory` the first time the queue is sampled,
 so a restarted dispatcher, or a new leader, goes on from the last write. Each sample advances
 it with what the queue's admitted AppWrappers held since the last sample (summed per resource
 over flavors, and per user: the signed creator's), and notes what they hold now for the next:
 a change of what is held changes what a queue's status shows, so a sample follows it within
-the status loop's pace, and the loop also samples every `fair_sharing_sample_seconds`. What
+the status loop's pace, and the loop also samples every `usage_sample_seconds`. What
 was held while no dispatcher ran is counted as what is held at the first sample after.
 """
 
@@ -16,10 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from dispatcher.core.quota.budget import Spent
 from dispatcher.core.quota.history import Decayed, UsageHistory
-from dispatcher.core.quota.model import Charge
+from dispatcher.core.quota.model import Charge, QueueSpec
 
-__all__ = ["UsageHistories"]
+__all__ = ["Budgets", "UsageHistories"]
 
 Obj = dict[str, Any]
 
@@ -74,4 +76,55 @@ class UsageHistories:
 
     def histories(self) -> Mapping[str, UsageHistory]:
         """Every queue's history as of the last sample (what a scheduling cycle reads)."""
+        return self._published
+
+
+class Budgets:
+    """What each cluster queue with a budget spent of it (`core.quota.budget.Spent`), kept
+    as its use over time is: read back from `status.budget` the first time the queue is
+    sampled, advanced at each sample with what was held since the last, written back."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, Spent] = {}
+        self._held: dict[str, float] = {}
+        self._published: Mapping[str, Spent] = {}
+
+    def sample(
+        self,
+        now: float,
+        queues: Mapping[str, QueueSpec],
+        charges: Iterable[Charge],
+        stored: Callable[[str], Obj | None],
+    ) -> None:
+        budgeted = {name: spec.budget for name, spec in queues.items() if spec.budget}
+        if not budgeted and not self._kept:
+            return
+        held: dict[str, float] = {}
+        for charge in charges:
+            budget = budgeted.get(charge.queue)
+            if budget is not None:
+                amount = sum(v for (_, r), v in charge.amounts.items() if r == budget.resource)
+                held[charge.queue] = held.get(charge.queue, 0.0) + amount
+        kept: dict[str, Spent] = {}
+        for name, budget in budgeted.items():
+            spent = self._kept.get(name)
+            if spent is None:
+                found = ((stored(name) or {}).get("status") or {}).get("budget")
+                spent = Spent.from_status(found)
+                if spent.at is not None and spent.at > now:  # a clock ahead wrote it
+                    spent = Spent(now, spent.slices)
+            before = self._held.get(name, held.get(name, 0.0))
+            kept[name] = spent.advance(now, before, budget)
+        self._kept, self._held = kept, {name: held.get(name, 0.0) for name in budgeted}
+        self._published = dict(kept)
+
+    def status_of(self, queue: str, spec: QueueSpec) -> Obj | None:
+        """The queue's `status.budget` (None: it has no budget, or was not sampled)."""
+        spent = self._kept.get(queue)
+        if spent is None or spec.budget is None or spent.at is None:
+            return None
+        return spent.to_status(spec.budget, spent.at)
+
+    def spent(self) -> Mapping[str, Spent]:
+        """Each budgeted queue's spending as of the last sample (what a cycle reads)."""
         return self._published

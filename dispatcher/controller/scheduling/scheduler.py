@@ -61,6 +61,7 @@ from dispatcher.core.model import Workload
 from dispatcher.core.phase import Phase, initialised, queueing, status_phase
 from dispatcher.core.protection import clock_time, notice_seconds
 from dispatcher.core.queues import take
+from dispatcher.core.quota.budget import Spent
 from dispatcher.core.quota.flavors import charge_of, with_flavors
 from dispatcher.core.quota.history import UsageHistory
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
@@ -106,6 +107,7 @@ class Scheduler:
         wrote: Callable[[str], None],
         quota_tree: Callable[[], QuotaTree] | None = None,
         quota_history: Callable[[], Mapping[str, UsageHistory]] | None = None,
+        quota_spent: Callable[[], Mapping[str, Spent]] | None = None,
         recorder: Recorder | None = None,
     ) -> None:
         self._config = config
@@ -120,6 +122,7 @@ class Scheduler:
         self._kept = KeptRooms()  # each member's free room, brought from cycle to cycle
         self._quota_tree = quota_tree
         self._quota_history = quota_history  # `Usage` fair sharing: the queues' use over time
+        self._quota_spent = quota_spent  # what queues with budgets spent of them
         self._cache = cache
         self.state = SchedulerState(cache, members)
         """What the scheduler keeps between cycles: changed by `cycle` alone."""
@@ -211,8 +214,13 @@ class Scheduler:
         quotas = None
         if tree is not None:
             history = self._quota_history() if self._quota_history is not None else None
+            spent = self._quota_spent() if self._quota_spent is not None else None
             quotas = QuotaView(
-                tree, usage=self.state.usage(), place_flavors=not pooled_fit, history=history
+                tree,
+                usage=self.state.usage(),
+                place_flavors=not pooled_fit,
+                history=history,
+                spent=spent,
             )
         judged: list[Workload] = []
 

@@ -20,6 +20,7 @@ from dispatcher.core.model import (
     Toleration,
     Workload,
 )
+from dispatcher.core.quota.budget import Budget
 
 FlavorResource = tuple[str, str]
 """(flavor name, resource name): the unit quota is kept in."""
@@ -157,6 +158,8 @@ class QueueSpec:
     """Seconds a victim of a preemption is told before its objects are removed."""
     user_limit: UserLimit | None = None
     """What each user may hold in it at once (`core.quota.view.QuotaView.user_refusal`)."""
+    budget: Budget | None = None
+    """Resource-hours it may spend per period (`core.quota.budget`)."""
     problems: tuple[str, ...] = ()  # found while reading the object (e.g. a bad quantity)
 
     def charged(self, workload: Workload) -> tuple[PodSet, ...]:
@@ -246,3 +249,4 @@ class Charge:
     admitted_at: float = 0.0
     preemptible: bool = True
     user: str = ""  # who created it (its signed record), "" when not known
+    limit: float | None = None  # its declared `dispatchDuration.limit`, seconds (budgets)

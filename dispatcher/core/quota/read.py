@@ -15,12 +15,14 @@ from dispatcher.api.queues import (
     AppCohort,
     AppFlavor,
     AppQueue,
+    BudgetSpec,
     ClusterAppQueue,
     FairSharing,
     UserLimits,
 )
 from dispatcher.api.queues import ResourceGroup as GroupModel
 from dispatcher.core.model import Backfill, QueueMode, Taint, Toleration
+from dispatcher.core.quota.budget import HOUR, Budget, BudgetPeriod
 from dispatcher.core.quota.model import (
     BorrowPreemption,
     CohortSpec,
@@ -107,6 +109,20 @@ def _user_limit(limits: UserLimits | None, problems: list[str]) -> UserLimit | N
     return UserLimit(limits.maxRunning, resources)
 
 
+def _budget(spec: BudgetSpec | None, problems: list[str]) -> Budget | None:
+    if spec is None:
+        return None
+    amount = _amount("budget.amountHours", spec.amountHours, problems)
+    if amount is None:
+        return None
+    return Budget(
+        resource=spec.resource,
+        amount=amount * HOUR,  # milli-units x seconds
+        period=BudgetPeriod(spec.period),
+        window=spec.windowHours * HOUR,
+    )
+
+
 def _weight(fair: FairSharing | None, problems: list[str]) -> float:
     if fair is None or fair.weight is None:
         return 1.0
@@ -161,6 +177,7 @@ def queue_of(model: ClusterAppQueue) -> QueueSpec:
         minimum_runtime=float(preemption.minimumRuntimeSeconds),
         notice_seconds=float(preemption.noticeSeconds),
         user_limit=_user_limit(spec.userLimits, problems),
+        budget=_budget(spec.budget, problems),
         problems=tuple(problems),
     )
 

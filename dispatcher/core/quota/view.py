@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dispatcher.api.quantity import format_milli
 from dispatcher.api.resources import Resources
 from dispatcher.core.model import PodSet, QueueMode, Workload
+from dispatcher.core.quota.budget import HOUR, BudgetPeriod, Spent, committed
 from dispatcher.core.quota.charges import Charges
 from dispatcher.core.quota.flavors import (
     Assignment,
@@ -48,13 +49,17 @@ class QuotaView:
         place_flavors: bool = True,
         usage: Charges | None = None,
         history: Mapping[str, UsageHistory] | None = None,
+        spent: Mapping[str, Spent] | None = None,
     ) -> None:
         """`place_flavors` False: fit pods as if flavors selected no nodes (a pooled member
         has none to select; the pods still get the flavor's labels when made). With
         `usage` (kept on charge and release), its ledger is copied and `charges` unused.
-        `history`: each queue's use over time (`Usage` fair sharing)."""
+        `history`: each queue's use over time (`Usage` fair sharing); `spent`: what each
+        queue with a budget spent of it (`core.quota.budget`)."""
         self.tree = tree
         self.history: Mapping[str, UsageHistory] = history or {}
+        self.spent: Mapping[str, Spent] = spent or {}
+        self._committing: dict[str, float] = {}  # queue -> what this cycle's admissions may spend
         self._capacity: dict[str, dict[str, float]] = {}  # root cohort -> per resource
         self._users: dict[tuple[str, str], _Held] | None = None
         self.place_flavors = place_flavors
@@ -144,11 +149,19 @@ class QuotaView:
         """Whether the queue still has the quota `assignment` charges."""
         return self._mode(queue, assignment) >= Mode.BORROW
 
-    def admit(self, queue: str, assignment: Assignment, user: str = "") -> None:
+    def admit(self, queue: str, assignment: Assignment, workload: Workload | None = None) -> None:
+        """Charge `assignment` to `queue` (for `workload`'s user, and against the queue's
+        budget what its declared limit may spend)."""
         self.ledger.add(queue, assignment.amounts)
         self.version += 1
+        user = workload.user if workload is not None else ""
         if self._users is not None:
             self._users.setdefault((queue, user), _Held()).add(assignment.amounts)
+        budget = self.setup.queues[queue].budget
+        limit = workload.duration_limit if workload is not None else None
+        if budget is not None and limit is not None:
+            cost = _held_of(assignment.amounts, budget.resource) * limit
+            self._committing[queue] = self._committing.get(queue, 0.0) + cost
 
     def share(self, queue: str) -> float:
         """Fair sharing: the queue's share (the lowest is served first): `Instant`, what it
@@ -212,6 +225,46 @@ class QuotaView:
                     )
         return None
 
+    def budget_refusal(self, queue: str, workload: Workload, now: float) -> QuotaRefusal | None:
+        """Why the queue's budget keeps `workload` out now (None: it does not). Work with a
+        declared limit fits only if what was spent, what running work's limits may still
+        spend (this cycle's admissions too, `admit`) and what it may spend itself fit the
+        amount; work without one while anything is left (`core.quota.budget`)."""
+        budget = self.setup.queues[queue].budget
+        if budget is None:
+            return None
+        resource = budget.resource
+        asked = request_of(self.spec(queue).charged(workload)).get(resource, 0)
+        limit = workload.duration_limit
+        cost = asked * limit if limit is not None else 0.0
+        spent = self.spent.get(queue, Spent())
+        running = [
+            (c.admitted_at, c.limit, _held_of(c.amounts, resource))
+            for c in self.charges.values()
+            if c.queue == queue
+        ]
+        since = spent.at if spent.at is not None else now
+        unsampled = sum(held for _, _, held in running) * max(0.0, now - since)
+        used = spent.total(budget, now) + unsampled
+        bound = used + committed(running, now) + self._committing.get(queue, 0.0)
+        if (limit is not None and bound + cost <= budget.amount) or (
+            limit is None and bound < budget.amount
+        ):
+            return None
+        per = (
+            budget.period.value.lower()
+            if budget.period is not BudgetPeriod.ROLLING
+            else f"rolling {budget.window / HOUR:g} hours"
+        )
+        head = f"queue {queue}: its budget of {_hours(budget.amount)} {resource}-hours per {per}"
+        if limit is None:
+            return QuotaRefusal(f"{head} is spent, and it declares no limit")
+        return QuotaRefusal(
+            f"{head} has too little left for what it may spend: up to {_hours(cost)}"
+            f" {resource}-hours (its declared limit)",
+            never=cost > budget.amount,
+        )
+
     def _held_by(self, queue: str, user: str) -> _Held:
         if self._users is None:
             self._users = {}
@@ -258,3 +311,12 @@ class _Held:
     def add(self, amounts: Mapping[FlavorResource, int]) -> None:
         self.count += 1
         _add(self.amounts, amounts)
+
+
+def _held_of(amounts: Mapping[FlavorResource, int], resource: str) -> float:
+    return float(sum(amount for (_, name), amount in amounts.items() if name == resource))
+
+
+def _hours(milli_seconds: float) -> str:
+    """Milli-units x seconds as units x hours, for people."""
+    return f"{milli_seconds / 1000 / HOUR:.4g}"

@@ -514,8 +514,11 @@ def _fit_queued(
     """Quota fit and capacity fit together: each flavor assignment the queue allows, in its
     order, until one also fits a cluster (the admission is charged to the queue); else the
     first one's refusal, with the victims that would make quota and capacity fit. Its
-    user's limit in the queue comes first (`QuotaView.user_refusal`)."""
+    user's limit in the queue comes first (`QuotaView.user_refusal`), then its budget
+    (`QuotaView.budget_refusal`)."""
     refused = quotas.user_refusal(queued.queue, workload)
+    if refused is None:
+        refused = quotas.budget_refusal(queued.queue, workload, cycle.now)
     if refused is not None:
         return refused
     options = quotas.candidates(queued.queue, workload)
@@ -537,7 +540,7 @@ def _fit_queued(
             continue
         decided = _fit(fitted, cycle, preemption, preempt=False)
         if isinstance(decided, str):
-            quotas.admit(queued.queue, assignment, workload.user)
+            quotas.admit(queued.queue, assignment, workload)
             return decided, assignment, fitted
         if first is None:
             first = (decided, assignment, fitted)
@@ -546,7 +549,7 @@ def _fit_queued(
     _, assignment, fitted = first
     if spec.checks and not workload.checked and assignment.admissible:
         # Its quota fits but no member's nodes do: reserve the quota, run the checks.
-        quotas.admit(queued.queue, assignment, workload.user)
+        quotas.admit(queued.queue, assignment, workload)
         return "", assignment, fitted
     if preemption is None:
         if not assignment.admissible:
@@ -562,7 +565,7 @@ def _fit_queued(
         fitted, cycle, preemption, preempt=True, rules=rules, context=context, quota_limit=limit
     )
     if isinstance(again, str):  # admissible, and room appeared (cannot happen: same cycle)
-        quotas.admit(queued.queue, assignment, workload.user)
+        quotas.admit(queued.queue, assignment, workload)
         return again, assignment, fitted
     if limit and again.chosen is None:
         return QuotaRefusal(limit)

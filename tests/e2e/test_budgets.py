@@ -1,0 +1,67 @@
+"""Budgets on the real control plane (docs/quotas.md, "Budgets"): a queue's resource-hours per
+period, spent as its admitted AppWrappers hold the resource, kept in its status; work whose
+declared limit would spend more than is left waits, and is admitted once the spending leaves
+the (rolling) period."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from testenv.manifests import app_flavor, app_queue, cluster_queue
+from testenv.waits import async_wait_until
+from tests.e2e.conftest import apply, appwrapper, deployment, get_aw, wait_condition
+
+pytestmark = [pytest.mark.cluster]
+
+DEFAULT = "default-flavor"
+LIMIT = 15  # seconds each runs at most: its pods run until the limit stops it
+
+
+def limited(name: str) -> dict[str, Any]:
+    body = deployment(name, 1, {"cpu": "1"})
+    return appwrapper(name, body, queue="team", scheduling={"dispatchDuration": {"limit": LIMIT}})
+
+
+async def message(cluster: Any, namespace: str, name: str) -> str:
+    return str(((await get_aw(cluster, namespace, name)).get("status") or {}).get("message") or "")
+
+
+async def test_a_budget_holds_work_that_would_overspend_until_the_window_renews(
+    cluster, namespace, fake_nodes, run_dispatcher, quotas
+):
+    fake_nodes.add("n", cpu="8", memory="64Gi")
+    cq = f"{namespace}-cq"
+    # 18 cpu-seconds (5 milli-cpu-hours) per rolling 36 s: one run of 15 cpu-seconds fits,
+    # two do not.
+    budget = {"resource": "cpu", "amountHours": "5m", "period": "Rolling", "windowHours": 0.01}
+    for obj in (app_flavor(DEFAULT), cluster_queue(cq, {DEFAULT: {"cpu": 4}}, budget=budget)):
+        await cluster.akubectl("apply", "-f", "-", input=json.dumps(obj))
+    await apply(cluster, namespace, app_queue("team", cq))
+    await run_dispatcher(usage_sample_seconds=1)
+    await apply(cluster, namespace, limited("first"))
+    await wait_condition(cluster, namespace, "first", "Dispatched", timeout=30)
+    await apply(cluster, namespace, limited("second"))
+
+    async def held() -> str | None:
+        found = await message(cluster, namespace, "second")
+        return found if "budget" in found else None
+
+    said = await async_wait_until(held, timeout=30, what="the second held by the budget")
+    assert said == (
+        f"queue {cq}: its budget of 0.005 cpu-hours per rolling 0.01 hours has too little left"
+        " for what it may spend: up to 0.004167 cpu-hours (its declared limit)"
+    )
+
+    async def spent() -> float | None:
+        out = await cluster.akubectl("get", "clusterappqueue", cq, "-o", "json")
+        status = (json.loads(out.stdout).get("status") or {}).get("budget") or {}
+        value = status.get("spentHours")
+        return float(value) if isinstance(value, int | float) and value > 0 else None
+
+    assert await async_wait_until(spent, timeout=30, what="the spending in the queue's status")
+    # The first is stopped at its limit; its spending leaves the window 36 s later, and the
+    # second is admitted.
+    await wait_condition(cluster, namespace, "second", "Dispatched", timeout=LIMIT + 36 + 30)
