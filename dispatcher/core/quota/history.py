@@ -24,7 +24,7 @@ that admissions in one cycle move the share at once (history alone moves only wi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,12 +166,3 @@ def usage_share(
         rate = history.rate(resource, half_life) if history is not None else 0.0
         best = max(best, (rate + holding.get(resource, 0.0)) / total)
     return best / weight if weight > 0 else math.inf
-
-
-def summed(amounts: Iterable[Mapping[str, float]]) -> dict[str, float]:
-    """Per resource, the sum of `amounts`."""
-    total: dict[str, float] = {}
-    for amount in amounts:
-        for resource, value in amount.items():
-            total[resource] = total.get(resource, 0.0) + value
-    return total
