@@ -17,7 +17,7 @@ from tests.e2e.conftest import apply, appwrapper, deployment, get_aw, wait_condi
 pytestmark = [pytest.mark.cluster]
 
 DEFAULT = "default-flavor"
-LIMIT = 15  # seconds each runs at most: its pods run until the limit stops it
+LIMIT = 8  # seconds each runs at most: its pods run until the limit stops it
 
 
 def limited(name: str) -> dict[str, Any]:
@@ -34,9 +34,9 @@ async def test_a_budget_holds_work_that_would_overspend_until_the_window_renews(
 ):
     fake_nodes.add("n", cpu="8", memory="64Gi")
     cq = f"{namespace}-cq"
-    # 18 cpu-seconds (5 milli-cpu-hours) per rolling 36 s: one run of 15 cpu-seconds fits,
-    # two do not.
-    budget = {"resource": "cpu", "amountHours": "5m", "period": "Rolling", "windowHours": 0.01}
+    # 10.8 cpu-seconds (3 milli-cpu-hours) per rolling 14.4 s: one run of 8 cpu-seconds
+    # fits, two do not.
+    budget = {"resource": "cpu", "amountHours": "3m", "period": "Rolling", "windowHours": 0.004}
     for obj in (app_flavor(DEFAULT), cluster_queue(cq, {DEFAULT: {"cpu": 4}}, budget=budget)):
         await cluster.akubectl("apply", "-f", "-", input=json.dumps(obj))
     await apply(cluster, namespace, app_queue("team", cq))
@@ -51,8 +51,8 @@ async def test_a_budget_holds_work_that_would_overspend_until_the_window_renews(
 
     said = await async_wait_until(held, timeout=30, what="the second held by the budget")
     assert said == (
-        f"queue {cq}: its budget of 0.005 cpu-hours per rolling 0.01 hours has too little left"
-        " for what it may spend: up to 0.004167 cpu-hours (its declared limit)"
+        f"queue {cq}: its budget of 0.003 cpu-hours per rolling 0.004 hours has too little left"
+        " for what it may spend: up to 0.002222 cpu-hours (its declared limit)"
     )
 
     async def spent() -> float | None:
@@ -62,6 +62,6 @@ async def test_a_budget_holds_work_that_would_overspend_until_the_window_renews(
         return float(value) if isinstance(value, int | float) and value > 0 else None
 
     assert await async_wait_until(spent, timeout=30, what="the spending in the queue's status")
-    # The first is stopped at its limit; its spending leaves the window 36 s later, and the
+    # The first is stopped at its limit; its spending leaves the window 14.4 s later, and the
     # second is admitted.
-    await wait_condition(cluster, namespace, "second", "Dispatched", timeout=LIMIT + 36 + 30)
+    await wait_condition(cluster, namespace, "second", "Dispatched", timeout=LIMIT + 15 + 30)
