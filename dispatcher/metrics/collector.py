@@ -144,6 +144,7 @@ def _queue_metrics(view: QueueFigures) -> Iterator[Metric]:
                     if quota.lending_limit is not None:
                         limits["lending_limit"].add_metric(labels, quota.lending_limit / 1000)
     yield from limits.values()
+    yield from _budget_and_user_metrics(view)
     local = GaugeMetricFamily(
         f"{PREFIX}_local_queue_admitted_active_workloads",
         "AppWrappers admitted through the AppQueue and holding quota.",
@@ -153,6 +154,36 @@ def _queue_metrics(view: QueueFigures) -> Iterator[Metric]:
         namespace, _, name = key.partition("/")
         local.add_metric([name, namespace], summary.admitted)
     yield local
+
+
+def _budget_and_user_metrics(view: QueueFigures) -> Iterator[Metric]:
+    """Budgets spent and left; the heaviest users' use over time (bounded per queue)."""
+    labels = ["cluster_queue", "resource"]
+    spent = GaugeMetricFamily(
+        f"{PREFIX}_cluster_queue_budget_spent_hours",
+        "What the cluster queue spent of its budget this period, in resource-hours.",
+        labels=labels,
+    )
+    left = GaugeMetricFamily(
+        f"{PREFIX}_cluster_queue_budget_remaining_hours",
+        "What is left of the cluster queue's budget this period, in resource-hours.",
+        labels=labels,
+    )
+    for queue, (resource, hours, remaining) in sorted(view.budgets.items()):
+        spent.add_metric([queue, resource], hours)
+        left.add_metric([queue, resource], remaining)
+    yield spent
+    yield left
+    users = GaugeMetricFamily(
+        f"{PREFIX}_cluster_queue_user_usage",
+        "Fair sharing by use: a user's average use of a resource in the cluster queue over"
+        " time (decayed with the half-life), for its heaviest users only.",
+        labels=["cluster_queue", "user", "resource"],
+    )
+    for queue, rows in sorted(view.users.items()):
+        for user, resource, rate in rows:
+            users.add_metric([queue, user, resource], rate)
+    yield users
 
 
 def _pending_metrics(view: MetricsFigures) -> Iterator[Metric]:

@@ -24,6 +24,9 @@ from dispatcher.core.quota.model import QueueSpec
 from dispatcher.core.quota.summary import QueueSummary
 from dispatcher.kube.client import RequestStats
 
+TOP_USERS = 10
+"""Users per cluster queue with a series of their own: bounded, whatever the number of users."""
+
 
 @dataclass(frozen=True)
 class PendingFigures:
@@ -44,6 +47,11 @@ class QueueFigures:
     specs: Mapping[str, QueueSpec] = field(default_factory=dict)
     summaries: Mapping[str, QueueSummary] = field(default_factory=dict)
     local_summaries: Mapping[str, QueueSummary] = field(default_factory=dict)
+    budgets: Mapping[str, tuple[str, float, float]] = field(default_factory=dict)
+    """Cluster queue -> (resource, hours spent, hours left) of its budget this period."""
+    users: Mapping[str, tuple[tuple[str, str, float], ...]] = field(default_factory=dict)
+    """Cluster queue -> (user, resource, average rate of use, in units) of its `TOP_USERS`
+    users by use over time (`Usage` fair sharing)."""
 
 
 @dataclass(frozen=True)

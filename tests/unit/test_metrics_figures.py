@@ -174,7 +174,13 @@ def test_a_scrape_reads_the_published_view_and_the_counters_only() -> None:
         borrowed={("default", "cpu"): 1000},
     )
     view = MetricsFigures(
-        QueueFigures({"cq": spec}, {"cq": summary}, {"ns/team": QueueSummary(admitted=2)}),
+        QueueFigures(
+            {"cq": spec},
+            {"cq": summary},
+            {"ns/team": QueueSummary(admitted=2)},
+            {"cq": ("nvidia.com/gpu", 12.5, 487.5)},
+            {"cq": (("alice", "cpu", 1.5),)},
+        ),
         PendingFigures({("cq", "inadmissible"): 1}, {("ns/team", "inadmissible"): 1}),
     )
     registry = CollectorRegistry(auto_describe=True)
@@ -204,3 +210,9 @@ def test_a_scrape_reads_the_published_view_and_the_counters_only() -> None:
     assert sample("local_queue_admitted_active_workloads", **team) == 2
     assert sample("queue_pending", queue="cq") == 1
     assert sample("queue_preemptions_total", queue="cq") == 3
+    gpu = {"cluster_queue": "cq", "resource": "nvidia.com/gpu"}
+    assert sample("cluster_queue_budget_spent_hours", **gpu) == 12.5
+    assert sample("cluster_queue_budget_remaining_hours", **gpu) == 487.5
+    assert (
+        sample("cluster_queue_user_usage", cluster_queue="cq", user="alice", resource="cpu") == 1.5
+    )

@@ -51,7 +51,7 @@ from dispatcher.kube.client import ResourceInfo
 from dispatcher.kube.errors import KubeError, NotFound
 from dispatcher.kube.events import EventRecorder
 from dispatcher.kube.informer import Informer
-from dispatcher.metrics.view import QueueFigures
+from dispatcher.metrics.view import TOP_USERS, QueueFigures
 
 Obj = dict[str, Any]
 INFOS = {
@@ -292,6 +292,27 @@ class Quotas:
         """What each cluster queue with a budget spent of it, as last sampled."""
         return self.budgets.spent()
 
+    def _budget_figures(self) -> dict[str, tuple[str, float, float]]:
+        figures = {}
+        for name, spec in self.tree().setup.queues.items():
+            status = self.budgets.status_of(name, spec)
+            if status is not None and spec.budget is not None:
+                spent, left = status["spentHours"], status["remainingHours"]
+                figures[name] = (spec.budget.resource, spent, left)
+        return figures
+
+    def _user_figures(self) -> dict[str, tuple[tuple[str, str, float], ...]]:
+        figures: dict[str, tuple[tuple[str, str, float], ...]] = {}
+        half_life = self._config.fair_sharing_half_life_seconds
+        for name, history in self.histories().items():
+            top = sorted(history.users.items(), key=lambda item: -item[1].total())[:TOP_USERS]
+            figures[name] = tuple(
+                (user, resource, decayed.rate(resource, half_life) / 1000)
+                for user, decayed in top
+                for resource in sorted(decayed.values)
+            )
+        return figures
+
     def histories(self) -> Mapping[str, UsageHistory]:
         """Each cluster queue's use over time as last sampled (empty in `Instant` mode)."""
         return self.usage_histories.histories() if self.usage_histories is not None else {}
@@ -318,7 +339,11 @@ class Quotas:
             return
         queues, locals_ = self.summarize()
         self.summaries, self.local_summaries = queues, locals_
-        self._publish(QueueFigures(tree.setup.queues, queues, locals_))
+        self._publish(
+            QueueFigures(
+                tree.setup.queues, queues, locals_, self._budget_figures(), self._user_figures()
+            )
+        )
         now = datetime.fromtimestamp(self._clock.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for name, summary in queues.items():
             await self._write("ClusterAppQueue", None, name, summary, now)
