@@ -40,10 +40,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.backfill_bench import MODES, Mode
 from benchmarks.peer_systems import HOLD_ANNOTATION, kwok_stages
 from dispatcher.app import running
 from dispatcher.config import Config, MemberConfig
-from dispatcher.core.model import Backfill, QueueMode
 from testenv.localcluster import REPO_ROOT, LocalCluster, ensure_binaries
 from testenv.manifests import appwrapper, job
 
@@ -53,20 +53,6 @@ GUARD_SECONDS = 30.0
 STREAM_SECONDS = 120.0
 GANG_ARRIVALS = (5.0, 80.0)
 GANG_RUN, GANG_LIMIT = 30, 45
-
-
-@dataclass(frozen=True, slots=True)
-class Mode:
-    name: str
-    queueing: QueueMode
-    backfill: Backfill
-
-
-MODES = (
-    Mode("StrictFIFO", QueueMode.STRICT_FIFO, Backfill.NEVER),
-    Mode("BestEffortFIFO", QueueMode.BEST_EFFORT_FIFO, Backfill.NEVER),
-    Mode("reservation+backfill", QueueMode.BEST_EFFORT_FIFO, Backfill.DECLARED),
-)
 
 
 @dataclass(frozen=True, slots=True)
