@@ -60,6 +60,7 @@ class QuotaView:
         self.history: Mapping[str, UsageHistory] = history or {}
         self.spent: Mapping[str, Spent] = spent or {}
         self._committing: dict[str, float] = {}  # queue -> what this cycle's admissions may spend
+        self._budget_base: dict[str, float] = {}  # queue -> spent + what running work may spend
         self._capacity: dict[str, dict[str, float]] = {}  # root cohort -> per resource
         self._users: dict[tuple[str, str], _Held] | None = None
         self.place_flavors = place_flavors
@@ -237,16 +238,19 @@ class QuotaView:
         asked = request_of(self.spec(queue).charged(workload)).get(resource, 0)
         limit = workload.duration_limit
         cost = asked * limit if limit is not None else 0.0
-        spent = self.spent.get(queue, Spent())
-        running = [
-            (c.admitted_at, c.limit, _held_of(c.amounts, resource))
-            for c in self.charges.values()
-            if c.queue == queue
-        ]
-        since = spent.at if spent.at is not None else now
-        unsampled = sum(held for _, _, held in running) * max(0.0, now - since)
-        used = spent.total(budget, now) + unsampled
-        bound = used + committed(running, now) + self._committing.get(queue, 0.0)
+        base = self._budget_base.get(queue)
+        if base is None:  # once per cycle: the charges change only by this cycle's admissions
+            spent = self.spent.get(queue, Spent())
+            running = [
+                (c.admitted_at, c.limit, _held_of(c.amounts, resource))
+                for c in self.charges.values()
+                if c.queue == queue
+            ]
+            since = spent.at if spent.at is not None else now
+            unsampled = sum(held for _, _, held in running) * max(0.0, now - since)
+            base = spent.total(budget, now) + unsampled + committed(running, now)
+            self._budget_base[queue] = base
+        bound = base + self._committing.get(queue, 0.0)
         if (limit is not None and bound + cost <= budget.amount) or (
             limit is None and bound < budget.amount
         ):
