@@ -88,6 +88,13 @@ class UserLimits(_Model):
     maxResources: dict[str, Quantity] = Field(default_factory=dict, max_length=32)
 
 
+class GroupLimits(UserLimits):
+    """Ours: what the users of one group (as the signed creator record names their groups)
+    may hold in the queue at once, together."""
+
+    group: str = Field(min_length=1, max_length=253)
+
+
 class BudgetSpec(_Model):
     """Ours: at most `amountHours` of `resource` x hours per period (docs/quotas.md,
     "Budgets")."""
@@ -117,6 +124,7 @@ class ClusterAppQueueSpec(_Model):
     """Ours: Declared (its head reserves nodes, work that ends first backfills them) or
     Never."""
     userLimits: UserLimits | None = None
+    groupLimits: list[GroupLimits] = Field(default_factory=list, max_length=32)
     budget: BudgetSpec | None = None
     """Ours: at most this much held by each user at once (docs/quotas.md, "Per-user
     limits")."""

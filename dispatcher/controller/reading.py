@@ -150,7 +150,7 @@ class AppWrapperReader:
         priority_class: Callable[[str], Obj | None],
         declared_as_written: bool = True,
         attribution: Callable[[Obj], str] = lambda obj: "",
-        creator: Callable[[Obj], str] = lambda obj: "",
+        creator: Callable[[Obj], tuple[str, tuple[str, ...]]] = lambda obj: ("", ()),
         priority_policy: PriorityPolicy | None = None,
         workload_priority_class: Callable[[str], Obj | None] | None = None,
     ) -> None:
@@ -169,9 +169,9 @@ class AppWrapperReader:
         # Why each AppWrapper held as a stub (larger than the size limit) is refused.
         self._oversize: dict[str, str] = {}
         self._parsed: dict[str, tuple[str, AppWrapper]] = {}
-        # key -> who created it, as its signed record says ("" when it is not signed):
-        # read with the model, once per version; kept when the model is dropped.
-        self._users: dict[str, str] = {}
+        # key -> who created it and their groups, as its signed record says (("", ()) when
+        # it is not signed): read with the model, once per version; kept when it is dropped.
+        self._users: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._workloads: dict[str, tuple[WorkloadStamp, Workload | InvalidSpec]] = {}
 
     def parse(self, obj: Obj) -> AppWrapper:
@@ -189,7 +189,7 @@ class AppWrapperReader:
             return cached[1]
         model = AppWrapper.from_kube(obj)
         self._parsed[key] = (version, model)
-        self._users[key] = self._creator(obj) if not obj.get(OVERSIZE) else ""
+        self._users[key] = self._creator(obj) if not obj.get(OVERSIZE) else ("", ())
         oversize = obj.get(OVERSIZE)
         if oversize:
             self._oversize[key] = str(oversize)
@@ -289,11 +289,12 @@ class AppWrapperReader:
             queue_name_of(aw.metadata.labels, aw.metadata.annotations),
         )
         cached = self._workloads.get(aw.key)
-        user = self._users.get(aw.key, "")
+        user, groups = self._users.get(aw.key, ("", ()))
         if cached is not None and cached[0] == stamp:
             found = cached[1]
-            if isinstance(found, Workload) and found.user != user:  # its record signed since
-                found = replace(found, user=user)
+            signed = isinstance(found, Workload) and (found.user, found.groups) != (user, groups)
+            if signed and isinstance(found, Workload):  # its record signed since
+                found = replace(found, user=user, groups=groups)
                 self._workloads[aw.key] = (stamp, found)
             return found
         result = workload_of(
@@ -304,7 +305,7 @@ class AppWrapperReader:
             declared_as_written=self.declared_as_written,
         )
         if isinstance(result, Workload) and user:
-            result = replace(result, user=user)
+            result = replace(result, user=user, groups=groups)
         self._workloads[aw.key] = (stamp, result)
         return result
 

@@ -284,6 +284,8 @@ class Workload:
     user: str = ""
     """Who created it, as its signed creator record says ("" when not known): per-user
     fair sharing and limits count it for that user."""
+    groups: tuple[str, ...] = ()
+    """That user's groups, as the same record says (per-group limits)."""
     # Its pod sets' shapes: what its fit depends on (see `PodSet.shape`).
     shape: tuple[str, ...] = field(init=False, repr=False, compare=False)
     charge_shape: tuple[str, ...] = field(init=False, repr=False, compare=False)

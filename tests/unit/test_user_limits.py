@@ -145,3 +145,34 @@ def test_no_user_ever_holds_more_than_its_limit(
         if new:  # admitted only while within the limit, counting what it held
             assert count + len(new) <= most
             assert cpu + sum(w.pod_sets[0].requests["cpu"] / 1000 for w in new) <= most_cpu
+
+
+def test_a_group_at_its_limit_holds_its_users_and_not_others() -> None:
+    ml = UserLimit(max_running=2)
+    quotas = setup(queue("team", {"cpu": "16"}, group_limits={"ml": ml}))
+    work = [
+        replace(job("ns/a0", 1, "alice", at=0), groups=("ml",)),
+        replace(job("ns/b0", 1, "bob", at=1), groups=("ml", "other")),
+        replace(job("ns/a1", 1, "alice", at=2), groups=("ml",)),
+        replace(job("ns/c0", 1, "carol", at=3), groups=("other",)),
+    ]
+    result = run(work, quotas)
+    assert admitted(result) == ["ns/a0", "ns/b0", "ns/c0"]
+    assert waits(result)["ns/a1"] == (
+        "queue team: group ml has 2 admitted, its limit (groupLimits[ml].maxRunning 2)"
+    )
+
+
+def test_group_limits_are_read_and_a_group_named_twice_is_a_problem() -> None:
+    spec = {
+        "groupLimits": [
+            {"group": "ml", "maxRunning": 2, "maxResources": {"nvidia.com/gpu": 8}},
+            {"group": "ml", "maxRunning": 9},
+        ]
+    }
+    model = ClusterAppQueue.model_validate(
+        {"metadata": {"name": "team"}, "spec": {"namespaceSelector": {}, **spec}}
+    )
+    read = queue_of(model)
+    assert read.group_limits == {"ml": UserLimit(2, {"nvidia.com/gpu": 8000})}
+    assert read.problems == ("groupLimits: group ml is named twice",)

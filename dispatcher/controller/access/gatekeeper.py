@@ -401,12 +401,14 @@ class Gatekeeper:
             self.witness.receive(obj)  # so that it is proved while it waits in the queue
         return found.problem
 
-    def creator_of(self, obj: Mapping[str, Any]) -> str:
-        """Who created `obj`, as its signed record says; "" when it has no record the
-        admission webhook signed (per-user fair sharing and limits count such work for no
-        user, whatever `unattributed` allows)."""
+    def creator_of(self, obj: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
+        """Who created `obj` and their groups, as its signed record says; ("", ()) when it
+        has no record the admission webhook signed (per-user and per-group fair sharing and
+        limits count such work for no user, whatever `unattributed` allows)."""
         found = rules.attribution(obj, self._keys())
-        return found.creator.username if found.creator is not None else ""
+        if found.creator is None:
+            return "", ()
+        return found.creator.username, found.creator.groups
 
     async def dispatch_problem(self, obj: Obj, member: KubeApi) -> str:
         """Asked again just before the objects are created: may the recorded creator still

@@ -280,6 +280,7 @@ def charge_of(
         admitted_at=admitted_at,
         preemptible=workload.preemptible,
         user=workload.user,
+        groups=workload.groups,
         limit=workload.duration_limit,
     )
 

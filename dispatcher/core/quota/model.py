@@ -158,6 +158,8 @@ class QueueSpec:
     """Seconds a victim of a preemption is told before its objects are removed."""
     user_limit: UserLimit | None = None
     """What each user may hold in it at once (`core.quota.view.QuotaView.user_refusal`)."""
+    group_limits: Mapping[str, UserLimit] = field(default_factory=dict)
+    """Per group: what its users may hold in it at once, together."""
     budget: Budget | None = None
     """Resource-hours it may spend per period (`core.quota.budget`)."""
     problems: tuple[str, ...] = ()  # found while reading the object (e.g. a bad quantity)
@@ -249,4 +251,5 @@ class Charge:
     admitted_at: float = 0.0
     preemptible: bool = True
     user: str = ""  # who created it (its signed record), "" when not known
+    groups: tuple[str, ...] = ()  # that user's groups, as the same record says
     limit: float | None = None  # its declared `dispatchDuration.limit`, seconds (budgets)

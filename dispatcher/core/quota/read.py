@@ -18,6 +18,7 @@ from dispatcher.api.queues import (
     BudgetSpec,
     ClusterAppQueue,
     FairSharing,
+    GroupLimits,
     UserLimits,
 )
 from dispatcher.api.queues import ResourceGroup as GroupModel
@@ -98,15 +99,29 @@ def _groups(models: Iterable[GroupModel], problems: list[str]) -> tuple[Resource
     return tuple(groups)
 
 
-def _user_limit(limits: UserLimits | None, problems: list[str]) -> UserLimit | None:
+def _user_limit(
+    limits: UserLimits | None, problems: list[str], where: str = "userLimits"
+) -> UserLimit | None:
     if limits is None:
         return None
     resources: dict[str, int] = {}
     for resource, value in sorted(limits.maxResources.items()):
-        milli = _amount(f"userLimits.maxResources[{resource}]", value, problems)
+        milli = _amount(f"{where}.maxResources[{resource}]", value, problems)
         if milli is not None:
             resources[resource] = milli
     return UserLimit(limits.maxRunning, resources)
+
+
+def _group_limits(limits: list[GroupLimits], problems: list[str]) -> dict[str, UserLimit]:
+    found: dict[str, UserLimit] = {}
+    for limit in limits:
+        if limit.group in found:
+            problems.append(f"groupLimits: group {limit.group} is named twice")
+            continue
+        read = _user_limit(limit, problems, f"groupLimits[{limit.group}]")
+        if read is not None:
+            found[limit.group] = read
+    return found
 
 
 def _budget(spec: BudgetSpec | None, problems: list[str]) -> Budget | None:
@@ -177,6 +192,7 @@ def queue_of(model: ClusterAppQueue) -> QueueSpec:
         minimum_runtime=float(preemption.minimumRuntimeSeconds),
         notice_seconds=float(preemption.noticeSeconds),
         user_limit=_user_limit(spec.userLimits, problems),
+        group_limits=_group_limits(spec.groupLimits, problems),
         budget=_budget(spec.budget, problems),
         problems=tuple(problems),
     )

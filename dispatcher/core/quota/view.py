@@ -28,7 +28,13 @@ from dispatcher.core.quota.flavors import (
     request_of,
 )
 from dispatcher.core.quota.history import UsageHistory, usage_share
-from dispatcher.core.quota.model import Charge, FairSharingMode, FlavorResource, QueueSpec
+from dispatcher.core.quota.model import (
+    Charge,
+    FairSharingMode,
+    FlavorResource,
+    QueueSpec,
+    UserLimit,
+)
 from dispatcher.core.quota.resolve import Queued, QueueProblem, resolve
 from dispatcher.core.quota.tree import QuotaLedger, QuotaTree
 from dispatcher.core.quota.victims import QuotaRules
@@ -63,6 +69,7 @@ class QuotaView:
         self._budget_base: dict[str, float] = {}  # queue -> spent + what running work may spend
         self._capacity: dict[str, dict[str, float]] = {}  # root cohort -> per resource
         self._users: dict[tuple[str, str], _Held] | None = None
+        self._groups: dict[tuple[str, str], _Held] | None = None
         self.place_flavors = place_flavors
         self.setup = tree.setup
         self.version = 0
@@ -158,6 +165,9 @@ class QuotaView:
         user = workload.user if workload is not None else ""
         if self._users is not None:
             self._users.setdefault((queue, user), _Held()).add(assignment.amounts)
+        if self._groups is not None and workload is not None:
+            for group in workload.groups:
+                self._groups.setdefault((queue, group), _Held()).add(assignment.amounts)
         budget = self.setup.queues[queue].budget
         limit = workload.duration_limit if workload is not None else None
         if budget is not None and limit is not None:
@@ -199,32 +209,51 @@ class QuotaView:
         )
 
     def user_refusal(self, queue: str, workload: Workload) -> QuotaRefusal | None:
-        """Why `workload`'s user may not have it admitted in `queue` now, by the queue's
-        per-user limit (None: they may). Work with no signed record counts as one user."""
-        limit = self.setup.queues[queue].user_limit
-        if limit is None:
-            return None
-        held = self._held_by(queue, workload.user)
-        who = f"user {workload.user}" if workload.user else "work with no signed creator record"
-        if limit.max_running is not None and held.count >= limit.max_running:
-            return QuotaRefusal(
-                f"queue {queue}: {who} has {held.count} admitted, its per-user limit"
-                f" (userLimits.maxRunning {limit.max_running})",
-                user=True,
-            )
-        if limit.max_resources:
-            asked = request_of(self.spec(queue).charged(workload))
+        """Why `workload`'s user, or one of their groups, may not have it admitted in
+        `queue` now, by the queue's per-user or per-group limits (None: they may). Work with
+        no signed record counts as one user, of no group."""
+        spec = self.setup.queues[queue]
+        checks: list[tuple[UserLimit, _Held, str, str]] = []
+        if spec.user_limit is not None:
+            who = f"user {workload.user}" if workload.user else "work with no signed creator record"
+            held = self._held_by(queue, workload.user)
+            checks.append((spec.user_limit, held, f"{who} has", "its per-user limit (userLimits"))
+        for group in workload.groups:
+            limit = spec.group_limits.get(group)
+            if limit is not None:
+                held = self._held_by_group(queue, group)
+                checks.append(
+                    (limit, held, f"group {group} has", f"its limit (groupLimits[{group}]")
+                )
+        asked = request_of(spec.charged(workload)) if checks else None
+        for limit, held, who, field in checks:
+            if limit.max_running is not None and held.count >= limit.max_running:
+                return QuotaRefusal(
+                    f"queue {queue}: {who} {held.count} admitted, {field}.maxRunning"
+                    f" {limit.max_running})",
+                    user=True,
+                )
+            assert asked is not None
             for resource, most in limit.max_resources.items():
                 wanted = held.amounts.get(resource, 0.0) + asked.get(resource, 0)
                 if wanted > most:
+                    holder = who.removesuffix(" has")
                     return QuotaRefusal(
-                        f"queue {queue}: {who} would hold {resource}"
-                        f" {format_milli(int(wanted), resource)}, over its per-user limit"
-                        f" (userLimits.maxResources {format_milli(most, resource)})",
+                        f"queue {queue}: {holder} would hold {resource}"
+                        f" {format_milli(int(wanted), resource)}, over {field}.maxResources"
+                        f" {format_milli(most, resource)})",
                         never=asked.get(resource, 0) > most,
                         user=True,
                     )
         return None
+
+    def _held_by_group(self, queue: str, group: str) -> _Held:
+        if self._groups is None:
+            self._groups = {}
+            for charge in self.charges.values():
+                for name in charge.groups:
+                    self._groups.setdefault((charge.queue, name), _Held()).add(charge.amounts)
+        return self._groups.get((queue, group)) or _Held()
 
     def budget_refusal(self, queue: str, workload: Workload, now: float) -> QuotaRefusal | None:
         """Why the queue's budget keeps `workload` out now (None: it does not). Work with a
