@@ -372,6 +372,17 @@ def _usage(status: Obj) -> tuple[str, str]:
     return ",".join(used) or "-", ",".join(borrowed) or "-"
 
 
+def _budget_left(queue: Obj) -> str:
+    """A cluster queue's budget as `left/amount resource-hours per period` ("-": none)."""
+    budget = (queue.get("spec") or {}).get("budget")
+    if not isinstance(budget, dict):
+        return "-"
+    remaining = ((queue.get("status") or {}).get("budget") or {}).get("remainingHours")
+    left = f"{remaining:g}" if isinstance(remaining, int | float) else "?"
+    period = budget.get("period") or "Week"
+    return f"{left}/{budget.get('amountHours')}h-{budget.get('resource')}/{period}"
+
+
 def cmd_queues(api: Connection, args: argparse.Namespace) -> None:
     queues = api.get(f"{APPWRAPPERS}/clusterappqueues", **_query(args)).get("items") or []
     try:
@@ -394,7 +405,9 @@ def cmd_queues(api: Connection, args: argparse.Namespace) -> None:
             per_queue.get(name, 0) if pending is not None else status.get("pendingWorkloads", 0)
         )
 
-    table = [["KIND", "NAME", "STOP", "ACTIVE", "PENDING", "ADMITTED", "USAGE", "BORROWED"]]
+    table = [
+        ["KIND", "NAME", "STOP", "ACTIVE", "PENDING", "ADMITTED", "USAGE", "BORROWED", "BUDGET"]
+    ]
     for q in queues:
         status = q.get("status") or {}
         used, borrowed = _usage(status)
@@ -412,6 +425,7 @@ def cmd_queues(api: Connection, args: argparse.Namespace) -> None:
                 str(status.get("admittedWorkloads", 0)),
                 used,
                 borrowed,
+                _budget_left(q),
             ]
         )
     for q in locals_:
@@ -428,6 +442,7 @@ def cmd_queues(api: Connection, args: argparse.Namespace) -> None:
                 count(key, status),
                 str(status.get("admittedWorkloads", 0)),
                 used,
+                "-",
                 "-",
             ]
         )

@@ -23,7 +23,14 @@ from hypothesis import strategies as st
 
 from dispatcher.plugin import main as plugin
 from dispatcher.plugin.errors import ApiError, PluginError
-from dispatcher.plugin.main import cmd_list, cmd_queues, cmd_why, main, terminal_safe
+from dispatcher.plugin.main import (
+    _budget_left,
+    cmd_list,
+    cmd_queues,
+    cmd_why,
+    main,
+    terminal_safe,
+)
 
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 """What no printed line may hold (a line is what lies between two newlines)."""
@@ -251,3 +258,31 @@ def captured(run: Callable[[], None]) -> tuple[str, str]:
     with redirect_stdout(out), redirect_stderr(err):
         run()
     return out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("queue", "want"),
+    [
+        ({"spec": {}}, "-"),
+        (
+            {
+                "spec": {"budget": {"resource": "nvidia.com/gpu", "amountHours": 500}},
+                "status": {"budget": {"remainingHours": 12.5}},
+            },
+            "12.5/500h-nvidia.com/gpu/Week",
+        ),
+        (
+            {"spec": {"budget": {"resource": "cpu", "amountHours": "3", "period": "Day"}}},
+            "?/3h-cpu/Day",
+        ),
+        (
+            {
+                "spec": {"budget": {"resource": "cpu", "amountHours": 3}},
+                "status": {"budget": {"remainingHours": "lots"}},
+            },
+            "?/3h-cpu/Week",
+        ),
+    ],
+)
+def test_a_queues_budget_column(queue: dict[str, object], want: str) -> None:
+    assert _budget_left(queue) == want
