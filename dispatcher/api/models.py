@@ -116,6 +116,7 @@ class Reason(StrEnum):
     CLUSTER_UNREACHABLE = "ClusterUnreachable"
     SPEC_CHANGED = "SpecChanged"
     QUEUE_DRAINED = "QueueDrained"
+    BUDGET_EXHAUSTED = "BudgetExhausted"
     FORBIDDEN = "Forbidden"
     SUSPENDED = "Suspended"
     CHECKS_PENDING = "AdmissionChecksPending"

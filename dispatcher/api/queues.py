@@ -103,6 +103,7 @@ class BudgetSpec(_Model):
     amountHours: Quantity
     period: Literal["Day", "Week", "Month", "Rolling"] = "Week"
     windowHours: float = Field(default=168.0, gt=0, le=24 * 366)
+    whenExhausted: Literal["Finish", "Stop"] = "Finish"
 
 
 class ClusterAppQueueSpec(_Model):

@@ -202,6 +202,7 @@ class Manager:
             changes=self.scheduler.pending_changes,
         )
         self.scheduler.observe_with(self.visibility.observe, self.visibility.durations.limit_use)
+        self.quotas.stop_with(self.scheduler.stop)
 
     def _build_acting(self) -> None:
         """The reconciler, upkeep and the ledger of lives."""

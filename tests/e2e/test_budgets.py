@@ -65,3 +65,41 @@ async def test_a_budget_holds_work_that_would_overspend_until_the_window_renews(
     # The first is stopped at its limit; its spending leaves the window 14.4 s later, and the
     # second is admitted.
     await wait_condition(cluster, namespace, "second", "Dispatched", timeout=LIMIT + 15 + 30)
+
+
+async def test_a_spent_stop_budget_evicts_work_without_a_limit(
+    cluster, namespace, fake_nodes, run_dispatcher, quotas
+):
+    fake_nodes.add("n", cpu="8", memory="64Gi")
+    cq = f"{namespace}-cq"
+    # 3.6 cpu-seconds (1 milli-cpu-hour) a week; whenExhausted Stop.
+    budget = {"resource": "cpu", "amountHours": "1m", "whenExhausted": "Stop"}
+    for obj in (app_flavor(DEFAULT), cluster_queue(cq, {DEFAULT: {"cpu": 4}}, budget=budget)):
+        await cluster.akubectl("apply", "-f", "-", input=json.dumps(obj))
+    await apply(cluster, namespace, app_queue("team", cq))
+    await run_dispatcher(usage_sample_seconds=1)
+    # No limit: admitted while anything is left; stopped once 1 cpu held spends it.
+    await apply(
+        cluster, namespace, appwrapper("open", deployment("open", 1, {"cpu": "1"}), queue="team")
+    )
+    await wait_condition(cluster, namespace, "open", "Dispatched", timeout=30)
+
+    async def stopped() -> str | None:
+        conditions = (
+            (await get_aw(cluster, namespace, "open")).get("status", {}).get("conditions", [])
+        )
+        requeued = next((c for c in conditions if c["type"] == "Requeued"), None)
+        return str(requeued["message"]) if requeued and requeued["status"] == "True" else None
+
+    said = await async_wait_until(stopped, timeout=60, what="the open-ended one stopped")
+    assert said.startswith(
+        f"queue {cq}: its budget of 0.001 cpu-hours is spent, and it declares no limit"
+        " (budget.whenExhausted Stop)"
+    )
+
+    # Back in the queue, it waits for the next week, saying why.
+    async def waits() -> str | None:
+        found = await message(cluster, namespace, "open")
+        return found if "is spent, and it declares no limit" in found else None
+
+    await async_wait_until(waits, timeout=30, what="the stopped one waiting for the budget")

@@ -15,8 +15,10 @@ from dispatcher.core.quota.budget import (
     Budget,
     BudgetPeriod,
     Spent,
+    WhenExhausted,
     committed,
     period_start,
+    to_stop,
 )
 from dispatcher.core.quota.model import Charge
 from dispatcher.core.quota.tree import QuotaTree
@@ -173,3 +175,14 @@ def test_work_with_limits_never_commits_past_the_budget(jobs: list[tuple[int, fl
         for a in result.admits
     )
     assert committed_total <= TEN_HOURS.amount
+
+
+def test_a_spent_stop_budget_stops_running_work_without_a_limit() -> None:
+    stop = Budget("cpu", 10 * 1000 * HOUR, BudgetPeriod.WEEK, when_exhausted=WhenExhausted.STOP)
+    spent = Spent(WED, {period_start(WED, stop): 10 * 1000 * HOUR})
+    running = [("ns/open", None), ("ns/bounded", 3600.0)]
+    assert to_stop(stop, spent, WED, running) == ["ns/open"]
+    finish = replace(stop, when_exhausted=WhenExhausted.FINISH)
+    assert to_stop(finish, spent, WED, running) == []
+    some_left = Spent(WED, {period_start(WED, stop): 9 * 1000 * HOUR})
+    assert to_stop(stop, some_left, WED, running) == []

@@ -135,6 +135,7 @@ class Quotas:
         computation, written with the status)."""
         self.budgets = Budgets()
         """What each cluster queue with a budget spent of it (sampled the same way)."""
+        self._stop: Callable[[str, str], None] = lambda key, message: None
         self._log = structlog.get_logger("quotas")
         for informer in [*self.informers.values(), self.namespaces]:
             informer.add_handler(self._on_change)
@@ -288,6 +289,10 @@ class Quotas:
             await self._clock.sleep(self._config.usage_sample_seconds)
             self._changed.set()
 
+    def stop_with(self, stop: Callable[[str, str], None]) -> None:
+        """Who evicts the work a spent budget stops (the scheduler: it owns evictions)."""
+        self._stop = stop
+
     def spent(self) -> Mapping[str, Spent]:
         """What each cluster queue with a budget spent of it, as last sampled."""
         return self.budgets.spent()
@@ -328,6 +333,8 @@ class Quotas:
         if self.usage_histories is not None:
             self.usage_histories.sample(now, queues, charges, store.get)
         self.budgets.sample(now, queues, charges, store.get)
+        for key, message in self.budgets.to_stop(now, queues, usage.charges.values()):
+            self._stop(key, message)
         return summarize(
             self.tree(), usage.charges.values(), pending, usage.local_of, usage.releasing
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from dispatcher.core.quota.budget import Spent
+from dispatcher.core.quota.budget import HOUR, Spent, to_stop
 from dispatcher.core.quota.history import Decayed, UsageHistory
 from dispatcher.core.quota.model import Charge, QueueSpec
 
@@ -128,3 +128,25 @@ class Budgets:
     def spent(self) -> Mapping[str, Spent]:
         """Each budgeted queue's spending as of the last sample (what a cycle reads)."""
         return self._published
+
+    def to_stop(
+        self, now: float, queues: Mapping[str, QueueSpec], charges: Iterable[Charge]
+    ) -> list[tuple[str, str]]:
+        """(AppWrapper, message) of the running work `Stop` budgets spent as of the last
+        sample have evicted (`core.quota.budget.to_stop`)."""
+        running: dict[str, list[tuple[str, float | None]]] = {}
+        for charge in charges:
+            running.setdefault(charge.queue, []).append((charge.key, charge.limit))
+        found = []
+        for name, spent in self._kept.items():
+            spec = queues.get(name)
+            if spec is None or spec.budget is None:
+                continue
+            hours = spec.budget.amount / 1000 / HOUR
+            message = (
+                f"queue {name}: its budget of {hours:g} {spec.budget.resource}-hours is spent,"
+                " and it declares no limit (budget.whenExhausted Stop)"
+            )
+            for key in to_stop(spec.budget, spent, now, running.get(name, ())):
+                found.append((key, message))
+        return found

@@ -449,6 +449,19 @@ class Scheduler:
                     f"evict-{victim}",
                 )
 
+    def stop(self, key: str, message: str) -> None:
+        """Evict `key` for its queue's spent budget (`budget.whenExhausted: Stop`), as a
+        preemption victim is evicted: with its queue's notice, then requeued."""
+        if not self._evictable(key):
+            return  # being evicted already, or no longer dispatched
+        tree = self._quota_tree() if self._quota_tree is not None else None
+        self.state.start(key)
+        notice = self._notice(key, tree)
+        self._spawn(
+            self._evict(key, "", message, Reason.BUDGET_EXHAUSTED, recorded="", notice=notice),
+            f"stop-{key}",
+        )
+
     def _notice(self, victim: str, tree: QuotaTree | None) -> float:
         """Seconds `victim` is told before its objects are removed: its cluster queue's
         notice, or the settings' for work admitted through none."""

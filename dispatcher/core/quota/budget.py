@@ -11,8 +11,9 @@ Admission (`refusal`): a workload that declares a limit (`dispatchDuration.limit
 only if what was spent, plus what the running work's declared limits may still spend
 (`committed`), plus what it may spend itself (its request times its limit) fits the amount:
 so work with limits never overdraws it. A workload without a limit cannot say what it will
-spend: it is admitted while anything is left, and once the budget is spent the running ones
-run on (the budget is then overdrawn by what they spend; stopping them is not built).
+spend: it is admitted while anything is left, and once the budget is spent the queue's
+`WhenExhausted` decides for the running ones: `Finish` lets them run on (the budget is then
+overdrawn by what they spend), `Stop` has them evicted and requeued (`to_stop`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "Budget",
     "BudgetPeriod",
     "Spent",
+    "WhenExhausted",
     "committed",
     "period_start",
 ]
@@ -46,6 +48,13 @@ class BudgetPeriod(StrEnum):
     ROLLING = "Rolling"
 
 
+class WhenExhausted(StrEnum):
+    """What running work without a declared limit does once the budget is spent."""
+
+    FINISH = "Finish"
+    STOP = "Stop"
+
+
 @dataclass(frozen=True, slots=True)
 class Budget:
     """`amount` milli-units x seconds of `resource` per `period` (`window` seconds for a
@@ -55,6 +64,7 @@ class Budget:
     amount: float
     period: BudgetPeriod = BudgetPeriod.WEEK
     window: float = 7 * 24 * HOUR
+    when_exhausted: WhenExhausted = WhenExhausted.FINISH
 
 
 def period_start(now: float, budget: Budget) -> float:
@@ -151,6 +161,17 @@ class Spent:
 
 def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def to_stop(
+    budget: Budget, spent: Spent, now: float, running: Iterable[tuple[str, float | None]]
+) -> list[str]:
+    """The running work (key, declared limit) a `Stop` budget has evicted once it is spent
+    in the period `now` falls in: what declares no limit (work with one ends by it, and was
+    admitted only if that fit)."""
+    if budget.when_exhausted is not WhenExhausted.STOP or spent.total(budget, now) < budget.amount:
+        return []
+    return [key for key, limit in running if limit is None]
 
 
 def committed(running: Iterable[tuple[float, float | None, float]], now: float) -> float:

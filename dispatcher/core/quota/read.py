@@ -23,7 +23,7 @@ from dispatcher.api.queues import (
 )
 from dispatcher.api.queues import ResourceGroup as GroupModel
 from dispatcher.core.model import Backfill, QueueMode, Taint, Toleration
-from dispatcher.core.quota.budget import HOUR, Budget, BudgetPeriod
+from dispatcher.core.quota.budget import HOUR, Budget, BudgetPeriod, WhenExhausted
 from dispatcher.core.quota.model import (
     BorrowPreemption,
     CohortSpec,
@@ -135,6 +135,7 @@ def _budget(spec: BudgetSpec | None, problems: list[str]) -> Budget | None:
         amount=amount * HOUR,  # milli-units x seconds
         period=BudgetPeriod(spec.period),
         window=spec.windowHours * HOUR,
+        when_exhausted=WhenExhausted(spec.whenExhausted),
     )
 
 
