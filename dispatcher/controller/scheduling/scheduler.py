@@ -24,11 +24,9 @@ Then it publishes: those who only read (the queues' status, the metrics) get a f
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Mapping
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,11 +40,12 @@ from dispatcher.api.models import (
     FlavorAssignment,
     Reason,
 )
-from dispatcher.clock import Clock, Timer
+from dispatcher.clock import Clock
 from dispatcher.cluster.member import Member
 from dispatcher.config import Config, Fit
 from dispatcher.controller.reading import AppWrapperReader
 from dispatcher.controller.scheduling.cache import Assumed, SchedulerCache
+from dispatcher.controller.scheduling.protecting import ProtectionNote
 from dispatcher.controller.scheduling.state import SchedulerState
 from dispatcher.controller.scheduling.view import EMPTY, SchedulerView
 from dispatcher.controller.scheduling.waiting import WaitingWriter
@@ -59,7 +58,7 @@ from dispatcher.core.limituse import LimitUse
 from dispatcher.core.mentions import recorded_preemptor
 from dispatcher.core.model import Workload
 from dispatcher.core.phase import Phase, initialised, queueing, status_phase
-from dispatcher.core.protection import clock_time, notice_seconds
+from dispatcher.core.protection import notice_seconds
 from dispatcher.core.queues import take
 from dispatcher.core.quota.budget import Spent
 from dispatcher.core.quota.flavors import charge_of, with_flavors
@@ -143,9 +142,7 @@ class Scheduler:
         )
         self._wrote = wrote  # a status write about this key landed: the reconciler goes on
         self._preempting = config.preemption
-        self._protection_timer: Timer | None = None
-        self._protection_wake = math.inf  # when the timer fires
-        self._protection_over = False  # it fired: wake the work it held back
+        self._protection = ProtectionNote(clock, self.kick)
         self._kick = asyncio.Event()
         self._slots = asyncio.Semaphore(config.dispatch_concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -187,8 +184,7 @@ class Scheduler:
         #    (a deletion too: what left must leave the pending list).
         self.state.refresh(now, tree)
         queues = self.state.queues
-        if self._protection_over:  # the end of a protection is no event that wakes work
-            self._protection_over = False
+        if self._protection.take_over():  # the end of a protection is no event that wakes
             queues.capacity_freed()
         if not self._cache.anything_queued() or not len(queues):
             self._running = tuple(self.state.running())
@@ -247,7 +243,7 @@ class Scheduler:
             limit_use=self._limit_use(),
         )
         self._reserved = result.reservations
-        result = self._protection_noted(result, protected, now)
+        result = self._protection.noted(result, protected, now)
         self._held = result.held
         if result.again:  # more to decide: a hold ended, or more was active than one takes
             self.kick()
@@ -271,44 +267,6 @@ class Scheduler:
             seconds=round(self._cycle_seconds, 4),
         )
         return result
-
-    def _protection_noted(
-        self, result: CycleResult, protected: Mapping[str, float], now: float
-    ) -> CycleResult:
-        """The waits of preemptors that protection alone holds back say until when; and the
-        cycle runs again then (their work is parked until an event, and the end of a
-        minimum runtime is none)."""
-        preempting = {p.key for p in result.preemptions}
-        held = {key: until for key, until in protected.items() if key not in preempting}
-        if not held:
-            return result
-        self._wake_at(min(held.values()), now)
-        waits = tuple(
-            replace(
-                wait,
-                message=f"{wait.message}; the victims it needs are protected until"
-                f" {clock_time(held[wait.key])} (minimum runtime)",
-            )
-            if wait.key in held
-            else wait
-            for wait in result.waits
-        )
-        return replace(result, waits=waits)
-
-    def _wake_at(self, at: float, now: float) -> None:
-        """Run a cycle at `at` (the earliest asked for), waking the work parked for room."""
-        if self._protection_timer is not None:
-            if self._protection_wake <= at:
-                return
-            self._protection_timer.cancel()
-        self._protection_wake = at
-        self._protection_timer = self._clock.call_after(at - now, self._protection_ended)
-
-    def _protection_ended(self) -> None:
-        self._protection_timer = None
-        self._protection_wake = math.inf
-        self._protection_over = True
-        self.kick()
 
     def _publish(self) -> None:
         """The cycle is over: readers are told if who is pending or what is charged moved
