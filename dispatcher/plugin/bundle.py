@@ -36,6 +36,7 @@ MODULES = (
     "dispatcher/plugin/kubeconfig.py",
     "dispatcher/plugin/main.py",
     "dispatcher/plugin/proxy.py",
+    "dispatcher/plugin/queuetables.py",
     "dispatcher/plugin/selector.py",
     "dispatcher/plugin/watch.py",
 )

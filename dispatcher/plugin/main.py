@@ -36,6 +36,7 @@ from typing import Any, TextIO
 from dispatcher.api.constants import GROUP, LABEL_QUEUE
 from dispatcher.plugin.errors import ApiError, PluginError
 from dispatcher.plugin.kubeconfig import Connection, connect
+from dispatcher.plugin.queuetables import budget_left, heaviest_users, usage
 
 APPWRAPPERS = f"/apis/{GROUP}/v1beta1"
 VISIBILITY = "/apis/visibility.workload.codeflare.dev/v1alpha1"
@@ -362,27 +363,6 @@ def cmd_why(api: Connection, args: argparse.Namespace) -> None:
     _show([[line] for line in lines])
 
 
-def _usage(status: Obj) -> tuple[str, str]:
-    used, borrowed = [], []
-    for flavor in status.get("flavorsUsage") or []:
-        for r in flavor.get("resources") or []:
-            used.append(f"{flavor.get('name')}/{r.get('name')}={r.get('total')}")
-            if r.get("borrowed") not in (None, "0"):
-                borrowed.append(f"{flavor.get('name')}/{r.get('name')}={r.get('borrowed')}")
-    return ",".join(used) or "-", ",".join(borrowed) or "-"
-
-
-def _budget_left(queue: Obj) -> str:
-    """A cluster queue's budget as `left/amount resource-hours per period` ("-": none)."""
-    budget = (queue.get("spec") or {}).get("budget")
-    if not isinstance(budget, dict):
-        return "-"
-    remaining = ((queue.get("status") or {}).get("budget") or {}).get("remainingHours")
-    left = f"{remaining:g}" if isinstance(remaining, int | float) else "?"
-    period = budget.get("period") or "Week"
-    return f"{left}/{budget.get('amountHours')}h-{budget.get('resource')}/{period}"
-
-
 def cmd_queues(api: Connection, args: argparse.Namespace) -> None:
     queues = api.get(f"{APPWRAPPERS}/clusterappqueues", **_query(args)).get("items") or []
     try:
@@ -410,7 +390,7 @@ def cmd_queues(api: Connection, args: argparse.Namespace) -> None:
     ]
     for q in queues:
         status = q.get("status") or {}
-        used, borrowed = _usage(status)
+        used, borrowed = usage(status)
         active = next(
             (c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Active"),
             "-",
@@ -425,12 +405,12 @@ def cmd_queues(api: Connection, args: argparse.Namespace) -> None:
                 str(status.get("admittedWorkloads", 0)),
                 used,
                 borrowed,
-                _budget_left(q),
+                budget_left(q),
             ]
         )
     for q in locals_:
         status = q.get("status") or {}
-        used, _ = _usage(status)
+        used, _ = usage(status)
         key = f"{q['metadata'].get('namespace')}/{q['metadata']['name']}"
         target = (q.get("spec") or {}).get("clusterQueue")
         table.append(
@@ -447,6 +427,10 @@ def cmd_queues(api: Connection, args: argparse.Namespace) -> None:
             ]
         )
     _show(table)
+    users = heaviest_users(queues)
+    if len(users) > 1:
+        print()
+        _show(users)
 
 
 def _namespaced(args: argparse.Namespace) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 from argparse import Namespace
 from collections.abc import Callable
@@ -24,13 +25,13 @@ from hypothesis import strategies as st
 from dispatcher.plugin import main as plugin
 from dispatcher.plugin.errors import ApiError, PluginError
 from dispatcher.plugin.main import (
-    _budget_left,
     cmd_list,
     cmd_queues,
     cmd_why,
     main,
     terminal_safe,
 )
+from dispatcher.plugin.queuetables import budget_left, heaviest_users
 
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 """What no printed line may hold (a line is what lies between two newlines)."""
@@ -285,4 +286,27 @@ def captured(run: Callable[[], None]) -> tuple[str, str]:
     ],
 )
 def test_a_queues_budget_column(queue: dict[str, object], want: str) -> None:
-    assert _budget_left(queue) == want
+    assert budget_left(queue) == want
+
+
+def test_the_heaviest_users_of_each_queue_by_use_over_time() -> None:
+    tau = 3600.0 / math.log(2)  # a half-life of an hour: value / tau is the rate
+    history = {
+        "halfLifeSeconds": 3600.0,
+        "users": [
+            {"name": "light", "resources": {"cpu": 1000 * tau}},
+            {"name": "heavy", "resources": {"cpu": 4000 * tau, "nvidia.com/gpu": 2000 * tau}},
+            "not an entry",
+            {"name": "odd", "resources": "many"},
+        ],
+    }
+    queues = [
+        {"metadata": {"name": "team"}, "status": {"usageHistory": history}},
+        {"metadata": {"name": "instant"}, "status": {}},
+        {"metadata": {"name": "bad"}, "status": {"usageHistory": {"halfLifeSeconds": "x"}}},
+    ]
+    assert heaviest_users(queues) == [
+        ["CLUSTERAPPQUEUE", "USER", "AVERAGE USE"],
+        ["team", "heavy", "cpu=4,nvidia.com/gpu=2"],
+        ["team", "light", "cpu=1"],
+    ]

@@ -72,7 +72,9 @@ class UsageHistories:
     def status_of(self, queue: str) -> Obj | None:
         """The queue's `status.usageHistory` (None: not sampled)."""
         history = self._kept.get(queue)
-        return history.to_status() if history is not None else None
+        if history is None:
+            return None
+        return {**history.to_status(), "halfLifeSeconds": self._half_life}
 
     def histories(self) -> Mapping[str, UsageHistory]:
         """Every queue's history as of the last sample (what a scheduling cycle reads)."""
