@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import random
 import time
 from collections.abc import Sequence
@@ -36,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.core_bench import machine
 from benchmarks.gpusim import GPU, MILLI, gpu_nodes, gpu_workload
+from benchmarks.report import save
 from dispatcher.core.model import (
     ClusterSnapshot,
     DispatchedWorkload,
@@ -288,11 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{found['share']['bursty']:>9.1%}{found['utilisation']:>8.1%}   {weeks}"
             )
         results[name] = {"jobs": len(jobs), "modes": found_modes}
-    report = {"machine": machine(), "settings": vars(args), "streams": results}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {out}")
+    save({"settings": vars(args), "streams": results}, Path(args.out))
+    print(f"wrote {args.out}")
     return 0
 
 

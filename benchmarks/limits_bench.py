@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,8 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.core_bench import machine
 from benchmarks.gpusim import GPU, MILLI, gpu_nodes, gpu_workload
+from benchmarks.report import save
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
 from dispatcher.core.quota.budget import HOUR, Budget, BudgetPeriod, Spent
 from dispatcher.core.quota.model import (
@@ -266,16 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", default="benchmarks/results/limits.json")
     args = parser.parse_args(argv)
-    report = {
-        "machine": machine(),
-        "settings": vars(args),
-        "flood": flood(args.seed),
-        "budget": budgets(args.seed),
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    print(f"\nwrote {out}")
+    report = {"settings": vars(args), "flood": flood(args.seed), "budget": budgets(args.seed)}
+    save(report, Path(args.out))
+    print(f"\nwrote {args.out}")
     return 0
 
 
