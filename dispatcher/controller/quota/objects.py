@@ -318,14 +318,9 @@ class Quotas:
             )
         return figures
 
-    def histories(self) -> Mapping[str, UsageHistory]:
-        """Each cluster queue's use over time as last sampled (empty in `Instant` mode)."""
-        return self.usage_histories.histories() if self.usage_histories is not None else {}
-
-    def summarize(self) -> tuple[dict[str, QueueSummary], dict[str, QueueSummary]]:
-        """Each cluster queue and each AppQueue as the last scheduling cycle left them (the
-        status written last may be up to STATUS_EVERY_SECONDS older)."""
-        usage, pending = self._queued_usage()
+    def _sample(self, usage: SchedulerView) -> None:
+        """Bring each queue's use over time and budget up to now with what its admitted
+        AppWrappers hold, and have the scheduler evict what a spent `Stop` budget stops."""
         store = self.informers["ClusterAppQueue"].store
         queues = self.tree().setup.queues
         charges = usage.charges.values()
@@ -333,8 +328,19 @@ class Quotas:
         if self.usage_histories is not None:
             self.usage_histories.sample(now, queues, charges, store.get)
         self.budgets.sample(now, queues, charges, store.get)
-        for key, message in self.budgets.to_stop(now, queues, usage.charges.values()):
+        for key, message in self.budgets.to_stop(now, queues, charges):
             self._stop(key, message)
+
+    def histories(self) -> Mapping[str, UsageHistory]:
+        """Each cluster queue's use over time as last sampled (empty in `Instant` mode)."""
+        return self.usage_histories.histories() if self.usage_histories is not None else {}
+
+    def summarize(self) -> tuple[dict[str, QueueSummary], dict[str, QueueSummary]]:
+        """Each cluster queue and each AppQueue as the last scheduling cycle left them (the
+        status written last may be up to STATUS_EVERY_SECONDS older); what they hold is
+        sampled for their use over time and budgets first (`_sample`)."""
+        usage, pending = self._queued_usage()
+        self._sample(usage)
         return summarize(
             self.tree(), usage.charges.values(), pending, usage.local_of, usage.releasing
         )
