@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpusim import GPU, MILLI, gpu_nodes, gpu_workload
+from benchmarks.gpusim import FLAVOR, GPU, MILLI, gpu_nodes, gpu_queue, gpu_workload
 from benchmarks.report import save
 from dispatcher.core.model import (
     ClusterSnapshot,
@@ -48,13 +48,8 @@ from dispatcher.core.quota.model import (
     Charge,
     FairSharingMode,
     Flavor,
-    FlavorQuotas,
     LocalQueue,
-    QueueSpec,
-    Quota,
     QuotaSetup,
-    ResourceGroup,
-    Selector,
 )
 from dispatcher.core.quota.tree import QuotaTree
 from dispatcher.core.quota.view import QuotaView
@@ -65,7 +60,6 @@ CAPACITY = NODES * PER_NODE
 HOUR, DAY, WEEK = 3600.0, 86400.0, 7 * 86400.0
 SIZES = (1, 2, 4, 8)
 TEAMS = ("steady", "bursty")
-FLAVOR = "default-flavor"
 PER_QUEUE = 64
 
 
@@ -86,18 +80,8 @@ class Job:
 
 
 def quota_setup(mode: Mode) -> QuotaSetup:
-    def team(name: str) -> QueueSpec:
-        quotas = {GPU: Quota(CAPACITY // 2 * MILLI)}
-        return QueueSpec(
-            name=name,
-            groups=(ResourceGroup((GPU,), (FlavorQuotas(FLAVOR, quotas),)),),
-            cohort="all",
-            namespaces=Selector(),
-            strategy=QueueMode.BEST_EFFORT_FIFO,
-        )
-
     return QuotaSetup(
-        queues={name: team(name) for name in TEAMS},
+        queues={name: gpu_queue(name, CAPACITY // 2, cohort="all") for name in TEAMS},
         flavors={FLAVOR: Flavor(FLAVOR)},
         local_queues={(t, t): LocalQueue(t, t, t) for t in TEAMS},
         fair_sharing=True,

@@ -1,5 +1,5 @@
-"""What the simulation benchmarks (backfill_bench, fairness_bench) build alike: GPU nodes and
-one-pod-set workloads in the core's terms. No I/O."""
+"""What the simulation benchmarks (backfill_bench, fairness_bench, limits_bench) build alike:
+GPU nodes, one-pod-set workloads and GPU queues in the core's terms. No I/O."""
 
 from __future__ import annotations
 
@@ -7,10 +7,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.api.resources import Resources
-from dispatcher.core.model import NodeSnapshot, PodSet, Workload
+from dispatcher.core.model import NodeSnapshot, PodSet, QueueMode, Workload
+from dispatcher.core.quota.model import (
+    FlavorQuotas,
+    QueueSpec,
+    Quota,
+    ResourceGroup,
+    Selector,
+)
 
 GPU = "nvidia.com/gpu"
 MILLI = 1000
+FLAVOR = "default-flavor"
 
 
 def gpu_nodes(used: Mapping[str, int], per_node: int) -> tuple[NodeSnapshot, ...]:
@@ -34,5 +42,17 @@ def gpu_workload(key: str, arrival: float, pods: int, gpus: int, **fields: Any) 
         created_at=arrival,
         pod_sets=(pod_set,),
         queued_since=arrival,
+        **fields,
+    )
+
+
+def gpu_queue(name: str, gpus: int, **fields: Any) -> QueueSpec:
+    """A BestEffortFIFO cluster queue of `gpus` GPUs in FLAVOR, admitting every namespace."""
+    quotas = {GPU: Quota(gpus * MILLI)}
+    return QueueSpec(
+        name=name,
+        groups=(ResourceGroup((GPU,), (FlavorQuotas(FLAVOR, quotas),)),),
+        namespaces=Selector(),
+        strategy=QueueMode.BEST_EFFORT_FIFO,
         **fields,
     )

@@ -31,20 +31,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpusim import GPU, MILLI, gpu_nodes, gpu_workload
+from benchmarks.gpusim import FLAVOR, GPU, MILLI, gpu_nodes, gpu_queue, gpu_workload
 from benchmarks.report import save
 from dispatcher.core.model import ClusterSnapshot, QueueMode, Workload
 from dispatcher.core.quota.budget import HOUR, Budget, BudgetPeriod, Spent
 from dispatcher.core.quota.model import (
     Charge,
     Flavor,
-    FlavorQuotas,
     LocalQueue,
-    QueueSpec,
-    Quota,
     QuotaSetup,
-    ResourceGroup,
-    Selector,
     UserLimit,
 )
 from dispatcher.core.quota.tree import QuotaTree
@@ -55,7 +50,6 @@ NODES, PER_NODE = 8, 8
 CAPACITY = NODES * PER_NODE
 DAY, WEEK = 24 * HOUR, 7 * 24 * HOUR
 SIZES = (1, 2, 4, 8)
-FLAVOR = "default-flavor"
 OFFERED = 32  # pending jobs of each user a cycle sees, in order (the queue manager parks
 # what a user's limit refuses, so the others' work is reached whatever one user floods)
 START = datetime(2026, 11, 23, tzinfo=UTC).timestamp()  # a Monday: weeks are calendar weeks
@@ -72,13 +66,7 @@ class Job:
 
 
 def queue_setup(**fields: Any) -> QuotaSetup:
-    spec = QueueSpec(
-        name="shared",
-        groups=(ResourceGroup((GPU,), (FlavorQuotas(FLAVOR, {GPU: Quota(CAPACITY * MILLI)}),)),),
-        namespaces=Selector(),
-        strategy=QueueMode.BEST_EFFORT_FIFO,
-        **fields,
-    )
+    spec = gpu_queue("shared", CAPACITY, **fields)
     return QuotaSetup(
         queues={"shared": spec},
         flavors={FLAVOR: Flavor(FLAVOR)},
