@@ -207,17 +207,7 @@ class Scheduler:
         if pooled_fit:
             clusters = [pooled(c) for c in clusters]
         self._kept.keep_only([c.name for c in clusters])
-        quotas = None
-        if tree is not None:
-            history = self._quota_history() if self._quota_history is not None else None
-            spent = self._quota_spent() if self._quota_spent is not None else None
-            quotas = QuotaView(
-                tree,
-                usage=self.state.usage(),
-                place_flavors=not pooled_fit,
-                history=history,
-                spent=spent,
-            )
+        quotas = self._quota_view(tree, pooled_fit) if tree is not None else None
         judged: list[Workload] = []
 
         def prepare(active: list[Workload]) -> list[Workload]:
@@ -267,6 +257,19 @@ class Scheduler:
             seconds=round(self._cycle_seconds, 4),
         )
         return result
+
+    def _quota_view(self, tree: QuotaTree, pooled_fit: bool) -> QuotaView:
+        """This cycle's view of the quotas: the charges kept, and the queues' use over time
+        and budgets as last sampled."""
+        history = self._quota_history() if self._quota_history is not None else None
+        spent = self._quota_spent() if self._quota_spent is not None else None
+        return QuotaView(
+            tree,
+            usage=self.state.usage(),
+            place_flavors=not pooled_fit,
+            history=history,
+            spent=spent,
+        )
 
     def _publish(self) -> None:
         """The cycle is over: readers are told if who is pending or what is charged moved
